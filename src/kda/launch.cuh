@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: MIT
+// launch.cuh: the launch sequence of one forward (spec §4.1, §4.2) and the probe launches,
+// all on the caller's stream, no allocation, no synchronisation. Included once per arch
+// TU, inside that arch's namespace; FLASH_KDA_DEFINE_ARCH_TABLE then exports the table.
+#pragma once
+#ifndef FLASH_KDA_ARCH
+#error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
+#endif
+
+#include <flash_kda/flash_kda.h>
+
+#include "arch/table.h"
+#include "kda/prepare.cuh"
+#include "kda/probes.cuh"
+#include "kda/recurrence.cuh"
+
+namespace flash_kda::FLASH_KDA_ARCH {
+
+inline LaunchStatus launch_status(const char *stage) {
+  const cudaError_t err = cudaGetLastError();
+  return {err, err == cudaSuccess ? nullptr : stage};
+}
+
+template <int kNB>
+LaunchStatus launch_recurrence(const FwdParams &p, cudaStream_t stream) {
+  const int smem = recurrence_smem_bytes(p.block_v);
+  const cudaError_t attr = cudaFuncSetAttribute(
+      recurrence_kernel<kNB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
+  const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / p.block_v);
+  recurrence_kernel<kNB><<<static_cast<unsigned>(ctas), 32 * (p.warps_per_cta + 1), smem, stream>>>(p);
+  return launch_status("recurrence_kernel launch");
+}
+
+// Tile prefix (varlen) -> K1 over all chunks -> K2 over (sequence, head, slice).
+// The K2 instantiations, by block_v (spec §5; style: at most two per arch):
+//   32  -> kNB = 1 (8 columns per warp), 4 compute warps
+//   64  -> kNB = 1, 8 compute warps
+//   128 -> kNB = 4 (32 columns per warp), 4 compute warps: a quarter of the smem
+//          operand traffic of 16 narrow warps, which would saturate smem bandwidth.
+inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
+  if (p.cu_seqlens != nullptr) {
+    tile_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
+    const LaunchStatus st = launch_status("tile_prefix_kernel launch");
+    if (st.error != cudaSuccess) return st;
+  }
+  prepare_kernel<<<dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads)),
+                   kPrepareThreads, 0, stream>>>(p);
+  const LaunchStatus st = launch_status("prepare_kernel launch");
+  if (st.error != cudaSuccess) return st;
+  switch (p.block_v) {
+    case 32:
+    case 64:
+      return launch_recurrence<1>(p, stream);
+    case 128:
+      return launch_recurrence<4>(p, stream);
+    default:
+      return {cudaErrorInvalidValue, "recurrence_kernel block_v"};
+  }
+}
+
+inline LaunchStatus launch_probe_unary(int op, const float *x, float *y, int64_t count,
+                                       cudaStream_t stream) {
+  const int64_t blocks = std::min<int64_t>(ceil_div(count, kProbeThreads), 65535);
+  probe_unary_kernel<<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(op, x, y, count);
+  return launch_status("probe_unary_kernel launch");
+}
+
+inline LaunchStatus launch_probe_mma(int op, const void *a, const void *b, void *c, int64_t batch,
+                                     int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  const int64_t blocks = ceil_div(batch * (m / 16) * (n / 8), kProbeThreads / 32);
+  const auto *A = static_cast<const uint16_t *>(a);
+  const auto *B = static_cast<const uint16_t *>(b);
+  if (op == FLASH_KDA_PROBE_MMA_F16_F16)
+    probe_mma_kernel<true><<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(A, B, c, batch, m, n, k);
+  else
+    probe_mma_kernel<false><<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(A, B, c, batch, m, n, k);
+  return launch_status("probe_mma_kernel launch");
+}
+
+}  // namespace flash_kda::FLASH_KDA_ARCH
+
+// Exports this TU's table as flash_kda::table_<arch>; api.cpp declares the same symbol.
+#define FLASH_KDA_DEFINE_ARCH_TABLE(NAME, CC)                                             \
+  namespace flash_kda {                                                                   \
+  extern const ArchTable FLASH_KDA_TABLE_SYMBOL(FLASH_KDA_ARCH);                          \
+  const ArchTable FLASH_KDA_TABLE_SYMBOL(FLASH_KDA_ARCH) = {                              \
+      NAME, CC, FLASH_KDA_FEATURE_FWD | FLASH_KDA_FEATURE_PROBES, &FLASH_KDA_ARCH::launch_fwd, \
+      &FLASH_KDA_ARCH::launch_probe_unary, &FLASH_KDA_ARCH::launch_probe_mma};            \
+  }

@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: MIT
+// numerics.cuh: the instruction-level primitives of spec §0 / §3.1, the only file with
+// inline PTX. Every rounding point of the kernels goes through one of these helpers, so
+// the result never depends on compiler flags (-ftz, -fmad, --use_fast_math): fp32 ops
+// that the ledger wants flushed are written with .ftz, 16-bit arithmetic is an exact
+// fp32 operation followed by one RNE conversion, and no helper can be contracted into an
+// FMA. The reference (python/flash_kda/reference.py) mirrors each helper.
+#pragma once
+#ifndef FLASH_KDA_ARCH
+#error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
+#endif
+
+#include <cstdint>
+
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/arch/mma_sm80.hpp>
+#include <cutlass/arch/barrier.h>
+
+namespace flash_kda::FLASH_KDA_ARCH {
+
+// ---------------------------------------------------------------- fp32, FTZ (spec §3.1)
+
+__device__ __forceinline__ float add_ftz(float a, float b) {
+  float d;
+  asm("add.rn.ftz.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+
+__device__ __forceinline__ float mul_ftz(float a, float b) {
+  float d;
+  asm("mul.rn.ftz.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+
+__device__ __forceinline__ float fma_ftz(float a, float b, float c) {
+  float d;
+  asm("fma.rn.ftz.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+  return d;
+}
+
+// EX2(x): MUFU.EX2; results below 2^-126 flush to zero. Required (spec §3.5).
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// RSQ(x): MUFU.RSQ. Required.
+__device__ __forceinline__ float rsqrt_approx(float x) {
+  float y;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// sig(x) = fma(TANH(x * 0.5), 0.5, 0.5): the "tanh sigmoid" of spec §0. Required.
+__device__ __forceinline__ float sigmoid_tanh(float x) {
+  return fma_ftz(tanh_approx(mul_ftz(x, 0.5f)), 0.5f, 0.5f);
+}
+
+// ---------------------------------------------------------------- 16-bit conversions
+
+// f(x): exact widening of a bf16 held in the low 16 bits.
+__device__ __forceinline__ float bf16_to_f32(uint32_t bits) {
+  return __uint_as_float((bits & 0xffffu) << 16);
+}
+
+// bf(x): fp32 -> bf16, round to nearest even.
+__device__ __forceinline__ uint32_t f32_to_bf16(float x) {
+  uint16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+}
+
+// {bf(lo), bf(hi)} packed with lo in the low half (the MMA fragment order).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+__device__ __forceinline__ float f16_to_f32(uint32_t bits) {
+  float x;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(static_cast<uint16_t>(bits & 0xffffu)));
+  return x;
+}
+
+// hf(x): fp32 -> fp16, round to nearest even.
+__device__ __forceinline__ uint32_t f32_to_f16(float x) {
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+}
+
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t lo16(uint32_t x) { return x & 0xffffu; }
+__device__ __forceinline__ uint32_t hi16(uint32_t x) { return x >> 16; }
+
+// ---------------------------------------------------------------- 16-bit arithmetic
+// a (*) b, a (-) b, a (+) b of spec §0: the exact fp32 result rounded once to bf16. The
+// fp32 product of two bf16 is exact, and for bf16/fp16 operands an fp32 sum rounded to
+// 16 bits equals the singly rounded sum, so these equal HMUL2/HADD2 bit for bit. No FTZ,
+// so subnormal products survive exactly as in the reference's fp32 arithmetic.
+
+__device__ __forceinline__ float mul_rn(float a, float b) {
+  float d;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+
+__device__ __forceinline__ float add_rn(float a, float b) {
+  float d;
+  asm("add.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+
+__device__ __forceinline__ float sub_rn(float a, float b) {
+  float d;
+  asm("sub.rn.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t bf16_mul(uint32_t a, uint32_t b) {
+  return f32_to_bf16(mul_rn(bf16_to_f32(a), bf16_to_f32(b)));
+}
+
+// ---------------------------------------------------------------- tensor-core products
+// MMA32 of spec §0: mma.sync m16n8k16 bf16 x bf16 + fp32. Fragments follow the PTX
+// ISA layout: with g = lane / 4 and c = lane % 4, a[0..3] hold A rows (g, g+8) x column
+// pairs (2c, 2c+8); b[0..1] hold B^T row g x column pairs (2c, 2c+8); acc[0..3] hold
+// C rows (g, g+8) x columns (2c, 2c+1).
+
+__device__ __forceinline__ void mma_bf16_f32(float (&acc)[4], const uint32_t (&a)[4],
+                                             uint32_t b0, uint32_t b1) {
+  cute::SM80_16x8x16_F32BF16BF16F32_TN::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2],
+                                            a[3], b0, b1, acc[0], acc[1], acc[2], acc[3]);
+}
+
+// MMA16 of spec §0: fp16 x fp16 with an fp16 accumulator, d += A B (one k16 step).
+__device__ __forceinline__ void mma_f16_f16(uint32_t (&d)[2], const uint32_t (&a)[4], uint32_t b0,
+                                            uint32_t b1) {
+  cute::SM80_16x8x16_F16F16F16F16_TN::fma(d[0], d[1], a[0], a[1], a[2], a[3], b0, b1, d[0], d[1]);
+}
+
+// Transpose of an 8x8 matrix of 16-bit values held one row-pair per lane (MOVM).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// ---------------------------------------------------------------- memory
+
+// One elected thread's bulk copy of `bytes` (a multiple of 16, both addresses 16-byte
+// aligned) into shared memory, completing on `bar`'s transaction count.
+__device__ __forceinline__ void bulk_copy_g2s(void *smem, const void *gmem, uint32_t bytes,
+                                              uint64_t *bar) {
+  cute::SM90_BULK_COPY_G2S::copy(gmem, bar, smem, static_cast<int32_t>(bytes));
+}
+
+using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+
+}  // namespace flash_kda::FLASH_KDA_ARCH

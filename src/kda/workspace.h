@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: MIT
+// workspace.h: the per-chunk records that K1 (prepare) writes and K2 (recurrence) reads
+// (spec §4.3). Host and device constexpr only, shared with api.cpp, so it lives in the
+// arch-independent namespace: it defines no symbol that two arch TUs could both emit.
+//
+// Record of one (head, chunk), in the order K2 consumes it. 16x16 operand tiles are
+// stored in mma.m16n8k16 A-fragment order (frag_a_index), so each lane of a K2 warp
+// reads its fragment as one 16-byte vector, conflict-free, with no ldmatrix:
+//   Kd   [8 k-blocks]  A tiles of Kd  (rows t, cols k)       4096 B
+//   Qd   [8 k-blocks]  A tiles of Qd  (rows t, cols k)       4096 B
+//   KrT  [8 k-blocks]  A tiles of Kr^T (rows k, cols t)      4096 B
+//   INV                A tile of (I + L)^-1 (rows t, cols s)  512 B
+//   Mqk                A tile of Mqk  (rows t, cols s)         512 B
+//   decay fp32 e[k] = 2^Gtot[k] at decay_index(k)              512 B
+//   beta  bf16 bf(sig(beta_raw[t])), t = 0..15                  32 B, padded to 128
+// The format is free (spec §3.5): only the values matter for bit-exactness.
+#pragma once
+
+#include <cstdint>
+
+namespace flash_kda {
+
+constexpr int kChunk = 16;     // tokens per chunk (spec §0)
+constexpr int kHeadDim = 128;  // K = V = D (spec §0)
+
+constexpr int kTileElems = 16 * 16;                        // one 16x16 operand tile
+constexpr int kOpBytes = kHeadDim / 16 * kTileElems * 2;   // 8 bf16 tiles = 4096 B
+constexpr int kOffKd = 0;
+constexpr int kOffQd = kOffKd + kOpBytes;
+constexpr int kOffKrT = kOffQd + kOpBytes;
+constexpr int kOffInv = kOffKrT + kOpBytes;
+constexpr int kOffMqk = kOffInv + kTileElems * 2;
+constexpr int kOffDecay = kOffMqk + kTileElems * 2;
+constexpr int kOffBeta = kOffDecay + kHeadDim * 4;
+constexpr int kRecordBytes = 13952;  // kOffBeta + 32 rounded up to 128
+
+static_assert(kOffBeta + kChunk * 2 <= kRecordBytes, "record overflow");
+static_assert(kRecordBytes % 128 == 0, "records must keep 128-byte alignment");
+static_assert(kOffKd % 16 == 0 && kOffQd % 16 == 0 && kOffKrT % 16 == 0 && kOffInv % 16 == 0 &&
+                  kOffMqk % 16 == 0 && kOffDecay % 16 == 0 && kOffBeta % 16 == 0,
+              "every plane must allow 16-byte vector access");
+
+// Element offset of (row i, col j) of a 16x16 tile in A-fragment order: lane
+// (i % 8) * 4 + (j % 8) / 2 holds 8 values, register (i / 8) + 2 * (j / 8), half j % 2.
+constexpr int frag_a_index(int i, int j) {
+  return ((i % 8) * 4 + (j % 8) / 2) * 8 + ((i / 8) + 2 * (j / 8)) * 2 + (j % 2);
+}
+
+// Float offset of e[k] in the decay plane: lanes with g = lane / 4 read 16 contiguous
+// floats e[16 mb + g + 8 h] for mb = 0..7, h = 0..1 (the rows of their accumulators).
+constexpr int decay_index(int k) { return ((k % 8) * 8 + k / 16) * 2 + (k / 8) % 2; }
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Records per head: an upper bound on the chunks of any split of total_tokens into
+// num_seqs sequences (spec §1.6).
+constexpr int64_t tiles_per_head(int64_t total_tokens, int64_t num_seqs) {
+  return ceil_div(total_tokens, kChunk) + num_seqs;
+}
+
+// The int32 tile prefix of varlen mode follows the records.
+constexpr int64_t prefix_offset(int64_t total_tokens, int64_t heads, int64_t num_seqs) {
+  return heads * tiles_per_head(total_tokens, num_seqs) * kRecordBytes;
+}
+
+constexpr int64_t workspace_bytes(int64_t total_tokens, int64_t heads, int64_t num_seqs) {
+  return prefix_offset(total_tokens, heads, num_seqs) + ceil_div(4 * (num_seqs + 1), 128) * 128;
+}
+
+}  // namespace flash_kda
