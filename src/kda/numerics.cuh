@@ -170,4 +170,16 @@ __device__ __forceinline__ void bulk_copy_g2s(void *smem, const void *gmem, uint
 
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
+// mbarrier wait / arrive that also order the compiler: shared-memory reads of a stage may
+// not move above the wait that makes them valid, nor below the arrive that releases it.
+__device__ __forceinline__ void barrier_wait(uint64_t *bar, uint32_t phase) {
+  TxBarrier::wait(bar, phase);
+  asm volatile("" ::: "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(uint64_t *bar) {
+  asm volatile("" ::: "memory");
+  TxBarrier::arrive(bar);
+}
+
 }  // namespace flash_kda::FLASH_KDA_ARCH

@@ -65,7 +65,7 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const Recurre
   for (int64_t c = 0; c < cta.span.num_chunks; ++c) {
     const int s = static_cast<int>(c % kStages);
     const uint32_t round = static_cast<uint32_t>(c / kStages);
-    TxBarrier::wait(&empty[s], (round & 1) ^ 1);
+    barrier_wait(&empty[s], (round & 1) ^ 1);
     const int n = static_cast<int>(min(int64_t{kChunk}, cta.span.len - c * kChunk));
     uint8_t *stage = stages + s * stage_bytes(p.block_v);
     TxBarrier::arrive_and_expect_tx(&full[s], kRecordBytes + n * row_bytes);
@@ -294,13 +294,13 @@ __global__ void __launch_bounds__(32 * (kNB == 1 ? 9 : 5), 1)
   uint16_t *out = p.out + cta.head * kHeadDim + col;
   for (int64_t c = 0; c < cta.span.num_chunks; ++c) {
     const int s = static_cast<int>(c % kStages);
-    TxBarrier::wait(&full[s], static_cast<uint32_t>(c / kStages) & 1);
+    barrier_wait(&full[s], static_cast<uint32_t>(c / kStages) & 1);
     const int n = static_cast<int>(min(int64_t{kChunk}, cta.span.len - c * kChunk));
     const int64_t tok0 = cta.span.bos + c * kChunk;
     recurrence_step<kNB>(p, stages + s * stage_bytes(p.block_v), n, warp * 8 * kNB,
                          out + tok0 * p.heads * kHeadDim, state);
     __syncwarp();
-    if (lane == 0) TxBarrier::arrive(&empty[s]);
+    if (lane == 0) barrier_arrive(&empty[s]);
   }
   store_state(p, cta, col, state);
 }

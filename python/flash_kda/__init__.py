@@ -1,0 +1,12 @@
+# SPDX-License-Identifier: MIT
+"""flash-kda-bin: prebuilt Kimi Delta Attention forward kernels for recent NVIDIA GPUs.
+
+``import flash_kda`` loads nothing: the native library is opened on first use, and a
+GPU without native kernels falls back to fla's Triton kernels or to pure PyTorch.
+"""
+
+from . import reference
+from ._api import backend_for, compiled_archs, fwd, get_workspace_size
+from ._version import __version__
+
+__all__ = ["fwd", "get_workspace_size", "compiled_archs", "backend_for", "reference", "__version__"]

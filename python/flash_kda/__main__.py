@@ -1,0 +1,166 @@
+# SPDX-License-Identifier: MIT
+"""``python -m flash_kda info | check | bench``: environment report, self-check, timing.
+
+The only module of the package that prints.
+"""
+
+import argparse
+import ctypes
+import importlib.metadata
+import math
+import sys
+from typing import List, Optional
+
+import torch
+
+from . import _native, dispatch, reference
+from ._api import fwd
+from ._version import __version__
+
+# Built-in self-check problems: (name, batch, seqlen, heads, cu_seqlens, state dtype).
+CHECKS = [
+    ("batched-bf16state", 2, 100, 2, None, torch.bfloat16),
+    ("varlen-fp32state", 1, 102, 3, [0, 37, 37, 101, 102], torch.float32),
+    ("single-chunk-nostate", 1, 16, 1, None, None),
+]
+CHECK_TOLERANCE = 1e-2  # relative Frobenius error against the fp64 gold
+
+
+def _version_of(dist: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _driver_version() -> str:
+    try:
+        version = ctypes.c_int(0)
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return f"{version.value // 1000}.{version.value % 1000 // 10}"
+    except OSError:
+        pass
+    return "none (no libcuda.so.1)"
+
+
+def _best_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def cmd_info(_args) -> int:
+    lib = _native.load()
+    fla = _version_of("flash-linear-attention") or _version_of("fla-core")
+    print(f"flash_kda   {__version__}")
+    print(f"torch       {torch.__version__} (CUDA runtime {torch.version.cuda or 'none'})")
+    print(f"CUDA driver {_driver_version()}")
+    print(f"fla         {fla or 'not installed'}")
+    if lib is None:
+        print(f"library     not loaded: {_native.load_error()}")
+    else:
+        names = ", ".join(a.name for a in lib.archs) or "none"
+        print(f"library     {lib.path} (C ABI {_native.ABI_VERSION}); arches: {names}")
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            print(f"GPU {i}       {p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs)")
+    else:
+        print("GPU         none visible")
+    device = _best_device()
+    path, reason = dispatch.explain(device)
+    print(f"backend     {path} on {device}: {reason}")
+    return 0
+
+
+def _problem(batch, seqlen, heads, bounds, state_dtype, device, seed):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    bf16 = torch.bfloat16
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=bf16)
+
+    N = batch if bounds is None else len(bounds) - 1
+    p = dict(q=randn(batch, seqlen, heads, 128), k=randn(batch, seqlen, heads, 128),
+             v=randn(batch, seqlen, heads, 128), g=randn(batch, seqlen, heads, 128),
+             beta=randn(batch, seqlen, heads), scale=128 ** -0.5,
+             A_log=torch.rand(heads, generator=gen).to(device),
+             dt_bias=torch.rand(heads, 128, generator=gen).to(device), lower_bound=-5.0)
+    p["initial_state"] = None
+    if state_dtype is not None:
+        p["initial_state"] = (0.1 * torch.randn(N, heads, 128, 128, generator=gen)).to(device, state_dtype)
+    p["cu_seqlens"] = None if bounds is None else torch.tensor(bounds, dtype=torch.int64)
+    return p
+
+
+def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def cmd_check(_args) -> int:
+    device = _best_device()
+    path, reason = dispatch.explain(device)
+    print(f"flash_kda check on {device}, path {path} ({reason})")
+    print(f"{'problem':<22} {'out err':>10} {'state err':>10}  result")
+    failed = 0
+    for seed, (name, batch, seqlen, heads, bounds, state_dtype) in enumerate(CHECKS):
+        p = _problem(batch, seqlen, heads, bounds, state_dtype, device, seed)
+        out = torch.full_like(p["q"], float("nan"))
+        N = batch if bounds is None else len(bounds) - 1
+        final = torch.full((N, heads, 128, 128), float("nan"), dtype=state_dtype or torch.float32, device=device)
+        fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, p["A_log"], p["dt_bias"],
+            p["lower_bound"], p["initial_state"], final, p["cu_seqlens"])
+        gold_out, gold_state = reference.gold(
+            p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], p["A_log"], p["dt_bias"],
+            p["lower_bound"], p["initial_state"], p["cu_seqlens"])
+        e_out, e_state = _rel_err(out, gold_out), _rel_err(final, gold_state)
+        ok = math.isfinite(e_out) and math.isfinite(e_state) and max(e_out, e_state) <= CHECK_TOLERANCE
+        failed += not ok
+        print(f"{name:<22} {e_out:>10.2e} {e_state:>10.2e}  {'ok' if ok else 'FAIL'}")
+    print("all checks passed" if not failed else f"{failed} check(s) failed (tolerance {CHECK_TOLERANCE})")
+    return 1 if failed else 0
+
+
+def cmd_bench(args) -> int:
+    if not torch.cuda.is_available():
+        print("bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = _best_device()
+    p = _problem(args.batch, args.seqlen, args.heads, None, torch.bfloat16, device, 0)
+    out = torch.empty_like(p["q"])
+    final = torch.empty_like(p["initial_state"])
+
+    def run():
+        fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, p["A_log"], p["dt_bias"],
+            p["lower_bound"], p["initial_state"], final)
+
+    for _ in range(3):
+        run()
+    times: List[float] = []
+    for _ in range(args.repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    print(f"B={args.batch} T={args.seqlen} H={args.heads} path={dispatch.backend_for(device)}: "
+          f"median {times[len(times) // 2]:.3f} ms over {args.repeats} runs")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flash_kda", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions, GPU, compiled arches and the path fwd would take")
+    sub.add_parser("check", help="run fwd on small problems and compare with the fp64 gold")
+    bench = sub.add_parser("bench", help="time fwd on one batched shape (bf16 state)")
+    bench.add_argument("--batch", type=int, default=1)
+    bench.add_argument("--seqlen", type=int, default=8192)
+    bench.add_argument("--heads", type=int, default=16)
+    bench.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args(argv)
+    return {"info": cmd_info, "check": cmd_check, "bench": cmd_bench}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

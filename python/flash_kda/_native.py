@@ -1,0 +1,205 @@
+# SPDX-License-Identifier: MIT
+"""Find, load and describe ``libflash_kda.so`` (the C ABI of ``flash_kda.h``).
+
+Standard library only: importing this module loads nothing. :func:`load` opens the
+library beside the package once, declares every export's argument types, checks the ABI
+version and lists the compiled arch tables. A library that cannot be used becomes a
+stored reason (:func:`load_error`), never an exception, so callers can fall back.
+"""
+
+import ctypes
+import os
+import threading
+from typing import List, NamedTuple, Optional
+
+ABI_VERSION = 1
+LIBRARY_NAME = "libflash_kda.so"
+LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
+
+FEATURE_FWD = 1
+FEATURE_PROBES = 2
+
+DTYPE_NONE, DTYPE_BF16, DTYPE_FP32 = 0, 1, 2
+PROBE_EX2, PROBE_SIGMOID, PROBE_RSQRT = 0, 1, 2
+PROBE_MMA_BF16_F32, PROBE_MMA_F16_F16 = 0, 1
+
+_STATUS_NAMES = {
+    0: "OK",
+    1: "INVALID_ARGUMENT",
+    2: "UNSUPPORTED_DEVICE",
+    3: "CUDA_ERROR",
+    4: "INTERNAL",
+}
+
+_i32, _i64, _u32, _f64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_double
+_ptr = ctypes.c_void_p
+
+
+class ArchInfo(NamedTuple):
+    """One compiled arch table: ``name`` like ``"sm_90a"``, ``compute_capability`` like 90."""
+
+    name: str
+    compute_capability: int
+    features: int
+
+    @property
+    def short_name(self) -> str:
+        """``"90a"`` for ``"sm_90a"``."""
+        return self.name[3:] if self.name.startswith("sm_") else self.name
+
+
+class _ArchDesc(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("compute_capability", _i32), ("features", _u32)]
+
+
+class FwdArgs(ctypes.Structure):
+    """``flash_kda_fwd_args`` (flash_kda.h); device pointers are plain integers."""
+
+    _fields_ = [
+        ("struct_size", _u32),
+        ("block_v", _i32),
+        ("batch", _i64),
+        ("seqlen", _i64),
+        ("heads", _i64),
+        ("head_dim", _i64),
+        ("num_seqs", _i64),
+        ("q", _ptr),
+        ("k", _ptr),
+        ("v", _ptr),
+        ("g", _ptr),
+        ("beta", _ptr),
+        ("out", _ptr),
+        ("A_log", _ptr),
+        ("dt_bias", _ptr),
+        ("scale", _f64),
+        ("lower_bound", _f64),
+        ("initial_state", _ptr),
+        ("final_state", _ptr),
+        ("initial_state_dtype", _i32),
+        ("final_state_dtype", _i32),
+        ("cu_seqlens", _ptr),
+        ("workspace", _ptr),
+        ("workspace_bytes", _i64),
+        ("num_sms", _i32),
+        ("reserved", _i32),
+    ]
+
+
+# (name, restype, argtypes) of every export.
+_EXPORTS = [
+    ("flash_kda_abi_version", _i32, []),
+    ("flash_kda_last_error", ctypes.c_char_p, []),
+    ("flash_kda_num_archs", _i32, []),
+    ("flash_kda_arch_info", _i32, [_i32, ctypes.POINTER(_ArchDesc)]),
+    ("flash_kda_workspace_size", _i64, [_i64, _i64, _i64]),
+    ("flash_kda_pick_block_v", _i32, [_i64, _i64, _i32]),
+    ("flash_kda_fwd", _i32, [_i32, ctypes.POINTER(FwdArgs), _ptr]),
+    ("flash_kda_probe_unary_op", _i32, [_i32, _i32, _ptr, _ptr, _i64, _ptr]),
+    ("flash_kda_probe_mma_op", _i32, [_i32, _i32, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr]),
+]
+
+
+class NativeLibrary:
+    """A loaded ``libflash_kda.so``. Every failing call raises ``RuntimeError`` with the
+    library's own message (``flash_kda_last_error``)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+        for name, restype, argtypes in _EXPORTS:
+            fn = getattr(self._lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        version = self._lib.flash_kda_abi_version()
+        if version != ABI_VERSION:
+            raise RuntimeError(
+                f"{path} has C ABI version {version}, this package needs {ABI_VERSION}"
+            )
+        self.archs = self._list_archs()
+
+    def _list_archs(self) -> List[ArchInfo]:
+        archs = []
+        for i in range(self._lib.flash_kda_num_archs()):
+            desc = _ArchDesc()
+            self._check(self._lib.flash_kda_arch_info(i, ctypes.byref(desc)))
+            archs.append(ArchInfo(desc.name.decode(), desc.compute_capability, desc.features))
+        return archs
+
+    def _check(self, status: int) -> None:
+        if status != 0:
+            message = self._lib.flash_kda_last_error().decode(errors="replace")
+            raise RuntimeError(f"{message} [{_STATUS_NAMES.get(status, status)}]")
+
+    def table_for(self, compute_capability: int, feature: int = FEATURE_FWD) -> Optional[ArchInfo]:
+        """The arch table for ``compute_capability`` (e.g. 90) having ``feature``, if any."""
+        for arch in self.archs:
+            if arch.compute_capability == compute_capability and arch.features & feature:
+                return arch
+        return None
+
+    def workspace_size(self, total_tokens: int, heads: int, num_seqs: int) -> int:
+        size = self._lib.flash_kda_workspace_size(total_tokens, heads, num_seqs)
+        if size < 0:
+            raise ValueError(
+                f"workspace size undefined for total_tokens={total_tokens}, heads={heads}, "
+                f"num_seqs={num_seqs}"
+            )
+        return size
+
+    def pick_block_v(self, num_seqs: int, heads: int, num_sms: int) -> int:
+        return self._lib.flash_kda_pick_block_v(num_seqs, heads, num_sms)
+
+    def fwd(self, compute_capability: int, args: FwdArgs, stream: int) -> None:
+        args.struct_size = ctypes.sizeof(FwdArgs)
+        self._check(self._lib.flash_kda_fwd(compute_capability, ctypes.byref(args), stream))
+
+    def probe_unary(self, compute_capability, op, x, y, count, stream) -> None:
+        self._check(self._lib.flash_kda_probe_unary_op(compute_capability, op, x, y, count, stream))
+
+    def probe_mma(self, compute_capability, op, a, b, c, batch, m, n, k, stream) -> None:
+        self._check(
+            self._lib.flash_kda_probe_mma_op(compute_capability, op, a, b, c, batch, m, n, k, stream)
+        )
+
+
+_lock = threading.Lock()
+_state = {"loaded": False, "library": None, "error": None}
+
+
+def library_path() -> str:
+    """Where the library is looked for: ``$FLASH_KDA_LIBRARY`` or beside this package."""
+    override = os.environ.get(LIBRARY_ENV)
+    if override:
+        return override
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY_NAME)
+
+
+def load() -> Optional[NativeLibrary]:
+    """The library, loaded once; ``None`` when it cannot be used (see :func:`load_error`)."""
+    with _lock:
+        if not _state["loaded"]:
+            path = library_path()
+            try:
+                _state["library"] = NativeLibrary(path)
+            except (OSError, AttributeError, RuntimeError) as err:
+                _state["error"] = f"cannot load {path}: {err}"
+            _state["loaded"] = True
+        return _state["library"]
+
+
+def load_error() -> Optional[str]:
+    """Why :func:`load` returned ``None``; ``None`` when the library loaded."""
+    load()
+    return _state["error"]
+
+
+def compiled_archs() -> List[ArchInfo]:
+    """The arch tables of the loaded library (empty when it could not be loaded)."""
+    lib = load()
+    return list(lib.archs) if lib is not None else []
+
+
+def _reset_for_tests() -> None:
+    """Forget the loaded library so the next :func:`load` looks again."""
+    with _lock:
+        _state.update(loaded=False, library=None, error=None)

@@ -1,0 +1,134 @@
+# SPDX-License-Identifier: MIT
+"""Choose and run the path of a ``fwd`` call: native kernels, fla's Triton kernels, or
+pure PyTorch (architecture.md, "The dispatcher").
+
+:func:`choose_path` is a pure function of the device facts, the library's tables, fla's
+presence and ``FLA_FLASH_KDA``; :func:`fwd` validates, asks it, logs each (path, reason)
+once at INFO on the ``flash_kda`` logger, and runs the path.
+"""
+
+import logging
+import os
+from typing import Callable, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import _native, _validate, fallback
+
+logger = logging.getLogger("flash_kda")
+ENV_SWITCH = "FLA_FLASH_KDA"
+
+NATIVE, FLA, TORCH = "native", "fla", "torch"
+_logged = set()
+
+
+def choose_path(device_type: str, compute_capability: Optional[int],
+                native_archs: Sequence[_native.ArchInfo], native_error: Optional[str],
+                fla_present: Union[bool, Callable[[], bool]],
+                switch: Optional[str]) -> Tuple[str, str]:
+    """Return ``(path, reason)`` for a call on a device.
+
+    ``compute_capability`` is 10 * major + minor (CUDA only); ``native_archs`` the
+    library's tables, ``native_error`` why it could not load; ``fla_present`` whether fla
+    can be imported (a callable is asked only when the native path is not taken, since
+    importing fla is slow); ``switch`` the value of ``FLA_FLASH_KDA`` (``"0"`` turns the
+    native kernels off).
+    """
+    if device_type != "cuda":
+        return TORCH, f"{device_type} tensors run on the PyTorch path"
+    tables = [a for a in native_archs if a.features & _native.FEATURE_FWD]
+    if switch is not None and switch.strip() == "0":
+        why = f"{ENV_SWITCH}=0 turns the native kernels off"
+    elif native_error is not None:
+        why = f"native library unavailable: {native_error}"
+    elif not any(a.compute_capability == compute_capability for a in tables):
+        have = ", ".join(a.name for a in tables) or "none"
+        why = f"no kernel for sm_{compute_capability} in this build (has {have})"
+    else:
+        return NATIVE, f"native kernels for sm_{compute_capability}"
+    if fla_present() if callable(fla_present) else fla_present:
+        return FLA, f"{why}; using fla Triton"
+    return TORCH, f"{why}; fla is not importable, using PyTorch"
+
+
+def _device_capability(device: torch.device) -> Optional[int]:
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def explain(device) -> Tuple[str, str]:
+    """``(path, reason)`` that :func:`fwd` would take for tensors on ``device`` now."""
+    device = torch.device(device)
+    lib_error = _native.load_error() if device.type == "cuda" else None
+    return choose_path(device.type, _device_capability(device), _native.compiled_archs(),
+                       lib_error, fallback.fla_available, os.environ.get(ENV_SWITCH))
+
+
+def backend_for(device) -> str:
+    """``"native"``, ``"fla"`` or ``"torch"``: the path ``fwd`` would take on ``device``."""
+    return explain(device)[0]
+
+
+def _log_once(device, path: str, reason: str) -> None:
+    key = (path, reason)
+    if key not in _logged:
+        _logged.add(key)
+        logger.info("flash_kda.fwd on %s -> %s (%s)", device, path, reason)
+
+
+def _dtype_code(state) -> int:
+    if state is None:
+        return _native.DTYPE_NONE
+    return _native.DTYPE_BF16 if state.dtype == torch.bfloat16 else _native.DTYPE_FP32
+
+
+def _ptr(t) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
+def run_native(problem: _validate.Problem, q, k, v, g, beta, scale, out, A_log, dt_bias,
+               lower_bound, initial_state=None, final_state=None, block_v: int = 0,
+               workspace: Optional[torch.Tensor] = None) -> None:
+    """Call the C ABI on the current stream of q's device. ``block_v`` 0 lets the library
+    pick; tests pass 32/64/128. ``workspace`` (uint8, on q's device) may be given to
+    inspect the records afterwards; by default it comes from PyTorch's allocator."""
+    lib = _native.load()
+    device = q.device
+    props = torch.cuda.get_device_properties(device)
+    T_total = problem.batch * problem.seqlen
+    size = lib.workspace_size(T_total, problem.heads, problem.num_seqs)
+    if workspace is None:
+        workspace = torch.empty(size, dtype=torch.uint8, device=device)
+    args = _native.FwdArgs(
+        block_v=block_v, batch=problem.batch, seqlen=problem.seqlen, heads=problem.heads,
+        head_dim=_validate.HEAD_DIM, num_seqs=problem.num_seqs,
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(), beta=beta.data_ptr(),
+        out=out.data_ptr(), A_log=A_log.data_ptr(), dt_bias=dt_bias.data_ptr(),
+        scale=float(scale), lower_bound=float(lower_bound),
+        initial_state=_ptr(initial_state), final_state=_ptr(final_state),
+        initial_state_dtype=_dtype_code(initial_state), final_state_dtype=_dtype_code(final_state),
+        cu_seqlens=_ptr(problem.cu_seqlens), workspace=workspace.data_ptr(),
+        workspace_bytes=workspace.numel(), num_sms=props.multi_processor_count,
+    )
+    with torch.cuda.device(device):
+        lib.fwd(10 * props.major + props.minor, args, torch.cuda.current_stream(device).cuda_stream)
+
+
+def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
+        initial_state=None, final_state=None, cu_seqlens=None) -> None:
+    """See :func:`flash_kda.fwd`."""
+    problem = _validate.check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
+                                  initial_state, final_state, cu_seqlens)
+    path, reason = explain(q.device)
+    _log_once(q.device, path, reason)
+    if path == NATIVE:
+        run_native(problem, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
+                   initial_state, final_state)
+    elif path == FLA:
+        fallback.fla_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
+                         initial_state, final_state, problem.cu_seqlens)
+    else:
+        fallback.torch_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
+                           initial_state, final_state, cu_seqlens)

@@ -1,0 +1,233 @@
+# SPDX-License-Identifier: MIT
+"""PyTorch reference of the KDA forward, step by step after the precision ledger (spec
+section 3), and the fp64 token-by-token gold.
+
+:func:`fwd` has the signature of :func:`flash_kda.fwd`. On a GPU whose arch table the
+native library has, every approximate instruction and tensor-core product runs through
+the library's single-instruction probes (never the real kernels), which makes it the
+bitwise oracle of the native forward. Elsewhere (CPU, or a GPU without a table) the
+approximations become exact math and the result is accurate but not bit-exact; this is
+also the pure-PyTorch fallback path. :func:`gold` is the exact-arithmetic recurrence of
+spec section 2.1 in fp64, the accuracy yardstick for every path.
+
+Tail rows (t >= n of a sequence's last chunk) are zero in q, k, g, v and beta; the
+kernels produce the same values there (spec section 3.5: free).
+"""
+
+import math
+from typing import List, NamedTuple, Optional, Tuple
+
+import torch
+
+from . import _validate
+from ._numerics import (LOG2E, LOG2E_F, Ops, add_ftz, bf, bmul, fma_ftz, hadd, hf, mul_ftz)
+
+C = 16  # tokens per chunk
+D = 128  # head dim
+
+
+class Chunks(NamedTuple):
+    """The chunking of a call (spec sections 1.3 and 4.2)."""
+
+    tok0: torch.Tensor  # [num_chunks] first token of each chunk
+    valid: torch.Tensor  # [num_chunks, 16] bool: row t < n
+    seq_chunks: List[List[int]]  # chunk ids of each sequence, in order
+
+
+def chunk_table(batch: int, seqlen: int, bounds: Optional[List[int]], device) -> Chunks:
+    """Chunk c of sequence i covers tokens [bos_i + 16 c, min(bos_i + 16 c + 16, eos_i))."""
+    spans = [(i * seqlen, seqlen) for i in range(batch)] if bounds is None else [
+        (bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(bounds) - 1)]
+    tok0, rows, seq_chunks = [], [], []
+    for bos, length in spans:
+        ids = []
+        for c in range(math.ceil(length / C)):
+            ids.append(len(tok0))
+            tok0.append(bos + C * c)
+            rows.append(min(C, length - C * c))
+        seq_chunks.append(ids)
+    tok0_t = torch.tensor(tok0, dtype=torch.int64, device=device)
+    valid = torch.arange(C, device=device)[None, :] < torch.tensor(rows, device=device)[:, None]
+    return Chunks(tok0_t, valid, seq_chunks)
+
+
+def gather_chunks(x: torch.Tensor, chunks: Chunks) -> torch.Tensor:
+    """[B, T, H, ...] -> [chunks, H, 16, ...], rows beyond a sequence set to zero."""
+    flat = x.reshape(-1, *x.shape[2:])
+    idx = (chunks.tok0[:, None] + torch.arange(C, device=x.device)[None, :]).clamp(max=flat.shape[0] - 1)
+    rows = flat[idx.reshape(-1)].reshape(idx.shape[0], C, *x.shape[2:])
+    mask = chunks.valid.reshape(chunks.valid.shape + (1,) * (rows.dim() - 2))
+    rows = torch.where(mask, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+    return rows.transpose(1, 2)  # [chunks, H, 16, ...]
+
+
+def l2_normalize(ops: Ops, x: torch.Tensor) -> torch.Tensor:
+    """Spec section 3.2 step 2: per row, 16 segments of 8 elements, fma partials in element
+    order, butterfly over segments (xor 8, 4, 2, 1), r = RSQ(T + 1e-6), x_hat = bf(x * r)."""
+    xf = x.float()
+    seg = xf.unflatten(-1, (16, 8))
+    partial = torch.zeros_like(seg[..., 0])
+    for e in range(8):
+        partial = fma_ftz(seg[..., e], seg[..., e], partial)
+    lanes = torch.arange(16, device=x.device)
+    for off in (8, 4, 2, 1):
+        partial = add_ftz(partial, partial[..., lanes ^ off])
+    r = ops.rsqrt(add_ftz(partial[..., 0], torch.full_like(partial[..., 0], 1e-6)))
+    return bf(mul_ftz(xf, r[..., None]))
+
+
+def gate_cumsum(ops: Ops, g, valid, A_log, dt_bias, lower_bound) -> torch.Tensor:
+    """Steps 1, 3, 4: a = EX2(A_log * LOG2E_F); gamma = c * sig((g + dt) * a) for valid rows,
+    0 beyond; G = sequential fp32 cumulative sum over the chunk's 16 rows."""
+    a = ops.ex2(mul_ftz(A_log.float(), torch.full_like(A_log.float(), LOG2E_F)))
+    c = torch.tensor(lower_bound * LOG2E, dtype=torch.float32, device=g.device)
+    x = add_ftz(g.float(), dt_bias.reshape(1, -1, 1, D).float().expand_as(g))
+    gamma = mul_ftz(c.expand_as(x), ops.sigmoid(mul_ftz(x, a.reshape(1, -1, 1, 1).expand_as(x))))
+    gamma = torch.where(valid[:, None, :, None], gamma, torch.zeros_like(gamma))
+    G = torch.empty_like(gamma)
+    acc = torch.zeros_like(gamma[:, :, 0])
+    for t in range(C):
+        acc = add_ftz(acc, gamma[:, :, t])
+        G[:, :, t] = acc
+    return G
+
+
+def apply_decays(ops: Ops, q_hat, k_hat, G, scale: float):
+    """Steps 5, 6: e = EX2(G[15]); Qd = (q (*) E+) (*) sb, Kd = k (*) E+, Ki = k (*) E-,
+    Kr = Ki (*) bf(e), with E+ = bf(EX2(G)), E- = bf(EX2(-G)), sb = bf(fp32(scale))."""
+    e = ops.ex2(G[:, :, C - 1])
+    e_plus, e_minus = bf(ops.ex2(G)), bf(ops.ex2(-G))
+    sb = bf(torch.tensor(scale, dtype=torch.float32, device=G.device))
+    Qd = bmul(bmul(q_hat, e_plus), sb.expand_as(e_plus))
+    Kd = bmul(k_hat, e_plus)
+    Ki = bmul(k_hat, e_minus)
+    Kr = bmul(Ki, bf(e)[:, :, None, :].expand_as(Ki))
+    return e, Qd, Kd, Ki, Kr
+
+
+def chunk_scores(ops: Ops, Qd, Kd, Ki, b):
+    """Steps 7, 8: L = hf(hf(Kd Ki^T) * hf(b_i)) strictly below the diagonal, Mqk =
+    bf(Qd Ki^T) on and below it (MMA32)."""
+    i = torch.arange(C, device=Kd.device)
+    lower, lower_diag = i[:, None] > i[None, :], i[:, None] >= i[None, :]
+    l_raw = hf(ops.mma32(Kd, Ki)).float()
+    L = hf(mul_ftz(l_raw, hf(b).float()[..., :, None].expand_as(l_raw)))
+    L = torch.where(lower, L, torch.zeros_like(L))
+    Mqk = bf(ops.mma32(Qd, Ki))
+    return L, torch.where(lower_diag, Mqk, torch.zeros_like(Mqk))
+
+
+def neumann_inverse(ops: Ops, L) -> torch.Tensor:
+    """Step 9: INV = bf((I - L)(I + L^2)(I + L^4)(I + L^8)) by N_{m+1} = N_m (+h)
+    MMA16(N_m, P), P = L^2, L^4, L^8 (fp16 products with fp16 accumulation)."""
+    eye = torch.eye(C, dtype=torch.bool, device=L.device)
+    n = torch.where(eye, torch.ones_like(L), -L)
+    p = ops.mma16(L, L)
+    for step in range(3):
+        n = hadd(n, ops.mma16(n, p))
+        if step < 2:
+            p = ops.mma16(p, p)
+    return bf(n.float())
+
+
+def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks: Chunks) -> dict:
+    """K1 (spec section 3.2) for every chunk and head: tensors [chunks, H, ...]."""
+    q_hat = l2_normalize(ops, gather_chunks(q, chunks))
+    k_hat = l2_normalize(ops, gather_chunks(k, chunks))
+    G = gate_cumsum(ops, gather_chunks(g, chunks), chunks.valid, A_log, dt_bias, lower_bound)
+    e, Qd, Kd, Ki, Kr = apply_decays(ops, q_hat, k_hat, G, scale)
+    b = ops.sigmoid(gather_chunks(beta, chunks).float())
+    L, Mqk = chunk_scores(ops, Qd, Kd, Ki, b)
+    return dict(Kd=Kd, Qd=Qd, Kr=Kr, e=e, INV=neumann_inverse(ops, L), Mqk=Mqk, beta=bf(b))
+
+
+def recurrence_step(ops: Ops, S, V, rec: dict):
+    """Spec section 3.3 for one chunk of a batch of (sequence, head) pairs. S: bf16 state
+    [.., 128 (v), 128 (k)]; V: [.., 16, 128]. Returns (O, S')."""
+    Pk, Pq = bf(ops.mma32(rec["Kd"], S)), bf(ops.mma32(rec["Qd"], S))
+    u = bmul(bf(V.float() - Pk.float()), rec["beta"][..., None].expand_as(V))
+    U = bf(ops.mma32(rec["INV"], u.transpose(-1, -2)))
+    O = bf(Pq.float() + bf(ops.mma32(rec["Mqk"], U.transpose(-1, -2))).float())
+    delta = ops.mma32(rec["Kr"].transpose(-1, -2), U.transpose(-1, -2))  # [.., k, v]
+    decay = rec["e"][..., None, :].expand_as(S)
+    S_next = bf(fma_ftz(S.float(), decay, delta.transpose(-1, -2)))
+    return O, S_next
+
+
+def initial_bf16_state(initial_state, N, H, device) -> torch.Tensor:
+    """Spec section 1.4: zeros, or the given state rounded to bf16."""
+    if initial_state is None:
+        return torch.zeros(N, H, D, D, dtype=torch.bfloat16, device=device)
+    return initial_state.to(torch.bfloat16, copy=True)
+
+
+def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
+        initial_state=None, final_state=None, cu_seqlens=None) -> None:
+    """The forward after the precision ledger; writes ``out`` and ``final_state`` in place.
+    Same signature, checks and in-place contract as :func:`flash_kda.fwd`."""
+    problem = _validate.check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
+                                  initial_state, final_state, cu_seqlens)
+    bounds = problem.seq_bounds
+    if problem.cu_seqlens is not None and bounds is None:
+        bounds = [int(x) for x in problem.cu_seqlens.tolist()]
+    with torch.no_grad():
+        ops = Ops(q.device)
+        chunks = chunk_table(problem.batch, problem.seqlen, bounds, q.device)
+        rec = prepare(ops, q, k, g, beta, A_log, dt_bias, float(scale), float(lower_bound), chunks)
+        V = gather_chunks(v, chunks)
+        S = initial_bf16_state(initial_state, problem.num_seqs, problem.heads, q.device)
+        out_rows = out.view(-1, problem.heads, D)
+        depth = max((len(ids) for ids in chunks.seq_chunks), default=0)
+        for step in range(depth):
+            seqs = [i for i, ids in enumerate(chunks.seq_chunks) if len(ids) > step]
+            ids = torch.tensor([chunks.seq_chunks[i][step] for i in seqs], device=q.device)
+            sel = torch.tensor(seqs, device=q.device)
+            O, S_next = recurrence_step(ops, S[sel], V[ids], {key: val[ids] for key, val in rec.items()})
+            S[sel] = S_next
+            tok = chunks.tok0[ids][:, None] + torch.arange(C, device=q.device)[None, :]
+            keep = chunks.valid[ids]
+            out_rows[tok[keep]] = O.transpose(1, 2)[keep]
+        if final_state is not None:
+            final_state.copy_(S.to(final_state.dtype))
+
+
+def gold(q, k, v, g, beta, scale, A_log, dt_bias, lower_bound,
+         initial_state=None, cu_seqlens=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The exact recurrence of spec section 2.1 in fp64, one token at a time.
+
+    Returns ``(out, final_state)``: ``out`` [B, T, H, 128] and ``final_state``
+    [N, H, 128 (V), 128 (K)], both float64. The initial state is used unrounded.
+    """
+    B, T, H, _ = q.shape
+    f64 = torch.float64
+    with torch.no_grad():
+        def unit(x):
+            x = x.to(f64)
+            return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+        qn, kn = unit(q).reshape(B * T, H, D), unit(k).reshape(B * T, H, D)
+        vv = v.to(f64).reshape(B * T, H, D)
+        a = torch.exp(A_log.to(f64)).reshape(1, H, 1)
+        gate = lower_bound * torch.sigmoid(a * (g.to(f64).reshape(B * T, H, D) + dt_bias.to(f64).reshape(1, H, D)))
+        alpha, b = torch.exp(gate), torch.sigmoid(beta.to(f64).reshape(B * T, H))
+        if cu_seqlens is None:
+            bounds = [i * T for i in range(B + 1)]
+        else:
+            bounds = [int(x) for x in cu_seqlens.tolist()]
+        N = len(bounds) - 1
+        S = torch.zeros(N, H, D, D, dtype=f64, device=q.device)  # K-first: S[n, h, k, v]
+        if initial_state is not None:
+            S = initial_state.to(f64).transpose(-1, -2).clone()
+        out = torch.zeros(B * T, H, D, dtype=f64, device=q.device)
+        lengths = [bounds[i + 1] - bounds[i] for i in range(N)]
+        for pos in range(max(lengths, default=0)):
+            seqs = [i for i in range(N) if lengths[i] > pos]
+            sel = torch.tensor(seqs, device=q.device)
+            tok = torch.tensor([bounds[i] + pos for i in seqs], device=q.device)
+            St = S[sel] * alpha[tok][..., None]
+            kt = kn[tok]
+            err = vv[tok] - torch.einsum("shk,shkv->shv", kt, St)
+            St = St + b[tok][..., None, None] * kt[..., None] * err[..., None, :]
+            out[tok] = scale * torch.einsum("shk,shkv->shv", qn[tok], St)
+            S[sel] = St
+        return out.reshape(B, T, H, D), S.transpose(-1, -2).contiguous()

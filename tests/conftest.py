@@ -1,0 +1,115 @@
+# SPDX-License-Identifier: MIT
+"""Shared fixtures and helpers: GPU skipping, random problems, the bitwise comparison."""
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+
+# The seven state variants of spec section 1.4: (initial dtype, final dtype).
+STATE_VARIANTS = [
+    (None, None),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float32, torch.float32),
+    (None, torch.bfloat16),
+    (None, torch.float32),
+    (torch.bfloat16, None),
+    (torch.float32, None),
+]
+
+
+def state_id(variant) -> str:
+    names = {None: "none", torch.bfloat16: "bf16", torch.float32: "fp32"}
+    return f"{names[variant[0]]}in-{names[variant[1]]}out"
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def make_problem(batch, seqlen, heads, *, lens=None, initial=None, final=None, device="cpu",
+                 seed=0, lower_bound=-5.0):
+    """Random inputs as in the acceptance tests: q, k, v, g, beta ~ N(0, 1) bf16; A_log,
+    dt_bias ~ U(0, 1); initial state ~ 0.1 N(0, 1). ``lens`` makes a varlen problem
+    (batch 1, seqlen = sum(lens)). ``out`` and ``final_state`` are pre-filled with NaN so
+    unwritten elements show."""
+    gen = torch.Generator().manual_seed(seed)
+    if lens is not None:
+        batch, seqlen = 1, sum(lens)
+    bf16 = torch.bfloat16
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=bf16)
+
+    n_seqs = batch if lens is None else len(lens)
+    p = dict(
+        q=randn(batch, seqlen, heads, 128), k=randn(batch, seqlen, heads, 128),
+        v=randn(batch, seqlen, heads, 128), g=randn(batch, seqlen, heads, 128),
+        beta=randn(batch, seqlen, heads), scale=128 ** -0.5,
+        A_log=torch.rand(heads, generator=gen).to(device),
+        dt_bias=torch.rand(heads, 128, generator=gen).to(device),
+        lower_bound=lower_bound,
+    )
+    p["out"] = torch.full_like(p["q"], float("nan"))
+    p["initial_state"] = None
+    if initial is not None:
+        p["initial_state"] = (0.1 * torch.randn(n_seqs, heads, 128, 128, generator=gen)).to(device, initial)
+    p["final_state"] = None
+    if final is not None:
+        p["final_state"] = torch.full((n_seqs, heads, 128, 128), float("nan"), dtype=final, device=device)
+    p["cu_seqlens"] = None
+    if lens is not None:
+        bounds = [0]
+        for n in lens:
+            bounds.append(bounds[-1] + n)
+        p["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int64, device=device)
+    return p
+
+
+FWD_ARGS = ("q", "k", "v", "g", "beta", "scale", "out", "A_log", "dt_bias", "lower_bound",
+            "initial_state", "final_state", "cu_seqlens")
+
+
+def call(fn, p, **overrides):
+    """fn(*the 13 fwd arguments of problem p, with overrides)."""
+    q = dict(p, **overrides)
+    return fn(*[q[name] for name in FWD_ARGS])
+
+
+def clone_outputs(p):
+    """A copy of p whose out / final_state are fresh NaN-filled tensors."""
+    q = dict(p)
+    q["out"] = torch.full_like(p["out"], float("nan"))
+    if p["final_state"] is not None:
+        q["final_state"] = torch.full_like(p["final_state"], float("nan"))
+    return q
+
+
+def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """torch.equal, else fail naming the first differing index, the number of
+    mismatches and the largest gap in units in the last place."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, (
+        f"{what}: {actual.dtype}{list(actual.shape)} vs {expected.dtype}{list(expected.shape)}")
+    if torch.equal(actual, expected):
+        return
+    int_type = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[actual.dtype]
+    a = actual.contiguous().view(int_type).long()
+    e = expected.contiguous().view(int_type).long()
+    sign = 1 << (15 if int_type == torch.int16 else 31)
+
+    def order(x):  # sign-magnitude bits -> integers ordered like the floats
+        x = x & (2 * sign - 1)
+        return torch.where(x & sign != 0, -(x & (sign - 1)), x & (sign - 1))
+
+    diff = ~((actual == expected) | (torch.isnan(actual) & torch.isnan(expected)))
+    idx = diff.nonzero()
+    gap = (order(a) - order(e)).abs()[diff].max().item()
+    first = tuple(idx[0].tolist())
+    raise AssertionError(
+        f"{what}: {int(diff.sum())} of {actual.numel()} elements differ; first at {first}: "
+        f"{actual[first].item()!r} vs {expected[first].item()!r}; max gap {gap} ulp")

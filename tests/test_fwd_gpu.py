@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: MIT
+"""The native forward on a GPU: bitwise equal to the reference for every block_v, state
+variant, batched and varlen; accurate against the fp64 gold; deterministic; CUDA-graph
+capturable; K1's records equal the reference's K1 quantities."""
+
+import pytest
+import torch
+
+import flash_kda
+from flash_kda import _native, _validate, dispatch, reference
+from flash_kda._numerics import Ops
+
+from conftest import STATE_VARIANTS, FWD_ARGS, assert_bitwise, call, clone_outputs, make_problem, state_id
+
+pytestmark = pytest.mark.gpu
+BLOCK_VS = (32, 64, 128)
+DEV = "cuda"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def native_gpu():
+    if flash_kda.backend_for(DEV) != "native":
+        pytest.skip(f"no native path here: {dispatch.explain(DEV)[1]}")
+    assert Ops(torch.device(DEV)).exact_instructions, "the reference must run the probes"
+
+
+def run_native(p, block_v=0, workspace=None):
+    problem = call(_validate.check_fwd, p)
+    args = [p[name] for name in FWD_ARGS[:-1]]
+    dispatch.run_native(problem, *args, block_v=block_v, workspace=workspace)
+
+
+def reference_outputs(p):
+    """Reference out and final state (in the initial state's dtype, else fp32: the state
+    is bf16-valued either way, so converting it later is exact)."""
+    q = clone_outputs(p)
+    n_seqs = p["q"].shape[0] if p["cu_seqlens"] is None else p["cu_seqlens"].numel() - 1
+    dtype = p["initial_state"].dtype if p["initial_state"] is not None else torch.float32
+    q["final_state"] = torch.empty(n_seqs, p["q"].shape[2], 128, 128, dtype=dtype, device=DEV)
+    call(reference.fwd, q)
+    return q["out"], q["final_state"]
+
+
+def check_variants(make, label, variants=STATE_VARIANTS, block_vs=BLOCK_VS):
+    """For each initial dtype: one reference run; then every final dtype and block_v."""
+    for initial in sorted({v[0] for v in variants}, key=str):
+        ref_out, ref_final = reference_outputs(make(initial, torch.float32))
+        for init, final in (v for v in variants if v[0] == initial):
+            for bv in block_vs:
+                p = make(init, final)
+                run_native(p, block_v=bv)
+                what = f"{label} {state_id((init, final))} block_v={bv}"
+                assert_bitwise(p["out"], ref_out, f"{what} out")
+                if final is not None:
+                    assert_bitwise(p["final_state"], ref_final.to(final), f"{what} final_state")
+
+
+SHAPES = [(b, t, h) for b in (1, 2) for t in (1, 15, 16, 17, 1000) for h in (1, 6)]
+
+
+@pytest.mark.parametrize("batch,seqlen,heads", SHAPES, ids=[f"B{b}-T{t}-H{h}" for b, t, h in SHAPES])
+def test_bitwise_batched(batch, seqlen, heads):
+    seed = 1000 * batch + 10 * seqlen + heads
+
+    def make(initial, final):
+        return make_problem(batch, seqlen, heads, initial=initial, final=final, device=DEV, seed=seed)
+
+    check_variants(make, f"B{batch}-T{seqlen}-H{heads}")
+
+
+VARLEN = [([1300, 547, 2048, 963, 271, 3063], 4), ([300, 17, 0, 513, 1], 2)]
+
+
+@pytest.mark.parametrize("lens,heads", VARLEN, ids=["6seqs-H4", "5seqs-empty-H2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16state", "fp32state"])
+def test_bitwise_varlen(lens, heads, dtype):
+    def make(initial, final):
+        return make_problem(1, 0, heads, lens=lens, initial=initial, final=final, device=DEV,
+                            seed=len(lens) + heads + (dtype == torch.float32))
+
+    check_variants(make, f"varlen{lens}-H{heads}", variants=[(dtype, dtype)])
+
+
+@pytest.mark.slow
+def test_bitwise_long_many_heads():
+    def make(initial, final):
+        return make_problem(1, 8192, 96, initial=initial, final=final, device=DEV, seed=96)
+
+    check_variants(make, "B1-T8192-H96", variants=[(torch.bfloat16, torch.bfloat16)])
+
+
+def rel_err(x, ref):
+    return float((x.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("case", ["T8192-H2", "varlen-H4"])
+def test_accuracy_against_gold(case):
+    if case == "T8192-H2":
+        p = make_problem(1, 8192, 2, initial=torch.bfloat16, final=torch.float32, device=DEV, seed=7)
+    else:
+        p = make_problem(1, 0, 4, lens=VARLEN[0][0], initial=torch.bfloat16, final=torch.float32,
+                         device=DEV, seed=8)
+    flash_kda.fwd(*[p[name] for name in FWD_ARGS])
+    gold_out, gold_state = reference.gold(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"],
+                                          p["A_log"], p["dt_bias"], p["lower_bound"],
+                                          p["initial_state"], p["cu_seqlens"])
+    e_out, e_state = rel_err(p["out"], gold_out), rel_err(p["final_state"], gold_state)
+    print(f"{case}: out {e_out:.5f} final_state {e_state:.5f}")
+    assert e_out <= 0.0065, f"{case}: out relative error {e_out}"
+    assert e_state <= 0.006, f"{case}: final_state relative error {e_state}"
+
+
+@pytest.mark.parametrize("block_v", BLOCK_VS)
+def test_deterministic_and_graph_replay(block_v):
+    p = make_problem(1, 0, 3, lens=[700, 33, 0, 1029], initial=torch.bfloat16, final=torch.bfloat16,
+                     device=DEV, seed=11)
+    first = clone_outputs(p)
+    run_native(first, block_v)
+    second = clone_outputs(p)
+    run_native(second, block_v)
+    assert_bitwise(second["out"], first["out"], "second call out")
+    assert_bitwise(second["final_state"], first["final_state"], "second call final_state")
+
+    graphed = clone_outputs(p)
+    workspace = torch.empty(flash_kda.get_workspace_size(p["q"].shape[1], 3, 4), dtype=torch.uint8, device=DEV)
+    run_native(graphed, block_v, workspace)  # warm-up outside capture
+    graphed["out"].fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_native(graphed, block_v, workspace)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise(graphed["out"], first["out"], "graph replay out")
+    assert_bitwise(graphed["final_state"], first["final_state"], "graph replay final_state")
+
+
+def decode_records(workspace, heads, tiles_per_head, num_tiles):
+    """The K1 records of the first num_tiles chunks of every head -> reference layouts."""
+    from flash_kda._api import _RECORD_BYTES
+    i = torch.arange(16).repeat_interleave(16)
+    j = torch.arange(16).repeat(16)
+    frag = (((i % 8) * 4 + (j % 8) // 2) * 8 + ((i // 8) + 2 * (j // 8)) * 2 + j % 2).to(workspace.device)
+    k = torch.arange(128)
+    decay_idx = (((k % 8) * 8 + k // 16) * 2 + (k // 8) % 2).to(workspace.device)
+    rec = workspace[: heads * tiles_per_head * _RECORD_BYTES].view(heads, tiles_per_head, _RECORD_BYTES)
+    rec = rec[:, :num_tiles].transpose(0, 1)  # [chunks, H, bytes]
+
+    def tiles(offset):  # 8 A tiles in fragment order -> [chunks, H, 8, 16, 16] row-major
+        planes = rec[..., offset:offset + 4096].contiguous().view(torch.bfloat16).unflatten(-1, (8, 256))
+        return planes[..., frag].unflatten(-1, (16, 16))
+
+    def row_major(t):  # [.., 8 kb, 16 t, 16 k] -> [.., 16, 128]
+        return t.permute(0, 1, 3, 2, 4).reshape(*t.shape[:2], 16, 128)
+
+    one = lambda off: rec[..., off:off + 512].contiguous().view(torch.bfloat16)[..., frag].unflatten(-1, (16, 16))
+    return dict(
+        Kd=row_major(tiles(0)), Qd=row_major(tiles(4096)),
+        Kr=row_major(tiles(8192).transpose(-1, -2)),
+        INV=one(12288), Mqk=one(12800),
+        e=rec[..., 13312:13824].contiguous().view(torch.float32)[..., decay_idx],
+        beta=rec[..., 13824:13856].contiguous().view(torch.bfloat16),
+    )
+
+
+@pytest.mark.parametrize("lens", [None, [37, 0, 64, 1, 200]], ids=["batched", "varlen"])
+def test_records_equal_reference_k1(lens):
+    heads = 3
+    p = make_problem(2, 50, heads, lens=lens, device=DEV, seed=5)
+    problem = call(_validate.check_fwd, p)
+    total, n_seqs = problem.batch * problem.seqlen, problem.num_seqs
+    workspace = torch.zeros(flash_kda.get_workspace_size(total, heads, n_seqs), dtype=torch.uint8, device=DEV)
+    run_native(p, workspace=workspace)
+    bounds = None if lens is None else p["cu_seqlens"].tolist()
+    chunks = reference.chunk_table(problem.batch, problem.seqlen, bounds, DEV)
+    ref = reference.prepare(Ops(torch.device(DEV)), p["q"], p["k"], p["g"], p["beta"], p["A_log"],
+                            p["dt_bias"], p["scale"], p["lower_bound"], chunks)
+    got = decode_records(workspace, heads, -(-total // 16) + n_seqs, chunks.tok0.numel())
+    for name in ("beta", "e", "Kd", "Qd", "Kr", "Mqk", "INV"):
+        assert_bitwise(got[name], ref[name], f"record plane {name}")
