@@ -148,113 +148,149 @@ __device__ __forceinline__ void store_state(const FwdParams &p, const Recurrence
   }
 }
 
-__device__ __forceinline__ uint4 lds128(const uint8_t *stage, int offset) {
-  return *reinterpret_cast<const uint4 *>(stage + offset);
+// One lane's 16-byte share of a 16x16 A-fragment tile at `offset` of a stage.
+struct Frag {
+  uint32_t r[4];
+};
+
+__device__ __forceinline__ Frag lds_frag(const uint8_t *stage, int offset) {
+  const uint4 v = *reinterpret_cast<const uint4 *>(stage + offset + (threadIdx.x % 32) * 16);
+  return {{v.x, v.y, v.z, v.w}};
 }
 
-__device__ __forceinline__ void to_regs(const uint4 v, uint32_t (&a)[4]) {
-  a[0] = v.x; a[1] = v.y; a[2] = v.z; a[3] = v.w;
-}
+// A fragments of Kd and Qd (spec §3.3 step 2), the head of a link. They do not depend on
+// the state, so the latency-bound schedule loads them one chunk ahead.
+struct ScoreFrags {
+  Frag kd[kHeadDim / 16];
+  Frag qd[kHeadDim / 16];
+};
 
-// One link of the chain for one warp (spec §3.3 steps 1-8). `stage` holds the chunk's
-// record and value rows; n = valid rows; out_row0 points at (chunk token 0, head, col).
-template <int kNB>
-__device__ __forceinline__ void recurrence_step(const FwdParams &p, const uint8_t *stage, int n,
-                                                int vcol, uint16_t *out_row0, StateSlice<kNB> &s) {
-  const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
-
-  // Step 2: Pk = Kd S^T, Pq = Qd S^T; fp32 accumulation over k-blocks 0..7 in order.
-  float pk[kNB][4] = {}, pq[kNB][4] = {};
+__device__ __forceinline__ void load_score_frags(const uint8_t *stage, ScoreFrags &f) {
 #pragma unroll
   for (int kb = 0; kb < kHeadDim / 16; ++kb) {
-    uint32_t ak[4], aq[4];
-    to_regs(lds128(stage, kOffKd + kb * 512 + lane * 16), ak);
-    to_regs(lds128(stage, kOffQd + kb * 512 + lane * 16), aq);
-#pragma unroll
-    for (int nb = 0; nb < kNB; ++nb) {
-      mma_bf16_f32(pk[nb], ak, s.sb[kb][nb][0], s.sb[kb][nb][1]);
-      mma_bf16_f32(pq[nb], aq, s.sb[kb][nb][0], s.sb[kb][nb][1]);
-    }
+    f.kd[kb] = lds_frag(stage, kOffKd + kb * 512);
+    f.qd[kb] = lds_frag(stage, kOffQd + kb * 512);
   }
+}
 
-  // Steps 1, 3: u = (v (-) bf(Pk)) (*) beta_t, beta_t = bf(sig(beta_raw)) from the record.
+// The small operands of a link: INV and Mqk fragments, this lane's decays
+// e[16 mb + g + 8 r] (at e[2 mb + r]), betas of rows g and g + 8, value pairs (zero for
+// rows >= n, whose smem is stale).
+template <int kNB>
+struct LinkInputs {
+  Frag inv, mqk;
+  float e[16];
+  uint32_t beta[2];
+  uint32_t v[kNB][2];
+};
+
+template <int kNB>
+__device__ __forceinline__ void load_link_inputs(const uint8_t *stage, int n, int vcol,
+                                                 int row_stride, LinkInputs<kNB> &in) {
+  const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
+  in.inv = lds_frag(stage, kOffInv);
+  in.mqk = lds_frag(stage, kOffMqk);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint4 v4 = *reinterpret_cast<const uint4 *>(stage + kOffDecay + g * 64 + q * 16);
+    in.e[4 * q + 0] = __uint_as_float(v4.x);
+    in.e[4 * q + 1] = __uint_as_float(v4.y);
+    in.e[4 * q + 2] = __uint_as_float(v4.z);
+    in.e[4 * q + 3] = __uint_as_float(v4.w);
+  }
   const uint16_t *beta = reinterpret_cast<const uint16_t *>(stage + kOffBeta);
-  const uint32_t beta_row[2] = {beta[g], beta[g + 8]};
+  in.beta[0] = beta[g];
+  in.beta[1] = beta[g + 8];
   const uint8_t *vrows = stage + kRecordBytes;
-  uint32_t u[kNB][2];
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = g + 8 * r;
-      const uint32_t vv = row < n ? *reinterpret_cast<const uint32_t *>(
-                                        vrows + row * value_row_stride(p.block_v) + 2 * (vcol + 8 * nb + 2 * cq))
-                                  : 0u;
+      in.v[nb][r] = row < n ? *reinterpret_cast<const uint32_t *>(vrows + row * row_stride + 2 * (vcol + 8 * nb + 2 * cq))
+                            : 0u;
+    }
+  }
+}
+
+// Step 2: Pk = Kd S^T, Pq = Qd S^T, fp32 accumulation over k-blocks 0..7 in order
+// (required); the two chains interleave. kd(kb) / qd(kb) give the A fragments.
+template <int kNB, typename KdOf, typename QdOf>
+__device__ __forceinline__ void chunk_projections(KdOf kd, QdOf qd, const StateSlice<kNB> &s,
+                                                  float (&pk)[kNB][4], float (&pq)[kNB][4]) {
+#pragma unroll
+  for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pk[nb][i] = pq[nb][i] = 0.f;
+#pragma unroll
+  for (int kb = 0; kb < kHeadDim / 16; ++kb) {
+    const Frag a_k = kd(kb), a_q = qd(kb);
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb) {
+      mma_bf16_f32(pk[nb], a_k.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
+      mma_bf16_f32(pq[nb], a_q.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
+    }
+  }
+}
+
+// Steps 1, 3, 4, 5, 8: u = (v (-) bf(Pk)) (*) beta; U = bf(INV u); O = bf(Pq) (+)
+// bf(Mqk U), rows t < n stored. Returns U as B fragments (ub) for the state update.
+template <int kNB>
+__device__ __forceinline__ void delta_rule(const LinkInputs<kNB> &in, const float (&pk)[kNB][4],
+                                           const float (&pq)[kNB][4], int n, uint16_t *out_row0,
+                                           int64_t row_pitch, uint32_t (&ub)[kNB][2]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
+#pragma unroll
+  for (int nb = 0; nb < kNB; ++nb) {
+    uint32_t u[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
       float uh[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float v_f = bf16_to_f32(h ? hi16(vv) : lo16(vv));
+        const float v_f = bf16_to_f32(h ? hi16(in.v[nb][r]) : lo16(in.v[nb][r]));
         const float pk_bf = bf16_to_f32(f32_to_bf16(pk[nb][2 * r + h]));
-        uh[h] = mul_rn(bf16_to_f32(f32_to_bf16(sub_rn(v_f, pk_bf))), bf16_to_f32(beta_row[r]));
+        uh[h] = mul_rn(bf16_to_f32(f32_to_bf16(sub_rn(v_f, pk_bf))), bf16_to_f32(in.beta[r]));
       }
-      u[nb][r] = pack_bf16x2(uh[0], uh[1]);
+      u[r] = pack_bf16x2(uh[0], uh[1]);
     }
-  }
-
-  // Step 4: U = bf(INV u), one k16 step; then U's B fragments (kept for steps 5 and 6).
-  uint32_t inv[4], mqk[4];
-  to_regs(lds128(stage, kOffInv + lane * 16), inv);
-  to_regs(lds128(stage, kOffMqk + lane * 16), mqk);
-  uint32_t ub[kNB][2];
-#pragma unroll
-  for (int nb = 0; nb < kNB; ++nb) {
-    float acc[4] = {};
-    mma_bf16_f32(acc, inv, movmatrix_trans(u[nb][0]), movmatrix_trans(u[nb][1]));
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    mma_bf16_f32(acc, in.inv.r, movmatrix_trans(u[0]), movmatrix_trans(u[1]));
     ub[nb][0] = movmatrix_trans(pack_bf16x2(acc[0], acc[1]));
     ub[nb][1] = movmatrix_trans(pack_bf16x2(acc[2], acc[3]));
   }
-
-  // Steps 5, 8: O = bf(Pq) (+) bf(Mqk U); rows t < n stored.
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb) {
-    float acc[4] = {};
-    mma_bf16_f32(acc, mqk, ub[nb][0], ub[nb][1]);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    mma_bf16_f32(acc, in.mqk.r, ub[nb][0], ub[nb][1]);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = g + 8 * r;
       if (row >= n) continue;
-      float o[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        o[h] = add_rn(bf16_to_f32(f32_to_bf16(pq[nb][2 * r + h])),
-                      bf16_to_f32(f32_to_bf16(acc[2 * r + h])));
-      *reinterpret_cast<uint32_t *>(out_row0 + row * p.heads * kHeadDim + 8 * nb + 2 * cq) =
-          pack_bf16x2(o[0], o[1]);
+      const float o0 = add_rn(bf16_to_f32(f32_to_bf16(pq[nb][2 * r])), bf16_to_f32(f32_to_bf16(acc[2 * r])));
+      const float o1 = add_rn(bf16_to_f32(f32_to_bf16(pq[nb][2 * r + 1])), bf16_to_f32(f32_to_bf16(acc[2 * r + 1])));
+      *reinterpret_cast<uint32_t *>(out_row0 + row * row_pitch + 8 * nb + 2 * cq) = pack_bf16x2(o0, o1);
     }
   }
+}
 
-  // Steps 6, 7: Delta = Kr^T U (one k16 step, fp32), S' = bf(fma(f(S), e[k], Delta)).
-  float e[16];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const uint4 v4 = lds128(stage, kOffDecay + g * 64 + q * 16);
-    e[4 * q + 0] = __uint_as_float(v4.x);
-    e[4 * q + 1] = __uint_as_float(v4.y);
-    e[4 * q + 2] = __uint_as_float(v4.z);
-    e[4 * q + 3] = __uint_as_float(v4.w);
-  }
+// Steps 6, 7: Delta = Kr^T U (one k16 step, fp32), S' = bf(fma(f(S), e[k], Delta)) with
+// one FFMA per element (required); the new state is also kept as B fragments.
+// krt(mb) gives the A fragment of key block mb.
+template <int kNB, typename KrtOf>
+__device__ __forceinline__ void update_state(KrtOf krt, const float (&e)[16],
+                                             const uint32_t (&ub)[kNB][2], StateSlice<kNB> &s) {
 #pragma unroll
   for (int mb = 0; mb < kHeadDim / 16; ++mb) {
-    uint32_t akr[4];
-    to_regs(lds128(stage, kOffKrT + mb * 512 + lane * 16), akr);
+    const Frag a = krt(mb);
 #pragma unroll
     for (int nb = 0; nb < kNB; ++nb) {
-      float delta[4] = {};
-      mma_bf16_f32(delta, akr, ub[nb][0], ub[nb][1]);
+      float delta[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_bf16_f32(delta, a.r, ub[nb][0], ub[nb][1]);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const uint32_t old = s.st[mb][nb][r];
-        const float ek = e[2 * mb + r];  // decay_index: e[16 mb + g + 8 r]
+        const float ek = e[2 * mb + r];
         const uint32_t next = pack_bf16x2(fma_ftz(bf16_to_f32(lo16(old)), ek, delta[2 * r]),
                                           fma_ftz(bf16_to_f32(hi16(old)), ek, delta[2 * r + 1]));
         s.st[mb][nb][r] = next;
@@ -264,6 +300,84 @@ __device__ __forceinline__ void recurrence_step(const FwdParams &p, const uint8_
   }
 }
 
+// What one compute warp needs to run its chain.
+struct WarpChain {
+  const uint8_t *stages;
+  uint64_t *full, *empty;
+  int stage_bytes, row_stride, vcol;
+  uint16_t *out;  // (token 0, head, first column of the warp)
+  int64_t row_pitch;
+};
+
+__device__ __forceinline__ const uint8_t *stage_of(const WarpChain &w, int64_t c) {
+  return w.stages + static_cast<int>(c % kStages) * w.stage_bytes;
+}
+
+__device__ __forceinline__ void wait_chunk(const WarpChain &w, int64_t c) {
+  barrier_wait(&w.full[c % kStages], static_cast<uint32_t>(c / kStages) & 1);
+}
+
+__device__ __forceinline__ void release_chunk(const WarpChain &w, int64_t c) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) barrier_arrive(&w.empty[c % kStages]);
+}
+
+// Latency-bound schedule (kNB = 1: few heads, the chain is the run time). All of a
+// stage goes into registers at the start of its link and the stage is released at once;
+// the next link's Kd/Qd fragments are loaded while this link finishes, so each link
+// starts with its HMMAs.
+template <int kNB>
+__device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const SeqSpan &span,
+                                                     StateSlice<kNB> &state) {
+  ScoreFrags frags;
+  wait_chunk(w, 0);
+  load_score_frags(stage_of(w, 0), frags);
+  for (int64_t c = 0; c < span.num_chunks; ++c) {
+    const uint8_t *stage = stage_of(w, c);
+    const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
+    LinkInputs<kNB> in;
+    load_link_inputs(stage, n, w.vcol, w.row_stride, in);
+    Frag krt[kHeadDim / 16];
+#pragma unroll
+    for (int mb = 0; mb < kHeadDim / 16; ++mb) krt[mb] = lds_frag(stage, kOffKrT + mb * 512);
+    release_chunk(w, c);
+
+    float pk[kNB][4], pq[kNB][4];
+    chunk_projections([&](int kb) { return frags.kd[kb]; }, [&](int kb) { return frags.qd[kb]; },
+                      state, pk, pq);
+    if (c + 1 < span.num_chunks) {
+      wait_chunk(w, c + 1);
+      load_score_frags(stage_of(w, c + 1), frags);
+    }
+    uint32_t ub[kNB][2];
+    delta_rule(in, pk, pq, n, w.out + (span.bos + c * kChunk) * w.row_pitch, w.row_pitch, ub);
+    update_state([&](int mb) { return krt[mb]; }, in.e, ub, state);
+  }
+}
+
+// Throughput-bound schedule (kNB > 1: many heads, the GPU is full). Operand fragments
+// are read from shared memory where they are used, which keeps the wide state slice in
+// registers without spilling; the stage is released at the end of the link.
+template <int kNB>
+__device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const SeqSpan &span,
+                                                   StateSlice<kNB> &state) {
+  for (int64_t c = 0; c < span.num_chunks; ++c) {
+    const uint8_t *stage = stage_of(w, c);
+    const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
+    wait_chunk(w, c);
+    LinkInputs<kNB> in;
+    load_link_inputs(stage, n, w.vcol, w.row_stride, in);
+    float pk[kNB][4], pq[kNB][4];
+    chunk_projections([&](int kb) { return lds_frag(stage, kOffKd + kb * 512); },
+                      [&](int kb) { return lds_frag(stage, kOffQd + kb * 512); }, state, pk, pq);
+    uint32_t ub[kNB][2];
+    delta_rule(in, pk, pq, n, w.out + (span.bos + c * kChunk) * w.row_pitch, w.row_pitch, ub);
+    update_state([&](int mb) { return lds_frag(stage, kOffKrT + mb * 512); }, in.e, ub, state);
+    release_chunk(w, c);
+  }
+}
+
+// kNB blocks of 8 value columns per compute warp; launch.cuh lists the instantiations.
 template <int kNB>
 __global__ void __launch_bounds__(32 * (kNB == 1 ? 9 : 5), 1)
     recurrence_kernel(const FwdParams p) {
@@ -288,21 +402,18 @@ __global__ void __launch_bounds__(32 * (kNB == 1 ? 9 : 5), 1)
     return;
   }
 
-  const int col = cta.col0 + warp * 8 * kNB;  // first value column of this warp
+  const int vcol = warp * 8 * kNB;  // first value column of this warp within the slice
   StateSlice<kNB> state;
-  load_state(p, cta, col, state);
-  uint16_t *out = p.out + cta.head * kHeadDim + col;
-  for (int64_t c = 0; c < cta.span.num_chunks; ++c) {
-    const int s = static_cast<int>(c % kStages);
-    barrier_wait(&full[s], static_cast<uint32_t>(c / kStages) & 1);
-    const int n = static_cast<int>(min(int64_t{kChunk}, cta.span.len - c * kChunk));
-    const int64_t tok0 = cta.span.bos + c * kChunk;
-    recurrence_step<kNB>(p, stages + s * stage_bytes(p.block_v), n, warp * 8 * kNB,
-                         out + tok0 * p.heads * kHeadDim, state);
-    __syncwarp();
-    if (lane == 0) barrier_arrive(&empty[s]);
+  load_state(p, cta, cta.col0 + vcol, state);
+  const WarpChain w{stages, full, empty, stage_bytes(p.block_v), value_row_stride(p.block_v), vcol,
+                    p.out + cta.head * kHeadDim + cta.col0 + vcol, p.heads * kHeadDim};
+  if (cta.span.num_chunks > 0) {
+    if constexpr (kNB == 1)
+      run_chain_prefetched(w, cta.span, state);
+    else
+      run_chain_streamed(w, cta.span, state);
   }
-  store_state(p, cta, col, state);
+  store_state(p, cta, cta.col0 + vcol, state);
 }
 
 }  // namespace flash_kda::FLASH_KDA_ARCH

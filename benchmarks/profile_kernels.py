@@ -1,0 +1,41 @@
+# SPDX-License-Identifier: MIT
+"""Per-kernel GPU time of one native forward (prefix, K1 prepare, K2 recurrence), from
+the PyTorch profiler (CUPTI sees the library's launches too). Diagnostics, not a table:
+
+    python benchmarks/profile_kernels.py T8192-N1-H96 T8192-N1-H6
+"""
+import sys
+
+import torch
+
+from bench_fwd import SHAPES, make_inputs
+
+import flash_kda
+
+
+def profile(shape_id, repeats=10):
+    lens, heads = next((l, h) for s, l, h in SHAPES if s == shape_id)
+    p = make_inputs(lens, heads)
+    out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
+
+    def run():
+        flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], 128 ** -0.5, out, p["A_log"],
+                      p["dt_bias"], -5.0, p["initial_state"], final, p["cu_seqlens"])
+
+    run()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            run()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        if e.device_time_total > 0 and e.count >= repeats:
+            name = e.key.split("(")[0].replace("void flash_kda::sm90a::", "")
+            rows.append((name[:48], e.device_time_total / e.count))
+    print(f"{shape_id}: " + ", ".join(f"{n} {t:.1f} us" for n, t in sorted(rows, key=lambda r: -r[1])))
+
+
+if __name__ == "__main__":
+    for shape in sys.argv[1:]:
+        profile(shape)
