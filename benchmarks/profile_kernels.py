@@ -3,6 +3,9 @@
 the PyTorch profiler (CUPTI sees the library's launches too). Diagnostics, not a table:
 
     python benchmarks/profile_kernels.py T8192-N1-H96 T8192-N1-H6
+    ncu --clock-control none -k regex:recurrence python benchmarks/profile_kernels.py --once T8192-N1-H6
+
+``--once`` runs each shape's forward once without the profiler (for ncu).
 """
 import sys
 
@@ -13,7 +16,7 @@ from bench_fwd import SHAPES, make_inputs
 import flash_kda
 
 
-def profile(shape_id, repeats=10):
+def profile(shape_id, repeats=10, once=False):
     lens, heads = next((l, h) for s, l, h in SHAPES if s == shape_id)
     p = make_inputs(lens, heads)
     out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
@@ -24,6 +27,8 @@ def profile(shape_id, repeats=10):
 
     run()
     torch.cuda.synchronize()
+    if once:
+        return
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(repeats):
             run()
@@ -37,5 +42,6 @@ def profile(shape_id, repeats=10):
 
 
 if __name__ == "__main__":
-    for shape in sys.argv[1:]:
-        profile(shape)
+    once = "--once" in sys.argv
+    for shape in (a for a in sys.argv[1:] if a != "--once"):
+        profile(shape, once=once)
