@@ -149,7 +149,6 @@ flash_kda_status check_fwd_args(const char *fn, const flash_kda_fwd_args &a, Fwd
   p.gate_scale = static_cast<float>(a.lower_bound * 1.4426950408889634);  // spec §3.2 step 1
   p.scale_bf16 = bf16_bits(static_cast<float>(a.scale));
   p.block_v = a.block_v != 0 ? a.block_v : pick_block_v(a.num_seqs * a.heads, a.num_sms);
-  p.warps_per_cta = p.block_v == 64 ? 8 : 4;  // launch.cuh: the K2 instantiation table
   return FLASH_KDA_OK;
 }
 

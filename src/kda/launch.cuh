@@ -22,22 +22,32 @@ inline LaunchStatus launch_status(const char *stage) {
 }
 
 template <int kNB>
-LaunchStatus launch_recurrence(const FwdParams &p, cudaStream_t stream) {
-  const int smem = recurrence_smem_bytes(p.block_v);
+LaunchStatus launch_recurrence(FwdParams p, cudaStream_t stream) {
+  int device = 0, smem_optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
+  p.stages = std::min(kMaxStages, (smem_optin - kBarrierBytes) / stage_bytes(p.block_v));
+  if (p.stages < 2) return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
+  const int smem = recurrence_smem_bytes(p.block_v, p.stages);
   const cudaError_t attr = cudaFuncSetAttribute(
       recurrence_kernel<kNB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
   const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / p.block_v);
-  recurrence_kernel<kNB><<<static_cast<unsigned>(ctas), 32 * (p.warps_per_cta + 1), smem, stream>>>(p);
+  recurrence_kernel<kNB><<<static_cast<unsigned>(ctas), 32 * (kComputeWarps + 1), smem, stream>>>(p);
   return launch_status("recurrence_kernel launch");
 }
 
 // Tile prefix (varlen) -> K1 over all chunks -> K2 over (sequence, head, slice).
-// The K2 instantiations, by block_v (spec §5; style: at most two per arch):
-//   32  -> kNB = 1 (8 columns per warp), 4 compute warps
-//   64  -> kNB = 1, 8 compute warps
-//   128 -> kNB = 4 (32 columns per warp), 4 compute warps: a quarter of the smem
-//          operand traffic of 16 narrow warps, which would saturate smem bandwidth.
+// K2 has four compute warps of kNB = block_v / 32 blocks of 8 value columns each:
+//   32  -> kNB = 1, latency schedule (H <= 33 on 132 SMs)
+//   64  -> kNB = 2, latency schedule
+//   128 -> kNB = 4, streamed schedule (the grid fills the GPU; registers hold the 32-column
+//          state slice, operands stream from shared memory)
+// Three instantiations instead of the style's two: one kNB cannot serve all three widths
+// without either spilling (a 9-warp CTA caps registers at 168) or quadrupling the shared
+// memory traffic (16 narrow warps); benchmarks/results shows each width's gain.
 inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (p.cu_seqlens != nullptr) {
     tile_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
@@ -50,8 +60,9 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (st.error != cudaSuccess) return st;
   switch (p.block_v) {
     case 32:
-    case 64:
       return launch_recurrence<1>(p, stream);
+    case 64:
+      return launch_recurrence<2>(p, stream);
     case 128:
       return launch_recurrence<4>(p, stream);
     default:

@@ -39,7 +39,7 @@ struct FwdParams {
   float gate_scale;     // c = fp32(lower_bound * log2 e), spec §3.2 step 1
   uint32_t scale_bf16;  // sb = bf(fp32(scale)), spec §3.2 step 6
   int32_t block_v;      // value columns per K2 CTA
-  int32_t warps_per_cta;  // K2 compute warps
+  int32_t stages;         // K2 ring depth, set at launch from the device's smem limit
 };
 
 }  // namespace flash_kda

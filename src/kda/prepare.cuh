@@ -3,9 +3,15 @@
 //
 // One CTA computes one 16-token chunk of one head and writes its record (workspace.h):
 // decayed keys/queries Kd, Qd, Kr, the chunk decay e, the inverse (I + L)^-1, the causal
-// scores Mqk and bf16 beta. Grid (chunks, heads), 128 threads (4 warps), 30.9 KB static
+// scores Mqk and bf16 beta. Grid (chunks, heads), 128 threads (4 warps), 15.5 KB static
 // smem. Rows t >= n of a partial chunk are loaded as zeros: k, q and g rows become 0, so
 // Kd/Qd/Ki/Kr rows and gamma are 0 there, as in the reference (spec §3.5: free).
+//
+// Shared-memory layout: the 16x128 tiles are row-major with rows padded to 136 elements,
+// which makes every access below conflict-free: per-channel threads touch 64 contiguous
+// bytes per warp, and fragment gathers (4-byte words of rows g, g + 8) land in banks
+// 4 g + cq + const. The first version staged the record in fragment order with 2-byte
+// scattered stores; ncu on the H200 showed the L1 pipe 88% busy at 2.4 TB/s of DRAM.
 #pragma once
 #ifndef FLASH_KDA_ARCH
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
@@ -17,27 +23,29 @@
 namespace flash_kda::FLASH_KDA_ARCH {
 
 constexpr int kPrepareThreads = 128;
+constexpr int kRow = kHeadDim + 8;  // padded row of a 16x128 bf16 tile (272 B)
 constexpr float kLog2eF = 1.44269502162933349609375f;  // LOG2E_F, spec §0
 
 struct PrepareSmem {
-  alignas(16) uint8_t record[kRecordBytes];      // the output record, staged
-  alignas(16) uint16_t x[3][kChunk][kHeadDim];   // raw q, k, g; q and k normalised in place
-  alignas(16) uint16_t ki[kHeadDim / 16 * kTileElems];  // Ki in A-fragment order
-  alignas(16) uint16_t lmat[kChunk][kChunk];     // L (fp16 bits), row-major
-  float beta_h[kChunk];                          // f(hf(b_t)) for L, step 8
+  // Raw q, k, g; then in place, column by column: q -> q_hat -> Qd, k -> k_hat -> Kd,
+  // g -> Ki (each channel's thread owns its column from the gate on).
+  alignas(16) uint16_t x[3][kChunk][kRow];
+  alignas(16) uint16_t inv[kTileElems];   // INV in A-fragment order
+  alignas(16) uint16_t mqk[kTileElems];   // Mqk in A-fragment order
+  alignas(16) uint16_t lmat[kChunk][kChunk];  // L (fp16 bits), row-major
+  float decay[kHeadDim];                  // e[k] = EX2(G[15][k])
+  float beta_h[kChunk];                   // f(hf(b_t)) for L, step 8
+  alignas(16) uint16_t beta_bf[kChunk];   // bf(b_t) for K2
 };
 
-template <typename T>
-__device__ __forceinline__ T *record_plane(PrepareSmem &sm, int offset) {
-  return reinterpret_cast<T *>(sm.record + offset);
-}
+enum Tile { kQ = 0, kK = 1, kG = 2, kQd = 0, kKd = 1, kKi = 2 };
 
 // Step 0: q, k, g rows t < n (zeros beyond), beta -> b_t = sig(f(beta_t)).
 __device__ __forceinline__ void load_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                            PrepareSmem &sm) {
   for (int idx = threadIdx.x; idx < 3 * kChunk * 16; idx += kPrepareThreads) {
     const int which = idx / (kChunk * 16), row = (idx / 16) % kChunk, vec = idx % 16;
-    const uint16_t *src = which == 0 ? p.q : which == 1 ? p.k : p.g;
+    const uint16_t *src = which == kQ ? p.q : which == kK ? p.k : p.g;
     uint4 val = make_uint4(0, 0, 0, 0);
     if (row < ch.n) {
       const uint16_t *rowp = src + ((ch.tok0 + row) * p.heads + h) * kHeadDim;
@@ -49,12 +57,9 @@ __device__ __forceinline__ void load_chunk(const FwdParams &p, int64_t h, const 
     const int t = threadIdx.x;
     const uint32_t raw = t < ch.n ? __ldg(p.beta + (ch.tok0 + t) * p.heads + h) : 0u;
     const float b = sigmoid_tanh(bf16_to_f32(raw));
-    record_plane<uint16_t>(sm, kOffBeta)[t] = static_cast<uint16_t>(f32_to_bf16(b));
+    sm.beta_bf[t] = static_cast<uint16_t>(f32_to_bf16(b));
     sm.beta_h[t] = f16_to_f32(f32_to_f16(b));
   }
-  // Record padding after the 16 betas: defined bytes, never read for values.
-  for (int i = kOffBeta + 2 * kChunk + 4 * threadIdx.x; i < kRecordBytes; i += 4 * kPrepareThreads)
-    *reinterpret_cast<uint32_t *>(sm.record + i) = 0u;
 }
 
 // Step 2: x_hat = bf(f(x) * RSQ(T + 1e-6)) with T the spec's fixed reduction tree: 16
@@ -99,7 +104,7 @@ __device__ __forceinline__ void gate_cumsum(const FwdParams &p, int64_t h, int n
   for (int t = 0; t < kChunk; ++t) {
     float gamma = 0.f;
     if (t < n) {
-      const float y = mul_ftz(add_ftz(bf16_to_f32(sm.x[2][t][ch]), dt), a);
+      const float y = mul_ftz(add_ftz(bf16_to_f32(sm.x[kG][t][ch]), dt), a);
       gamma = mul_ftz(p.gate_scale, sigmoid_tanh(y));
     }
     acc = add_ftz(acc, gamma);  // spec §3.2 step 4: a separate add, not fused; required
@@ -107,49 +112,51 @@ __device__ __forceinline__ void gate_cumsum(const FwdParams &p, int64_t h, int n
   }
 }
 
-// Steps 5, 6 for channel `ch`: e = EX2(G[15]); Qd = (q (*) E+) (*) sb, Kd = k (*) E+,
-// Ki = k (*) E-, Kr = Ki (*) bf(e). Order required (scale last, Kr from rounded Ki).
+// Steps 5, 6 for channel `ch`, in place: e = EX2(G[15]); Qd = (q (*) E+) (*) sb,
+// Kd = k (*) E+, Ki = k (*) E-. Order required (scale last). Kr = Ki (*) bf(e) is formed
+// when the record is written.
 __device__ __forceinline__ void apply_decays(const FwdParams &p, int ch, const float (&G)[kChunk],
                                              PrepareSmem &sm) {
-  const float e = ex2_approx(G[kChunk - 1]);
-  record_plane<float>(sm, kOffDecay)[decay_index(ch)] = e;
-  const uint32_t e_bf = f32_to_bf16(e);
-  const int tile = ch / 16, col = ch % 16;
-  uint16_t *kd = record_plane<uint16_t>(sm, kOffKd) + tile * kTileElems;
-  uint16_t *qd = record_plane<uint16_t>(sm, kOffQd) + tile * kTileElems;
-  uint16_t *krt = record_plane<uint16_t>(sm, kOffKrT) + tile * kTileElems;
-  uint16_t *ki = sm.ki + tile * kTileElems;
+  sm.decay[ch] = ex2_approx(G[kChunk - 1]);
 #pragma unroll
   for (int t = 0; t < kChunk; ++t) {
     const uint32_t e_plus = f32_to_bf16(ex2_approx(G[t]));
     const uint32_t e_minus = f32_to_bf16(ex2_approx(-G[t]));
-    const uint32_t q_hat = sm.x[0][t][ch], k_hat = sm.x[1][t][ch];
-    const uint32_t k_inv = bf16_mul(k_hat, e_minus);
-    qd[frag_a_index(t, col)] = static_cast<uint16_t>(bf16_mul(bf16_mul(q_hat, e_plus), p.scale_bf16));
-    kd[frag_a_index(t, col)] = static_cast<uint16_t>(bf16_mul(k_hat, e_plus));
-    ki[frag_a_index(t, col)] = static_cast<uint16_t>(k_inv);
-    krt[frag_a_index(col, t)] = static_cast<uint16_t>(bf16_mul(k_inv, e_bf));
+    const uint32_t q_hat = sm.x[kQ][t][ch], k_hat = sm.x[kK][t][ch];
+    sm.x[kQd][t][ch] = static_cast<uint16_t>(bf16_mul(bf16_mul(q_hat, e_plus), p.scale_bf16));
+    sm.x[kKd][t][ch] = static_cast<uint16_t>(bf16_mul(k_hat, e_plus));
+    sm.x[kKi][t][ch] = static_cast<uint16_t>(bf16_mul(k_hat, e_minus));
   }
+}
+
+// The 4-byte word holding elements (row, col), (row, col + 1) of a padded tile.
+__device__ __forceinline__ uint32_t tile_pair(const uint16_t (&tile)[kChunk][kRow], int row, int col) {
+  return *reinterpret_cast<const uint32_t *>(&tile[row][col]);
+}
+
+// Lane's A fragment of the 16x16 block of `tile` at columns [16 kb, 16 kb + 16).
+__device__ __forceinline__ uint4 a_frag(const uint16_t (&tile)[kChunk][kRow], int kb) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c0 = 16 * kb + 2 * (lane % 4);
+  return make_uint4(tile_pair(tile, g, c0), tile_pair(tile, g + 8, c0), tile_pair(tile, g, c0 + 8),
+                    tile_pair(tile, g + 8, c0 + 8));
 }
 
 // Steps 7, 8: warp w computes columns [8 (w % 2), +8) of L = Kd Ki^T (w < 2, scaled by
 // beta, strictly lower, fp16 into lmat) or of Mqk = Qd Ki^T (w >= 2, lower with the
-// diagonal, bf16 into the record). MMA32 over k-blocks 0..7 in order; required.
+// diagonal, bf16 in fragment order). MMA32 over k-blocks 0..7 in order; required.
 __device__ __forceinline__ void chunk_scores(PrepareSmem &sm) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
   const int nb = warp % 2;
   const bool is_l = warp < 2;
-  const uint16_t *a_src = record_plane<uint16_t>(sm, is_l ? kOffKd : kOffQd);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
   for (int kb = 0; kb < kHeadDim / 16; ++kb) {
-    const uint4 av = *reinterpret_cast<const uint4 *>(a_src + kb * kTileElems + lane * 8);
-    const uint4 bv = *reinterpret_cast<const uint4 *>(sm.ki + kb * kTileElems + lane * 8);
+    const uint4 av = a_frag(sm.x[is_l ? kKd : kQd], kb);
     const uint32_t a[4] = {av.x, av.y, av.z, av.w};
-    // B^T rows j = 8 nb + g of Ki are registers nb and nb + 2 of Ki's A fragment.
-    mma_bf16_f32(acc, a, nb ? bv.y : bv.x, nb ? bv.w : bv.z);
+    // B^T rows j = 8 nb + g of Ki: words of row j at columns 16 kb + 2 cq and + 8.
+    const int j = 8 * nb + g, c0 = 16 * kb + 2 * cq;
+    mma_bf16_f32(acc, a, tile_pair(sm.x[kKi], j, c0), tile_pair(sm.x[kKi], j, c0 + 8));
   }
-  uint16_t *mqk = record_plane<uint16_t>(sm, kOffMqk);
 #pragma unroll
   for (int idx = 0; idx < 4; ++idx) {
     const int i = g + 8 * (idx / 2), j = 8 * nb + 2 * cq + idx % 2;
@@ -157,7 +164,7 @@ __device__ __forceinline__ void chunk_scores(PrepareSmem &sm) {
       const float l_raw = f16_to_f32(f32_to_f16(acc[idx]));
       sm.lmat[i][j] = static_cast<uint16_t>(i > j ? f32_to_f16(mul_ftz(l_raw, sm.beta_h[i])) : 0u);
     } else {
-      mqk[frag_a_index(i, j)] = static_cast<uint16_t>(i >= j ? f32_to_bf16(acc[idx]) : 0u);
+      sm.mqk[frag_a_index(i, j)] = static_cast<uint16_t>(i >= j ? f32_to_bf16(acc[idx]) : 0u);
     }
   }
 }
@@ -213,20 +220,63 @@ __device__ __forceinline__ void neumann_inverse(PrepareSmem &sm) {
   const Tile16 n2 = add_f16(n1, mma16(n1, p4));
   const Tile16 p8 = mma16(p4, p4);
   const Tile16 n3 = add_f16(n2, mma16(n2, p8));
-  uint16_t *inv = record_plane<uint16_t>(sm, kOffInv);
 #pragma unroll
   for (int idx = 0; idx < 8; ++idx) {
     const int nb = idx / 4, r = (idx / 2) % 2, half = idx % 2;
     const uint32_t bits = half ? hi16(n3.c[nb][r]) : lo16(n3.c[nb][r]);
-    inv[frag_a_index(g + 8 * r, 8 * nb + 2 * cq + half)] = static_cast<uint16_t>(f32_to_bf16(f16_to_f32(bits)));
+    sm.inv[frag_a_index(g + 8 * r, 8 * nb + 2 * cq + half)] = static_cast<uint16_t>(f32_to_bf16(f16_to_f32(bits)));
   }
 }
 
+// Lane's A fragment of key block mb of Kr^T (rows k = 16 mb + i, columns t):
+// Kr[t][k] = Ki[t][k] (*) bf(e[k]), spec §3.2 step 6 (required: Kr from the rounded Ki).
+__device__ __forceinline__ uint4 kr_t_frag(const PrepareSmem &sm, int mb) {
+  const int lane = threadIdx.x % 32, k0 = 16 * mb + lane / 4, t0 = 2 * (lane % 4);
+  uint32_t w[4];
+#pragma unroll
+  for (int reg = 0; reg < 4; ++reg) {
+    const int k = k0 + 8 * (reg % 2), t = t0 + 8 * (reg / 2);
+    const uint32_t e_bf = f32_to_bf16(sm.decay[k]);
+    w[reg] = bf16_mul(sm.x[kKi][t][k], e_bf) | (bf16_mul(sm.x[kKi][t + 1][k], e_bf) << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// uint4 number i (0..31) of the decay plane: floats f = 4 i .. 4 i + 3 hold e[k] with
+// decay_index(k) = f, i.e. k = 16 mb + g + 8 h for f = (8 g + mb) * 2 + h.
+__device__ __forceinline__ uint4 decay_vec(const PrepareSmem &sm, int i) {
+  uint32_t w[4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const int f = 4 * i + m, g = f / 16, mb = (f / 2) % 8, half = f % 2;
+    w[m] = __float_as_uint(sm.decay[16 * mb + g + 8 * half]);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The record, written straight to global memory in 16-byte vectors: each warp writes
+// 512 contiguous bytes per store (one plane tile), the order K2 reads.
 __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                              const PrepareSmem &sm) {
-  uint4 *dst = reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes);
-  const uint4 *src = reinterpret_cast<const uint4 *>(sm.record);
-  for (int i = threadIdx.x; i < kRecordBytes / 16; i += kPrepareThreads) dst[i] = src[i];
+  uint4 *rec = reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes);
+  const int tid = threadIdx.x, lane = tid % 32;
+  for (int idx = tid; idx < 2 * 8 * 32; idx += kPrepareThreads) {  // Kd, Qd: tiles 0..15
+    const int tile = idx / 32;
+    rec[(tile < 8 ? kOffKd : kOffQd) / 16 + idx % 256] = a_frag(sm.x[tile < 8 ? kKd : kQd], tile % 8);
+  }
+  for (int idx = tid; idx < 8 * 32; idx += kPrepareThreads) rec[kOffKrT / 16 + idx] = kr_t_frag(sm, idx / 32);
+  if (tid < 32) {
+    rec[kOffInv / 16 + lane] = reinterpret_cast<const uint4 *>(sm.inv)[lane];
+  } else if (tid < 64) {
+    rec[kOffMqk / 16 + lane] = reinterpret_cast<const uint4 *>(sm.mqk)[lane];
+  } else if (tid < 96) {
+    rec[kOffDecay / 16 + lane] = decay_vec(sm, lane);
+  } else if (tid < 96 + (kRecordBytes - kOffBeta) / 16) {
+    const int i = tid - 96;  // beta (32 B), then zero padding
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (i < 2) v = reinterpret_cast<const uint4 *>(sm.beta_bf)[i];
+    rec[kOffBeta / 16 + i] = v;
+  }
 }
 
 __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const FwdParams p) {
@@ -239,7 +289,7 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const FwdParam
   __syncthreads();
   l2_normalize(sm);
   __syncthreads();
-  {
+  {  // each thread owns channel threadIdx.x from here to the barrier
     float G[kChunk];
     gate_cumsum(p, h, ch.n, threadIdx.x, sm, G);
     apply_decays(p, threadIdx.x, G, sm);

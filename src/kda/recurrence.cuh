@@ -4,12 +4,12 @@
 //
 // One CTA = one (sequence, head, slice of block_v value columns). Value columns evolve
 // independently given the chunk's record (spec §2.4), so slices need no communication.
-// Threads: warps_per_cta compute warps, each owning kNB blocks of 8 columns and keeping
+// Threads: kComputeWarps compute warps, each owning kNB blocks of 8 columns and keeping
 // its slice of the state S^T (128 x 8 kNB, bf16) in registers for the whole sequence,
-// plus one producer warp that streams records and value rows into a kStages-deep ring
-// with bulk copies (TMA) on mbarriers. Output rows go from registers to global memory.
-// Shared memory: 128 + kStages * (kRecordBytes + 16 * (2 block_v + 16)) bytes
-// (73,344 B at block_v = 128, under sm_120's 99 KB).
+// plus one producer warp that streams records and value rows into a ring of up to
+// kMaxStages stages with bulk copies (TMA) on mbarriers. Output rows go from registers to
+// global memory. Shared memory: 128 + stages * (kRecordBytes + 16 * (2 block_v + 16))
+// bytes, stages chosen at launch to fit the device (sm_120: 99 KB per block).
 //
 // Bit-exactness (spec §5): per column the same m16n8k16 instructions in the same k order,
 // the same roundings and the same FFMA as a one-CTA-per-head kernel; only the warp that
@@ -24,8 +24,15 @@
 
 namespace flash_kda::FLASH_KDA_ARCH {
 
-constexpr int kStages = 4;  // ring depth; spec §5: deeper rings gave no gain
-constexpr int kBarrierBytes = 128;
+// Ring depth: as deep as the block's shared memory allows, up to kMaxStages (chosen at
+// launch, FwdParams::stages). At H200, T=8192, H=6 a 4-deep ring left the warps waiting
+// for their next stage (ncu: the stage wait was the top stall).
+constexpr int kMaxStages = 6;
+// Four compute warps, one per SM sub-partition (each with its own tensor core), plus the
+// producer warp: five warps leave up to 255 registers per thread for the state slice.
+constexpr int kComputeWarps = 4;
+constexpr int kBarrierBytes = 128;  // full[kMaxStages] and empty[kMaxStages]
+static_assert(2 * kMaxStages * 8 <= kBarrierBytes, "barrier area too small");
 
 __host__ __device__ constexpr int value_row_stride(int block_v) {
   return 2 * block_v + 16;  // +16 B: rows g = 0..7 of a warp's loads hit distinct banks
@@ -35,8 +42,8 @@ __host__ __device__ constexpr int stage_bytes(int block_v) {
   return kRecordBytes + kChunk * value_row_stride(block_v);
 }
 
-__host__ __device__ constexpr int recurrence_smem_bytes(int block_v) {
-  return kBarrierBytes + kStages * stage_bytes(block_v);
+__host__ __device__ constexpr int recurrence_smem_bytes(int block_v, int stages) {
+  return kBarrierBytes + stages * stage_bytes(block_v);
 }
 
 struct RecurrenceCta {
@@ -63,8 +70,8 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const Recurre
   const uint32_t row_bytes = 2 * p.block_v;
   const uint8_t *records = p.records + (cta.head * p.tiles_per_head + cta.span.first_tile) * kRecordBytes;
   for (int64_t c = 0; c < cta.span.num_chunks; ++c) {
-    const int s = static_cast<int>(c % kStages);
-    const uint32_t round = static_cast<uint32_t>(c / kStages);
+    const int s = static_cast<int>(c % p.stages);
+    const uint32_t round = static_cast<uint32_t>(c / p.stages);
     barrier_wait(&empty[s], (round & 1) ^ 1);
     const int n = static_cast<int>(min(int64_t{kChunk}, cta.span.len - c * kChunk));
     uint8_t *stage = stages + s * stage_bytes(p.block_v);
@@ -214,9 +221,10 @@ __device__ __forceinline__ void load_link_inputs(const uint8_t *stage, int n, in
 }
 
 // Step 2: Pk = Kd S^T, Pq = Qd S^T, fp32 accumulation over k-blocks 0..7 in order
-// (required); the two chains interleave. kd(kb) / qd(kb) give the A fragments.
-template <int kNB, typename KdOf, typename QdOf>
-__device__ __forceinline__ void chunk_projections(KdOf kd, QdOf qd, const StateSlice<kNB> &s,
+// (required); the two chains interleave. kd(kb) / qd(kb) give the A fragments;
+// after(kb) runs once the HMMAs of k-block kb are issued.
+template <int kNB, typename KdOf, typename QdOf, typename After>
+__device__ __forceinline__ void chunk_projections(KdOf kd, QdOf qd, After after, const StateSlice<kNB> &s,
                                                   float (&pk)[kNB][4], float (&pq)[kNB][4]) {
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb)
@@ -230,16 +238,14 @@ __device__ __forceinline__ void chunk_projections(KdOf kd, QdOf qd, const StateS
       mma_bf16_f32(pk[nb], a_k.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
       mma_bf16_f32(pq[nb], a_q.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
     }
+    after(kb);
   }
 }
 
-// Steps 1, 3, 4, 5, 8: u = (v (-) bf(Pk)) (*) beta; U = bf(INV u); O = bf(Pq) (+)
-// bf(Mqk U), rows t < n stored. Returns U as B fragments (ub) for the state update.
+// Steps 1, 3, 4: u = (v (-) bf(Pk)) (*) beta; U = bf(INV u). Returns U as B fragments.
 template <int kNB>
-__device__ __forceinline__ void delta_rule(const LinkInputs<kNB> &in, const float (&pk)[kNB][4],
-                                           const float (&pq)[kNB][4], int n, uint16_t *out_row0,
-                                           int64_t row_pitch, uint32_t (&ub)[kNB][2]) {
-  const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
+__device__ __forceinline__ void solve_u(const LinkInputs<kNB> &in, const float (&pk)[kNB][4],
+                                        uint32_t (&ub)[kNB][2]) {
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb) {
     uint32_t u[2];
@@ -259,16 +265,34 @@ __device__ __forceinline__ void delta_rule(const LinkInputs<kNB> &in, const floa
     ub[nb][0] = movmatrix_trans(pack_bf16x2(acc[0], acc[1]));
     ub[nb][1] = movmatrix_trans(pack_bf16x2(acc[2], acc[3]));
   }
+}
+
+// Step 5, first half: Mqk U (one k16 step, fp32). Issued before the state update so that
+// it overlaps with it; the output is finished by store_output afterwards.
+template <int kNB>
+__device__ __forceinline__ void output_scores(const Frag &mqk, const uint32_t (&ub)[kNB][2],
+                                              float (&acc)[kNB][4]) {
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb) {
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    mma_bf16_f32(acc, in.mqk.r, ub[nb][0], ub[nb][1]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nb][i] = 0.f;
+    mma_bf16_f32(acc[nb], mqk.r, ub[nb][0], ub[nb][1]);
+  }
+}
+
+// Steps 5, 8: O = bf(Pq) (+) bf(Mqk U); rows t < n stored.
+template <int kNB>
+__device__ __forceinline__ void store_output(const float (&pq)[kNB][4], const float (&mu)[kNB][4], int n,
+                                             uint16_t *out_row0, int64_t row_pitch) {
+  const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
+#pragma unroll
+  for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = g + 8 * r;
       if (row >= n) continue;
-      const float o0 = add_rn(bf16_to_f32(f32_to_bf16(pq[nb][2 * r])), bf16_to_f32(f32_to_bf16(acc[2 * r])));
-      const float o1 = add_rn(bf16_to_f32(f32_to_bf16(pq[nb][2 * r + 1])), bf16_to_f32(f32_to_bf16(acc[2 * r + 1])));
+      const float o0 = add_rn(bf16_to_f32(f32_to_bf16(pq[nb][2 * r])), bf16_to_f32(f32_to_bf16(mu[nb][2 * r])));
+      const float o1 = add_rn(bf16_to_f32(f32_to_bf16(pq[nb][2 * r + 1])), bf16_to_f32(f32_to_bf16(mu[nb][2 * r + 1])));
       *reinterpret_cast<uint32_t *>(out_row0 + row * row_pitch + 8 * nb + 2 * cq) = pack_bf16x2(o0, o1);
     }
   }
@@ -304,28 +328,30 @@ __device__ __forceinline__ void update_state(KrtOf krt, const float (&e)[16],
 struct WarpChain {
   const uint8_t *stages;
   uint64_t *full, *empty;
-  int stage_bytes, row_stride, vcol;
+  int num_stages, stage_bytes, row_stride, vcol;
   uint16_t *out;  // (token 0, head, first column of the warp)
   int64_t row_pitch;
 };
 
 __device__ __forceinline__ const uint8_t *stage_of(const WarpChain &w, int64_t c) {
-  return w.stages + static_cast<int>(c % kStages) * w.stage_bytes;
+  return w.stages + static_cast<int>(c % w.num_stages) * w.stage_bytes;
 }
 
 __device__ __forceinline__ void wait_chunk(const WarpChain &w, int64_t c) {
-  barrier_wait(&w.full[c % kStages], static_cast<uint32_t>(c / kStages) & 1);
+  barrier_wait(&w.full[c % w.num_stages], static_cast<uint32_t>(c / w.num_stages) & 1);
 }
 
 __device__ __forceinline__ void release_chunk(const WarpChain &w, int64_t c) {
   __syncwarp();
-  if (threadIdx.x % 32 == 0) barrier_arrive(&w.empty[c % kStages]);
+  if (threadIdx.x % 32 == 0) barrier_arrive(&w.empty[c % w.num_stages]);
 }
 
-// Latency-bound schedule (kNB = 1: few heads, the chain is the run time). All of a
-// stage goes into registers at the start of its link and the stage is released at once;
-// the next link's Kd/Qd fragments are loaded while this link finishes, so each link
-// starts with its HMMAs.
+// Latency-bound schedule (kNB <= 2: few heads, the chain is the run time). A link starts
+// with its HMMAs: its Kd/Qd fragments are already in registers. The rest of the stage is
+// read at the start of the link and the stage released; while the Pk/Pq chain runs, the
+// next link's fragments replace the consumed ones k-block by k-block, so that no
+// shared-memory traffic delays the movmatrix steps after the chain (ncu, H200: the
+// movmatrix behind a burst of 16 fragment loads was the second largest stall).
 template <int kNB>
 __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const SeqSpan &span,
                                                      StateSlice<kNB> &state) {
@@ -342,20 +368,27 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
     for (int mb = 0; mb < kHeadDim / 16; ++mb) krt[mb] = lds_frag(stage, kOffKrT + mb * 512);
     release_chunk(w, c);
 
+    const bool has_next = c + 1 < span.num_chunks;
+    const uint8_t *next = stage_of(w, c + 1);
+    auto prefetch = [&](int kb) {
+      if (!has_next) return;
+      if (kb == 0) wait_chunk(w, c + 1);
+      frags.kd[kb] = lds_frag(next, kOffKd + kb * 512);
+      frags.qd[kb] = lds_frag(next, kOffQd + kb * 512);
+    };
     float pk[kNB][4], pq[kNB][4];
     chunk_projections([&](int kb) { return frags.kd[kb]; }, [&](int kb) { return frags.qd[kb]; },
-                      state, pk, pq);
-    if (c + 1 < span.num_chunks) {
-      wait_chunk(w, c + 1);
-      load_score_frags(stage_of(w, c + 1), frags);
-    }
+                      prefetch, state, pk, pq);
     uint32_t ub[kNB][2];
-    delta_rule(in, pk, pq, n, w.out + (span.bos + c * kChunk) * w.row_pitch, w.row_pitch, ub);
+    solve_u(in, pk, ub);
+    float mu[kNB][4];
+    output_scores(in.mqk, ub, mu);
     update_state([&](int mb) { return krt[mb]; }, in.e, ub, state);
+    store_output(pq, mu, n, w.out + (span.bos + c * kChunk) * w.row_pitch, w.row_pitch);
   }
 }
 
-// Throughput-bound schedule (kNB > 1: many heads, the GPU is full). Operand fragments
+// Throughput-bound schedule (kNB = 4: many heads, the GPU is full). Operand fragments
 // are read from shared memory where they are used, which keeps the wide state slice in
 // registers without spilling; the stage is released at the end of the link.
 template <int kNB>
@@ -369,35 +402,39 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
     load_link_inputs(stage, n, w.vcol, w.row_stride, in);
     float pk[kNB][4], pq[kNB][4];
     chunk_projections([&](int kb) { return lds_frag(stage, kOffKd + kb * 512); },
-                      [&](int kb) { return lds_frag(stage, kOffQd + kb * 512); }, state, pk, pq);
+                      [&](int kb) { return lds_frag(stage, kOffQd + kb * 512); }, [](int) {}, state,
+                      pk, pq);
     uint32_t ub[kNB][2];
-    delta_rule(in, pk, pq, n, w.out + (span.bos + c * kChunk) * w.row_pitch, w.row_pitch, ub);
+    solve_u(in, pk, ub);
+    float mu[kNB][4];
+    output_scores(in.mqk, ub, mu);
     update_state([&](int mb) { return lds_frag(stage, kOffKrT + mb * 512); }, in.e, ub, state);
     release_chunk(w, c);
+    store_output(pq, mu, n, w.out + (span.bos + c * kChunk) * w.row_pitch, w.row_pitch);
   }
 }
 
 // kNB blocks of 8 value columns per compute warp; launch.cuh lists the instantiations.
 template <int kNB>
-__global__ void __launch_bounds__(32 * (kNB == 1 ? 9 : 5), 1)
+__global__ void __launch_bounds__(32 * (kComputeWarps + 1), 1)
     recurrence_kernel(const FwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t *full = reinterpret_cast<uint64_t *>(smem);
-  uint64_t *empty = full + kStages;
+  uint64_t *empty = full + kMaxStages;
   uint8_t *stages = smem + kBarrierBytes;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const RecurrenceCta cta = recurrence_cta(p);
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < p.stages; ++s) {
       TxBarrier::init(&full[s], 1);
-      TxBarrier::init(&empty[s], p.warps_per_cta);
+      TxBarrier::init(&empty[s], kComputeWarps);
     }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
-  if (warp == p.warps_per_cta) {  // producer warp; no CTA-wide barrier follows
+  if (warp == kComputeWarps) {  // producer warp; no CTA-wide barrier follows
     if (lane == 0) produce_chunks(p, cta, stages, full, empty);
     return;
   }
@@ -405,10 +442,10 @@ __global__ void __launch_bounds__(32 * (kNB == 1 ? 9 : 5), 1)
   const int vcol = warp * 8 * kNB;  // first value column of this warp within the slice
   StateSlice<kNB> state;
   load_state(p, cta, cta.col0 + vcol, state);
-  const WarpChain w{stages, full, empty, stage_bytes(p.block_v), value_row_stride(p.block_v), vcol,
+  const WarpChain w{stages, full, empty, p.stages, stage_bytes(p.block_v), value_row_stride(p.block_v), vcol,
                     p.out + cta.head * kHeadDim + cta.col0 + vcol, p.heads * kHeadDim};
   if (cta.span.num_chunks > 0) {
-    if constexpr (kNB == 1)
+    if constexpr (kNB <= 2)
       run_chain_prefetched(w, cta.span, state);
     else
       run_chain_streamed(w, cta.span, state);
