@@ -46,6 +46,20 @@ __host__ __device__ constexpr int recurrence_smem_bytes(int block_v, int stages)
   return kBarrierBytes + stages * stage_bytes(block_v);
 }
 
+// A position in the stage ring: the stage and the parity of its current fill. Advanced
+// step by step: the ring depth is a runtime value and a division per link showed up in
+// the chain (ncu, H200).
+struct RingPos {
+  int stage;
+  uint32_t phase;
+  __device__ __forceinline__ void advance(int num_stages) {
+    if (++stage == num_stages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
 struct RecurrenceCta {
   int64_t seq, head;
   int col0;  // first value column of the CTA
@@ -69,10 +83,10 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const Recurre
                                                uint8_t *stages, uint64_t *full, uint64_t *empty) {
   const uint32_t row_bytes = 2 * p.block_v;
   const uint8_t *records = p.records + (cta.head * p.tiles_per_head + cta.span.first_tile) * kRecordBytes;
-  for (int64_t c = 0; c < cta.span.num_chunks; ++c) {
-    const int s = static_cast<int>(c % p.stages);
-    const uint32_t round = static_cast<uint32_t>(c / p.stages);
-    barrier_wait(&empty[s], (round & 1) ^ 1);
+  RingPos pos{0, 0};
+  for (int64_t c = 0; c < cta.span.num_chunks; ++c, pos.advance(p.stages)) {
+    const int s = pos.stage;
+    barrier_wait(&empty[s], pos.phase ^ 1u);  // the first round passes at once
     const int n = static_cast<int>(min(int64_t{kChunk}, cta.span.len - c * kChunk));
     uint8_t *stage = stages + s * stage_bytes(p.block_v);
     TxBarrier::arrive_and_expect_tx(&full[s], kRecordBytes + n * row_bytes);
@@ -333,17 +347,17 @@ struct WarpChain {
   int64_t row_pitch;
 };
 
-__device__ __forceinline__ const uint8_t *stage_of(const WarpChain &w, int64_t c) {
-  return w.stages + static_cast<int>(c % w.num_stages) * w.stage_bytes;
+__device__ __forceinline__ const uint8_t *stage_of(const WarpChain &w, RingPos pos) {
+  return w.stages + pos.stage * w.stage_bytes;
 }
 
-__device__ __forceinline__ void wait_chunk(const WarpChain &w, int64_t c) {
-  barrier_wait(&w.full[c % w.num_stages], static_cast<uint32_t>(c / w.num_stages) & 1);
+__device__ __forceinline__ void wait_chunk(const WarpChain &w, RingPos pos) {
+  barrier_wait(&w.full[pos.stage], pos.phase);
 }
 
-__device__ __forceinline__ void release_chunk(const WarpChain &w, int64_t c) {
+__device__ __forceinline__ void release_chunk(const WarpChain &w, RingPos pos) {
   __syncwarp();
-  if (threadIdx.x % 32 == 0) barrier_arrive(&w.empty[c % w.num_stages]);
+  if (threadIdx.x % 32 == 0) barrier_arrive(&w.empty[pos.stage]);
 }
 
 // Latency-bound schedule (kNB <= 2: few heads, the chain is the run time). A link starts
@@ -356,23 +370,25 @@ template <int kNB>
 __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const SeqSpan &span,
                                                      StateSlice<kNB> &state) {
   ScoreFrags frags;
-  wait_chunk(w, 0);
-  load_score_frags(stage_of(w, 0), frags);
-  for (int64_t c = 0; c < span.num_chunks; ++c) {
-    const uint8_t *stage = stage_of(w, c);
+  RingPos pos{0, 0}, next_pos{0, 0};
+  next_pos.advance(w.num_stages);
+  wait_chunk(w, pos);
+  load_score_frags(stage_of(w, pos), frags);
+  for (int64_t c = 0; c < span.num_chunks; ++c, pos = next_pos, next_pos.advance(w.num_stages)) {
+    const uint8_t *stage = stage_of(w, pos);
     const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
     LinkInputs<kNB> in;
     load_link_inputs(stage, n, w.vcol, w.row_stride, in);
     Frag krt[kHeadDim / 16];
 #pragma unroll
     for (int mb = 0; mb < kHeadDim / 16; ++mb) krt[mb] = lds_frag(stage, kOffKrT + mb * 512);
-    release_chunk(w, c);
+    release_chunk(w, pos);
 
     const bool has_next = c + 1 < span.num_chunks;
-    const uint8_t *next = stage_of(w, c + 1);
+    const uint8_t *next = stage_of(w, next_pos);
     auto prefetch = [&](int kb) {
       if (!has_next) return;
-      if (kb == 0) wait_chunk(w, c + 1);
+      if (kb == 0) wait_chunk(w, next_pos);
       frags.kd[kb] = lds_frag(next, kOffKd + kb * 512);
       frags.qd[kb] = lds_frag(next, kOffQd + kb * 512);
     };
@@ -394,10 +410,11 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
 template <int kNB>
 __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const SeqSpan &span,
                                                    StateSlice<kNB> &state) {
-  for (int64_t c = 0; c < span.num_chunks; ++c) {
-    const uint8_t *stage = stage_of(w, c);
+  RingPos pos{0, 0};
+  for (int64_t c = 0; c < span.num_chunks; ++c, pos.advance(w.num_stages)) {
+    const uint8_t *stage = stage_of(w, pos);
     const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
-    wait_chunk(w, c);
+    wait_chunk(w, pos);
     LinkInputs<kNB> in;
     load_link_inputs(stage, n, w.vcol, w.row_stride, in);
     float pk[kNB][4], pq[kNB][4];
@@ -409,7 +426,7 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
     float mu[kNB][4];
     output_scores(in.mqk, ub, mu);
     update_state([&](int mb) { return lds_frag(stage, kOffKrT + mb * 512); }, in.e, ub, state);
-    release_chunk(w, c);
+    release_chunk(w, pos);
     store_output(pq, mu, n, w.out + (span.bos + c * kChunk) * w.row_pitch, w.row_pitch);
   }
 }
