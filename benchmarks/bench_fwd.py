@@ -79,14 +79,20 @@ def make_inputs(lens, heads, seed=0):
     return p
 
 
-def time_native(p, do_bench):
+def time_native(p, do_bench, block_v=0):
+    """flash_kda.fwd; a non-zero block_v forces that column split (dispatch.run_native)."""
     import flash_kda
+    from flash_kda import _validate, dispatch
     out = torch.empty_like(p["v"])
     final = torch.empty_like(p["initial_state"])
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], 128 ** -0.5, out, p["A_log"], p["dt_bias"], -5.0,
+            p["initial_state"], final)
 
     def run():
-        flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], 128 ** -0.5, out, p["A_log"],
-                      p["dt_bias"], -5.0, p["initial_state"], final, p["cu_seqlens"])
+        if block_v:
+            dispatch.run_native(_validate.check_fwd(*args, p["cu_seqlens"]), *args, block_v=block_v)
+        else:
+            flash_kda.fwd(*args, p["cu_seqlens"])
 
     return do_bench(run, warmup=25, rep=200, return_mode="median")
 
@@ -150,6 +156,8 @@ def main():
     parser.add_argument("--out", required=True, help="results JSON; the markdown table goes beside it")
     parser.add_argument("--fla", nargs="*", default=[], help="shape ids to time with fla too")
     parser.add_argument("--shapes", nargs="*", default=None, help="only these shape ids")
+    parser.add_argument("--block-v", type=int, nargs="*", default=[],
+                        help="also time these forced block_v values (diagnostics)")
     args = parser.parse_args()
     from triton.testing import do_bench
     import flash_kda
@@ -171,6 +179,8 @@ def main():
                  path=flash_kda.backend_for("cuda"))
         if shape in args.fla:
             r["fla_ms"] = time_fla(p, do_bench)
+        for bv in args.block_v:
+            r[f"native_bv{bv}_ms"] = time_native(p, do_bench, bv)
         results.append(r)
         print(json.dumps(r), flush=True)
         del p

@@ -118,6 +118,8 @@ flash_kda_status check_fwd_args(const char *fn, const flash_kda_fwd_args &a, Fwd
     return bad("num_sms must be >= 1 when block_v is 0, got " + std::to_string(a.num_sms));
 
   const int64_t total = a.batch * a.seqlen;
+  if (total >= (int64_t{1} << 31))  // K2's tensor copies address tokens with int32
+    return bad("batch * seqlen must be below 2^31, got " + std::to_string(total));
   const int64_t tiles = tiles_per_head(total, a.num_seqs);
   if (total > (int64_t{1} << 40) / a.heads || tiles >= (int64_t{1} << 31))
     return bad("problem too large: batch * seqlen * heads must stay below 2^40");

@@ -13,6 +13,7 @@ from typing import List, NamedTuple, Optional
 import torch
 
 HEAD_DIM = 128
+MAX_TOKENS = 2**31  # the C ABI's bound on B * T (int32 token coordinates)
 MAX_TOKENS_TIMES_HEADS = 2**40  # the C ABI's bound on (B * T) * H
 _WHERE = "flash_kda.fwd"
 
@@ -141,8 +142,9 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
     lb = _real("lower_bound", lower_bound)
     if not -5.0 <= lb < 0.0:
         raise ValueError(f"{_WHERE}: lower_bound must be in [-5, 0), got {lb}")
-    if B * T * H >= MAX_TOKENS_TIMES_HEADS:
-        raise ValueError(f"{_WHERE}: B * T * H must be below 2**40, got {B * T * H}")
+    if B * T >= MAX_TOKENS or B * T * H >= MAX_TOKENS_TIMES_HEADS:
+        raise ValueError(f"{_WHERE}: B * T must be below 2**31 and B * T * H below 2**40, "
+                         f"got B * T = {B * T}, B * T * H = {B * T * H}")
 
     bounds = None
     if cu_seqlens is not None:

@@ -7,6 +7,9 @@
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
 #endif
 
+#include <cuda.h>          // CUtensorMap (header only: libcuda is reached through the runtime)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
 #include <flash_kda/flash_kda.h>
 
 #include "arch/table.h"
@@ -19,6 +22,37 @@ namespace flash_kda::FLASH_KDA_ARCH {
 inline LaunchStatus launch_status(const char *stage) {
   const cudaError_t err = cudaGetLastError();
   return {err, err == cudaSuccess ? nullptr : stage};
+}
+
+// The driver's tensor-map encoder, found once through the runtime, so the library does
+// not link libcuda (it still loads on machines without a driver).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+               : nullptr;
+  }();
+  return encode;
+}
+
+// v as a 3-D tensor (128 columns, heads, tokens) for K2's tensor copies: one box is the
+// [16 tokens, block_v columns] tile of one head; tokens past the end read as zeros.
+inline cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[3] = {kHeadDim, static_cast<cuuint64_t>(p.heads),
+                              static_cast<cuuint64_t>(p.total_tokens)};
+  const cuuint64_t strides[2] = {2 * kHeadDim, static_cast<cuuint64_t>(p.heads) * 2 * kHeadDim};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(p.block_v), 1, kChunk};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  const CUresult res = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t *>(p.v), dims,
+                              strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 template <int kNB>
@@ -34,8 +68,11 @@ LaunchStatus launch_recurrence(FwdParams p, cudaStream_t stream) {
   const cudaError_t attr = cudaFuncSetAttribute(
       recurrence_kernel<kNB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
+  CUtensorMap value_map;
+  err = make_value_map(p, &value_map);
+  if (err != cudaSuccess) return {err, "recurrence_kernel tensor map of v"};
   const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / p.block_v);
-  recurrence_kernel<kNB><<<static_cast<unsigned>(ctas), 32 * (kComputeWarps + 1), smem, stream>>>(p);
+  recurrence_kernel<kNB><<<static_cast<unsigned>(ctas), 32 * (kComputeWarps + 1), smem, stream>>>(p, value_map);
   return launch_status("recurrence_kernel launch");
 }
 

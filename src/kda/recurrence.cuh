@@ -35,7 +35,7 @@ constexpr int kBarrierBytes = 128;  // full[kMaxStages] and empty[kMaxStages]
 static_assert(2 * kMaxStages * 8 <= kBarrierBytes, "barrier area too small");
 
 __host__ __device__ constexpr int value_row_stride(int block_v) {
-  return 2 * block_v + 16;  // +16 B: rows g = 0..7 of a warp's loads hit distinct banks
+  return 2 * block_v;  // the tensor copy lands the [16][block_v] box densely
 }
 
 __host__ __device__ constexpr int stage_bytes(int block_v) {
@@ -77,25 +77,24 @@ __device__ __forceinline__ RecurrenceCta recurrence_cta(const FwdParams &p) {
   return cta;
 }
 
-// Producer (one lane): per chunk, wait for a free stage, then one bulk copy of the
-// record and one per valid value row (rows >= n are never read from memory).
-__device__ __forceinline__ void produce_chunks(const FwdParams &p, const RecurrenceCta &cta,
-                                               uint8_t *stages, uint64_t *full, uint64_t *empty) {
-  const uint32_t row_bytes = 2 * p.block_v;
+// Producer (one lane): per chunk, wait for a free stage, then two copies: the record (a
+// bulk copy) and the chunk's value rows [16, block_v] (a tensor copy; rows past the end of
+// v read as zeros, rows past the sequence are masked by the consumers). One value-row copy
+// per row (17 copies per chunk) left the consumers waiting for data a third of the time.
+__device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtensorMap *value_map,
+                                               const RecurrenceCta &cta, uint8_t *stages,
+                                               uint64_t *full, uint64_t *empty) {
+  const uint32_t value_bytes = kChunk * value_row_stride(p.block_v);
   const uint8_t *records = p.records + (cta.head * p.tiles_per_head + cta.span.first_tile) * kRecordBytes;
   RingPos pos{0, 0};
   for (int64_t c = 0; c < cta.span.num_chunks; ++c, pos.advance(p.stages)) {
     const int s = pos.stage;
     barrier_wait(&empty[s], pos.phase ^ 1u);  // the first round passes at once
-    const int n = static_cast<int>(min(int64_t{kChunk}, cta.span.len - c * kChunk));
     uint8_t *stage = stages + s * stage_bytes(p.block_v);
-    TxBarrier::arrive_and_expect_tx(&full[s], kRecordBytes + n * row_bytes);
+    TxBarrier::arrive_and_expect_tx(&full[s], kRecordBytes + value_bytes);
     bulk_copy_g2s(stage, records + c * kRecordBytes, kRecordBytes, &full[s]);
-    const int64_t tok0 = cta.span.bos + c * kChunk;
-    for (int r = 0; r < n; ++r) {
-      const uint16_t *row = p.v + ((tok0 + r) * p.heads + cta.head) * kHeadDim + cta.col0;
-      bulk_copy_g2s(stage + kRecordBytes + r * value_row_stride(p.block_v), row, row_bytes, &full[s]);
-    }
+    tensor_copy_g2s(stage + kRecordBytes, value_map, cta.col0, static_cast<int32_t>(cta.head),
+                    static_cast<int32_t>(cta.span.bos + c * kChunk), &full[s]);
   }
 }
 
@@ -434,7 +433,7 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
 // kNB blocks of 8 value columns per compute warp; launch.cuh lists the instantiations.
 template <int kNB>
 __global__ void __launch_bounds__(32 * (kComputeWarps + 1), 1)
-    recurrence_kernel(const FwdParams p) {
+    recurrence_kernel(const FwdParams p, const __grid_constant__ CUtensorMap value_map) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t *full = reinterpret_cast<uint64_t *>(smem);
   uint64_t *empty = full + kMaxStages;
@@ -452,7 +451,7 @@ __global__ void __launch_bounds__(32 * (kComputeWarps + 1), 1)
   __syncthreads();
 
   if (warp == kComputeWarps) {  // producer warp; no CTA-wide barrier follows
-    if (lane == 0) produce_chunks(p, cta, stages, full, empty);
+    if (lane == 0) produce_chunks(p, &value_map, cta, stages, full, empty);
     return;
   }
 
