@@ -55,7 +55,7 @@ inline cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int kNB>
+template <int kNB, int kWarps>
 LaunchStatus launch_recurrence(FwdParams p, cudaStream_t stream) {
   int device = 0, smem_optin = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -66,25 +66,26 @@ LaunchStatus launch_recurrence(FwdParams p, cudaStream_t stream) {
   if (p.stages < 2) return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
   const int smem = recurrence_smem_bytes(p.block_v, p.stages);
   const cudaError_t attr = cudaFuncSetAttribute(
-      recurrence_kernel<kNB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      recurrence_kernel<kNB, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
   CUtensorMap value_map;
   err = make_value_map(p, &value_map);
   if (err != cudaSuccess) return {err, "recurrence_kernel tensor map of v"};
   const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / p.block_v);
-  recurrence_kernel<kNB><<<static_cast<unsigned>(ctas), 32 * (kComputeWarps + 1), smem, stream>>>(p, value_map);
+  recurrence_kernel<kNB, kWarps><<<static_cast<unsigned>(ctas), 32 * (kWarps + 1), smem, stream>>>(p, value_map);
   return launch_status("recurrence_kernel launch");
 }
 
 // Tile prefix (varlen) -> K1 over all chunks -> K2 over (sequence, head, slice).
-// K2 has four compute warps of kNB = block_v / 32 blocks of 8 value columns each:
-//   32  -> kNB = 1, latency schedule (H <= 33 on 132 SMs)
-//   64  -> kNB = 2, latency schedule
-//   128 -> kNB = 4, streamed schedule (the grid fills the GPU; registers hold the 32-column
-//          state slice, operands stream from shared memory)
-// Three instantiations instead of the style's two: one kNB cannot serve all three widths
-// without either spilling (a 9-warp CTA caps registers at 168) or quadrupling the shared
-// memory traffic (16 narrow warps); benchmarks/results shows each width's gain.
+// K2 instantiations <kNB, kWarps> by block_v, chosen on the H200 with
+// benchmarks/bench_fwd.py --block-v (whole-forward medians, ms):
+//   32  -> <1, 4> latency schedule. T=8192: H=6 0.329, H=24 0.412.
+//   64  -> <1, 8> streamed. H=48 0.672 (<2, 4> latency schedule: 0.707; 8x1024 H=8:
+//          0.111 vs 0.118).
+//   128 -> <2, 8> streamed. H=96 1.064 (<4, 4>: 1.140, <1, 16>: 1.268); T=32768 H=96
+//          4.15 (4.40); varlen six sequences H=96 1.04 (1.10).
+// Three instantiations instead of the style's two: each width's best shape differs and
+// the benchmarks above show the gain.
 inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (p.cu_seqlens != nullptr) {
     tile_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
@@ -97,11 +98,11 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (st.error != cudaSuccess) return st;
   switch (p.block_v) {
     case 32:
-      return launch_recurrence<1>(p, stream);
+      return launch_recurrence<1, 4>(p, stream);
     case 64:
-      return launch_recurrence<2>(p, stream);
+      return launch_recurrence<1, 8>(p, stream);
     case 128:
-      return launch_recurrence<4>(p, stream);
+      return launch_recurrence<2, 8>(p, stream);
     default:
       return {cudaErrorInvalidValue, "recurrence_kernel block_v"};
   }

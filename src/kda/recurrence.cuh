@@ -4,7 +4,7 @@
 //
 // One CTA = one (sequence, head, slice of block_v value columns). Value columns evolve
 // independently given the chunk's record (spec §2.4), so slices need no communication.
-// Threads: kComputeWarps compute warps, each owning kNB blocks of 8 columns and keeping
+// Threads: kWarps compute warps, each owning kNB blocks of 8 columns and keeping
 // its slice of the state S^T (128 x 8 kNB, bf16) in registers for the whole sequence,
 // plus one producer warp that streams records and value rows into a ring of up to
 // kMaxStages stages with bulk copies (TMA) on mbarriers. Output rows go from registers to
@@ -28,9 +28,7 @@ namespace flash_kda::FLASH_KDA_ARCH {
 // launch, FwdParams::stages). At H200, T=8192, H=6 a 4-deep ring left the warps waiting
 // for their next stage (ncu: the stage wait was the top stall).
 constexpr int kMaxStages = 6;
-// Four compute warps, one per SM sub-partition (each with its own tensor core), plus the
-// producer warp: five warps leave up to 255 registers per thread for the state slice.
-constexpr int kComputeWarps = 4;
+
 constexpr int kBarrierBytes = 128;  // full[kMaxStages] and empty[kMaxStages]
 static_assert(2 * kMaxStages * 8 <= kBarrierBytes, "barrier area too small");
 
@@ -359,7 +357,12 @@ __device__ __forceinline__ void release_chunk(const WarpChain &w, RingPos pos) {
   if (threadIdx.x % 32 == 0) barrier_arrive(&w.empty[pos.stage]);
 }
 
-// Latency-bound schedule (kNB <= 2: few heads, the chain is the run time). A link starts
+// Whether a warp can hold a whole stage plus the next link's fragments in registers: with
+// five warps per CTA a thread may use 255 registers, with nine only 168 (three warps share
+// one sub-partition's 64 KB register file), and kNB = 4 needs 128 for its state alone.
+__host__ __device__ constexpr bool prefetched_schedule(int nb, int warps) { return warps == 4 && nb <= 2; }
+
+// Latency-bound schedule (few heads, the chain is the run time). A link starts
 // with its HMMAs: its Kd/Qd fragments are already in registers. The rest of the stage is
 // read at the start of the link and the stage released; while the Pk/Pq chain runs, the
 // next link's fragments replace the consumed ones k-block by k-block, so that no
@@ -403,7 +406,7 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
   }
 }
 
-// Throughput-bound schedule (kNB = 4: many heads, the GPU is full). Operand fragments
+// Streamed schedule (when registers are short, or many heads fill the GPU). Operand fragments
 // are read from shared memory where they are used, which keeps the wide state slice in
 // registers without spilling; the stage is released at the end of the link.
 template <int kNB>
@@ -430,9 +433,10 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
   }
 }
 
-// kNB blocks of 8 value columns per compute warp; launch.cuh lists the instantiations.
-template <int kNB>
-__global__ void __launch_bounds__(32 * (kComputeWarps + 1), 1)
+// kWarps compute warps of kNB blocks of 8 value columns, plus the producer warp;
+// launch.cuh lists the instantiations.
+template <int kNB, int kWarps>
+__global__ void __launch_bounds__(32 * (kWarps + 1), 1)
     recurrence_kernel(const FwdParams p, const __grid_constant__ CUtensorMap value_map) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t *full = reinterpret_cast<uint64_t *>(smem);
@@ -444,13 +448,13 @@ __global__ void __launch_bounds__(32 * (kComputeWarps + 1), 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
       TxBarrier::init(&full[s], 1);
-      TxBarrier::init(&empty[s], kComputeWarps);
+      TxBarrier::init(&empty[s], kWarps);
     }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
-  if (warp == kComputeWarps) {  // producer warp; no CTA-wide barrier follows
+  if (warp == kWarps) {  // producer warp; no CTA-wide barrier follows
     if (lane == 0) produce_chunks(p, &value_map, cta, stages, full, empty);
     return;
   }
@@ -461,7 +465,7 @@ __global__ void __launch_bounds__(32 * (kComputeWarps + 1), 1)
   const WarpChain w{stages, full, empty, p.stages, stage_bytes(p.block_v), value_row_stride(p.block_v), vcol,
                     p.out + cta.head * kHeadDim + cta.col0 + vcol, p.heads * kHeadDim};
   if (cta.span.num_chunks > 0) {
-    if constexpr (kNB <= 2)
+    if constexpr (prefetched_schedule(kNB, kWarps))
       run_chain_prefetched(w, cta.span, state);
     else
       run_chain_streamed(w, cta.span, state);

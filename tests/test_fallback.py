@@ -1,0 +1,173 @@
+# SPDX-License-Identifier: MIT
+"""The non-native paths: fla's Triton forward (called without recursion) and PyTorch.
+Both keep native's in-place contract."""
+
+import functools
+import sys
+import types
+
+import pytest
+import torch
+
+import flash_kda
+from flash_kda import dispatch, fallback, reference
+
+from conftest import FWD_ARGS, call, make_problem
+
+
+def rel_err(x, ref):
+    return float((x.double() - ref).norm() / ref.norm())
+
+
+@pytest.fixture
+def fake_fla(monkeypatch):
+    """A stand-in for fla.ops.kda.chunk whose public chunk_kda is wrapped by a dispatcher
+    that, like fla's FlashKDA backend, routes back to flash_kda.fwd."""
+    calls = {"impl": [], "dispatcher": 0}
+
+    def chunk_kda(q, k, v, g, beta, **kwargs):
+        calls["impl"].append(kwargs)
+        N = kwargs["cu_seqlens"].numel() - 1 if kwargs["cu_seqlens"] is not None else q.shape[0]
+        final = torch.full((N, q.shape[2], 128, 128), 0.25) if kwargs["output_final_state"] else None
+        return torch.full_like(v, 0.5), final
+
+    @functools.wraps(chunk_kda)
+    def dispatched(*args, **kwargs):
+        calls["dispatcher"] += 1
+        raise AssertionError("fla's dispatching chunk_kda was called: this path can recurse")
+
+    module = types.ModuleType("fla.ops.kda.chunk")
+    module.chunk_kda = dispatched
+    for name in ("fla", "fla.ops", "fla.ops.kda"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "fla.ops.kda.chunk", module)
+    fallback.fla_chunk_kda.cache_clear()
+    yield calls
+    fallback.fla_chunk_kda.cache_clear()
+
+
+def test_fla_path_calls_the_undispatched_implementation(fake_fla):
+    p = make_problem(2, 20, 3, initial=torch.bfloat16, final=torch.bfloat16)
+    call(fallback.fla_fwd, p)
+    assert fake_fla["dispatcher"] == 0 and len(fake_fla["impl"]) == 1
+    kw = fake_fla["impl"][0]
+    for flag in ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
+                 "safe_gate", "state_v_first", "output_final_state"):
+        assert kw[flag] is True, flag
+    assert kw["initial_state"].dtype == torch.float32  # fla takes an fp32 initial state
+    assert kw["lower_bound"] == -5.0 and kw["dt_bias"].shape == (3 * 128,)
+    # in place, in the caller's dtypes
+    assert torch.all(p["out"] == 0.5) and p["out"].dtype == torch.bfloat16
+    assert torch.all(p["final_state"] == 0.25) and p["final_state"].dtype == torch.bfloat16
+
+
+def test_fla_path_unavailable_is_reported(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fla", None)  # import fla -> ImportError
+    fallback.fla_chunk_kda.cache_clear()
+    try:
+        assert not fallback.fla_available()
+        with pytest.raises(RuntimeError, match="fla cannot be imported"):
+            call(fallback.fla_fwd, make_problem(1, 4, 1))
+    finally:
+        fallback.fla_chunk_kda.cache_clear()
+
+
+def test_torch_path_writes_in_place_and_matches_gold():
+    p = make_problem(1, 0, 2, lens=[33, 0, 20], initial=torch.float32, final=torch.float32, seed=3)
+    call(fallback.torch_fwd, p)
+    gold_out, gold_state = reference.gold(*[p[n] for n in ("q", "k", "v", "g", "beta", "scale", "A_log",
+                                                           "dt_bias", "lower_bound", "initial_state",
+                                                           "cu_seqlens")])
+    assert rel_err(p["out"], gold_out) < 1e-2
+    assert rel_err(p["final_state"], gold_state) < 1e-2
+
+
+def test_cpu_fwd_takes_the_torch_path_and_equals_reference():
+    p = make_problem(2, 21, 2, initial=torch.bfloat16, final=torch.bfloat16, seed=4)
+    ref = dict(p, out=torch.full_like(p["out"], float("nan")), final_state=torch.full_like(p["final_state"], float("nan")))
+    assert flash_kda.backend_for("cpu") == "torch"
+    call(flash_kda.fwd, p)
+    call(reference.fwd, ref)
+    assert torch.equal(p["out"], ref["out"]) and torch.equal(p["final_state"], ref["final_state"])
+
+
+# ------------------------------------------------------------------------- on a GPU
+
+GPU_CASES = [dict(batch=2, seqlen=1000, lens=None), dict(batch=1, seqlen=0, lens=[300, 17, 0, 513, 170])]
+
+
+def gpu_case(case, dtype, seed):
+    return make_problem(case["batch"], case["seqlen"], 4, lens=case["lens"], initial=dtype, final=dtype,
+                        device="cuda", seed=seed)
+
+
+def check_against_gold(p, tol=1e-2):
+    gold_out, gold_state = reference.gold(*[p[n] for n in ("q", "k", "v", "g", "beta", "scale", "A_log",
+                                                           "dt_bias", "lower_bound", "initial_state",
+                                                           "cu_seqlens")])
+    e_out, e_state = rel_err(p["out"], gold_out), rel_err(p["final_state"], gold_state)
+    assert e_out < tol and e_state < tol, (e_out, e_state)
+    return e_out, e_state
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=["batched-T1000-H4", "varlen-H4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16state", "fp32state"])
+def test_fla_path_on_cuda_matches_gold(monkeypatch, case, dtype):
+    if not fallback.fla_available():
+        pytest.skip("fla is not importable here")
+    monkeypatch.setenv("FLA_FLASH_KDA", "0")
+    assert flash_kda.backend_for("cuda") == "fla"
+    p = gpu_case(case, dtype, seed=21)
+    call(flash_kda.fwd, p)
+    print("fla path", check_against_gold(p))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=["batched-T1000-H4", "varlen-H4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16state", "fp32state"])
+def test_torch_path_on_cuda_matches_gold(monkeypatch, case, dtype):
+    monkeypatch.setenv("FLA_FLASH_KDA", "0")
+    monkeypatch.setattr(fallback, "fla_available", lambda: False)
+    assert flash_kda.backend_for("cuda") == "torch"
+    p = gpu_case(case, dtype, seed=22)
+    call(flash_kda.fwd, p)
+    print("torch path", check_against_gold(p))
+
+
+@pytest.mark.gpu
+def test_fla_path_on_unsupported_gpu_does_not_recurse(monkeypatch):
+    """No table for this GPU and FLA_FLASH_KDA unset: fwd takes fla, whose public chunk_kda
+    would offer the call back to flash_kda; the undispatched call must not."""
+    if not fallback.fla_available():
+        pytest.skip("fla is not importable here")
+    monkeypatch.delenv("FLA_FLASH_KDA", raising=False)
+    monkeypatch.setattr(flash_kda._native, "compiled_archs", lambda: [])
+    assert flash_kda.backend_for("cuda") == "fla"
+    entered = []
+    real = dispatch.fwd
+    monkeypatch.setattr(dispatch, "fwd", lambda *a: (entered.append(1), real(*a))[1])
+    p = gpu_case(GPU_CASES[0], torch.float32, seed=23)
+    call(flash_kda.fwd, p)
+    assert len(entered) == 1
+    check_against_gold(p)
+
+
+@pytest.mark.gpu
+def test_fla_chunk_kda_routes_to_native(monkeypatch):
+    """fla's public chunk_kda with FlashKDA's flags calls flash_kda.fwd: same bits as ours."""
+    if not fallback.fla_available() or flash_kda.backend_for("cuda") != "native":
+        pytest.skip("needs fla and native kernels")
+    from fla.ops.kda import chunk_kda
+    monkeypatch.delenv("FLA_FLASH_KDA", raising=False)
+    p = make_problem(1, 0, 4, lens=[300, 17, 513], initial=torch.float32, final=torch.float32,
+                     device="cuda", seed=24)
+    with torch.inference_mode():
+        o, ht = chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], scale=p["scale"],
+                          initial_state=p["initial_state"], output_final_state=True,
+                          use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                          use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0,
+                          state_v_first=True, cu_seqlens=p["cu_seqlens"], A_log=p["A_log"],
+                          dt_bias=p["dt_bias"])
+    call(flash_kda.fwd, p)
+    assert torch.equal(o, p["out"]) and torch.equal(ht, p["final_state"])
