@@ -1,0 +1,66 @@
+# SPDX-License-Identifier: MIT
+"""`python -m flash_kda info | check | bench` as a user runs them (a subprocess)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+
+def run(*args, env_extra=None):
+    import os
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "flash_kda", *args], capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+def test_info_reports_versions_arches_and_backend():
+    res = run("info")
+    assert res.returncode == 0, res.stderr
+    for field in ("flash_kda   0.1.0", "torch       " + torch.__version__, "CUDA driver", "fla ",
+                  "library ", "backend "):
+        assert field in res.stdout, field
+    if not torch.cuda.is_available():
+        assert "GPU         none visible" in res.stdout
+        assert "backend     torch on cpu" in res.stdout
+
+
+def test_info_explains_a_library_that_does_not_load():
+    res = run("info", env_extra={"FLASH_KDA_LIBRARY": "/nonexistent/libflash_kda.so"})
+    assert res.returncode == 0, res.stderr
+    assert "library     not loaded: cannot load /nonexistent/libflash_kda.so" in res.stdout
+
+
+def test_check_passes_on_the_best_device():
+    res = run("check")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "all checks passed" in res.stdout
+    assert res.stdout.count(" ok") == 3
+
+
+def test_check_fails_when_results_are_wrong(tmp_path):
+    """A sitecustomize that breaks fwd's output must turn check red (exit 1)."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import flash_kda._api as api\n"
+        "real = api.fwd\n"
+        "def broken(*a):\n"
+        "    real(*a)\n"
+        "    a[6].mul_(1.5)\n"
+        "api.fwd = broken\n")
+    import os
+    path = str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    res = run("check", env_extra={"PYTHONPATH": path})
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "FAIL" in res.stdout
+
+
+def test_unknown_command_is_a_usage_error():
+    res = run("frobnicate")
+    assert res.returncode == 2 and "invalid choice" in res.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU message")
+def test_bench_needs_a_gpu():
+    res = run("bench")
+    assert res.returncode == 2 and "bench needs a CUDA GPU" in res.stderr

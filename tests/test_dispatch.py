@@ -1,0 +1,188 @@
+# SPDX-License-Identifier: MIT
+"""The dispatcher: choose_path on simulated devices and builds, the real environment's
+answers, a library that cannot load, and the once-per-(path, reason) INFO log."""
+
+import contextlib
+import ctypes
+import logging
+import os
+
+import pytest
+import torch
+
+import flash_kda
+from flash_kda import _native, dispatch, reference
+from flash_kda._native import FEATURE_FWD, FEATURE_PROBES, ArchInfo
+
+from conftest import call, clone_outputs, make_problem
+
+BOTH = FEATURE_FWD | FEATURE_PROBES
+BUILD = [ArchInfo("sm_90a", 90, BOTH), ArchInfo("sm_100a", 100, BOTH)]
+LOAD_ERROR = "cannot load /opt/x/libflash_kda.so: file not found"
+
+
+def must_not_ask():
+    raise AssertionError("fla_present was asked although the native path was taken")
+
+
+class Asker:
+    """A fla_present callable that records how often it is asked."""
+
+    def __init__(self, answer):
+        self.answer, self.calls = answer, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.answer
+
+
+def choose(cc, archs=BUILD, error=None, fla=True, switch=None, device="cuda"):
+    return dispatch.choose_path(device, cc, archs, error, fla, switch)
+
+
+@pytest.mark.parametrize("cc", [90, 100])
+@pytest.mark.parametrize("switch", [None, "1", ""])
+def test_native_when_the_build_has_the_arch(cc, switch):
+    assert choose(cc, fla=must_not_ask, switch=switch) == ("native", f"native kernels for sm_{cc}")
+
+
+@pytest.mark.parametrize("cc", [80, 89, 120])
+@pytest.mark.parametrize("fla, path, tail", [
+    (True, "fla", "; using fla Triton"),
+    (False, "torch", "; fla is not importable, using PyTorch"),
+], ids=["fla", "no-fla"])
+def test_arch_missing_from_the_build(cc, fla, path, tail):
+    asker = Asker(fla)
+    assert choose(cc, fla=asker) == (path, f"no kernel for sm_{cc} in this build (has sm_90a, sm_100a){tail}")
+    assert asker.calls == 1
+
+
+@pytest.mark.parametrize("archs", [[], [ArchInfo("sm_90a", 90, FEATURE_PROBES)]],
+                         ids=["empty", "probes-only"])
+def test_tables_without_the_forward_do_not_count(archs):
+    reason = "no kernel for sm_90 in this build (has none); using fla Triton"
+    assert choose(90, archs=archs) == ("fla", reason)
+
+
+@pytest.mark.parametrize("switch", ["0", " 0\n"])
+@pytest.mark.parametrize("fla, path", [(True, "fla"), (False, "torch")])
+def test_switch_zero_turns_native_off(switch, fla, path):
+    path_, reason = choose(90, fla=fla, switch=switch, error=LOAD_ERROR)
+    assert path_ == path
+    assert reason.startswith("FLA_FLASH_KDA=0 turns the native kernels off; ")
+    assert "native library unavailable" not in reason  # the switch is the reason given
+
+
+@pytest.mark.parametrize("fla, path, tail", [
+    (True, "fla", "; using fla Triton"),
+    (False, "torch", "; fla is not importable, using PyTorch"),
+], ids=["fla", "no-fla"])
+def test_library_that_cannot_load(fla, path, tail):
+    assert choose(90, archs=[], error=LOAD_ERROR, fla=fla) == (
+        path, f"native library unavailable: {LOAD_ERROR}{tail}")
+
+
+@pytest.mark.parametrize("cc", [None, 90])
+def test_cpu_always_takes_torch(cc):
+    assert choose(cc, fla=must_not_ask, device="cpu") == ("torch", "cpu tensors run on the PyTorch path")
+
+
+def test_backend_for_cpu(monkeypatch):
+    assert flash_kda.backend_for("cpu") == "torch"
+    monkeypatch.setenv(dispatch.ENV_SWITCH, "0")
+    assert flash_kda.backend_for(torch.device("cpu")) == "torch"
+    assert dispatch.explain("cpu") == ("torch", "cpu tensors run on the PyTorch path")
+
+
+def archs_read_directly(path):
+    """(name, cc) of every arch table, read from the library without flash_kda's loader."""
+
+    class Desc(ctypes.Structure):
+        _fields_ = [("name", ctypes.c_char_p), ("cc", ctypes.c_int32), ("features", ctypes.c_uint32)]
+
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+    lib.flash_kda_arch_info.argtypes = [ctypes.c_int32, ctypes.POINTER(Desc)]
+    result = []
+    for i in range(lib.flash_kda_num_archs()):
+        desc = Desc()
+        assert lib.flash_kda_arch_info(i, ctypes.byref(desc)) == 0
+        result.append((desc.name.decode(), desc.cc))
+    return result
+
+
+def test_compiled_archs_match_the_library():
+    if _native.load() is None:
+        pytest.skip(f"the native library is not loadable here: {_native.load_error()}")
+    archs = flash_kda.compiled_archs()
+    assert archs and all(isinstance(a, str) for a in archs)
+    direct = archs_read_directly(_native.load().path)
+    assert ["sm_" + a for a in archs] == [name for name, _ in direct]
+    assert all(name.startswith(f"sm_{cc}") for name, cc in direct)
+
+
+@contextlib.contextmanager
+def library_at(path):
+    """flash_kda with FLASH_KDA_LIBRARY=path, reloaded; the real library is restored after."""
+    old = os.environ.get(_native.LIBRARY_ENV)
+    os.environ[_native.LIBRARY_ENV] = str(path)
+    _native._reset_for_tests()
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[_native.LIBRARY_ENV]
+        else:
+            os.environ[_native.LIBRARY_ENV] = old
+        _native._reset_for_tests()
+
+
+@pytest.fixture(params=["missing", "not-elf"])
+def broken_library(request, tmp_path):
+    path = tmp_path / "libflash_kda.so"
+    if request.param == "not-elf":
+        path.write_bytes(b"this is not a shared object\n")
+    with library_at(path):
+        yield str(path)
+
+
+def test_unloadable_library_is_a_reason_not_an_error(broken_library):
+    assert flash_kda.compiled_archs() == []
+    assert _native.load() is None
+    error = _native.load_error()
+    assert error.startswith(f"cannot load {broken_library}: ")
+    assert flash_kda.backend_for("cpu") == "torch"
+    # workspace size still answers (from the mirrored formula)
+    assert flash_kda.get_workspace_size(64, 2, 1) > 0
+
+
+def test_cpu_fwd_works_without_the_library(broken_library):
+    p = make_problem(1, 8, 2, final=torch.float32)
+    expected = clone_outputs(p)
+    call(reference.fwd, expected)
+    call(flash_kda.fwd, p)
+    assert _native.load() is None
+    assert torch.equal(p["out"], expected["out"]) and torch.equal(p["final_state"], expected["final_state"])
+    assert not torch.isnan(p["out"]).any()
+
+
+def test_library_is_restored_after_a_broken_one(tmp_path):
+    before = (flash_kda.compiled_archs(), _native.load_error())
+    with library_at(tmp_path / "missing.so"):
+        assert flash_kda.compiled_archs() == [] and "missing.so" in _native.load_error()
+    assert (flash_kda.compiled_archs(), _native.load_error()) == before
+
+
+def test_info_log_once_per_path_and_reason(caplog, monkeypatch):
+    monkeypatch.setattr(dispatch, "_logged", set())
+    caplog.set_level(logging.INFO, logger="flash_kda")
+    p = make_problem(1, 4, 2)
+    call(flash_kda.fwd, p)
+    call(flash_kda.fwd, clone_outputs(p))
+    records = [r for r in caplog.records if r.name == "flash_kda"]
+    assert len(records) == 1
+    assert records[0].levelno == logging.INFO
+    assert records[0].getMessage() == "flash_kda.fwd on cpu -> torch (cpu tensors run on the PyTorch path)"
+    # another (path, reason) is logged once more; a repeat is not
+    dispatch._log_once("cuda:0", "fla", "no kernel for sm_89")
+    dispatch._log_once("cuda:0", "fla", "no kernel for sm_89")
+    assert len([r for r in caplog.records if r.name == "flash_kda"]) == 2

@@ -1,0 +1,137 @@
+# SPDX-License-Identifier: MIT
+"""Check a flash-kda-bin wheel before it ships; exit 1 if any check fails.
+
+    python wheels/check_wheel.py WHEEL --archs 90a,100a,103a,110a,120a,121a [--smoke "torch==2.13.0"]
+
+Checks: the tag is ``py3-none-manylinux_*``; the wheel holds exactly one shared library,
+``flash_kda/libflash_kda.so``; its NEEDED entries are only libc, libm, libdl, libpthread,
+librt, libstdc++, libgcc_s and the loader (no libtorch, libpython, libcudart or libcuda:
+libcuda is opened at run time); it exports only ``flash_kda_*`` symbols; its embedded
+cubins (``cuobjdump --list-elf``) are exactly the requested arches; the wheel is at most
+100 MB; and with ``--smoke``, ``pip install WHEEL`` in a clean venv followed by
+``python -m flash_kda info`` works. Uses readelf (binutils) and cuobjdump (on PATH or from
+the nvidia-cuda-cuobjdump package).
+"""
+
+import argparse
+import glob
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import zipfile
+
+ALLOWED_NEEDED = re.compile(
+    r"^(libc\.so\.6|libm\.so\.6|libdl\.so\.2|libpthread\.so\.0|librt\.so\.1|libstdc\+\+\.so\.6|"
+    r"libgcc_s\.so\.1|ld-linux-x86-64\.so\.2|ld-linux-aarch64\.so\.1)$")
+LIBRARY = "flash_kda/libflash_kda.so"
+MAX_MB = 100
+
+
+def wheel_tags(path):
+    name = os.path.basename(path)
+    parts = name[:-len(".whl")].split("-")
+    return parts[-3], parts[-2], parts[-1]  # python, abi, platform (possibly dotted)
+
+
+def check_tag(path):
+    py, abi, plat = wheel_tags(path)
+    ok = py == "py3" and abi == "none" and all(p.startswith("manylinux_") for p in plat.split("."))
+    return ok, f"{py}-{abi}-{plat}"
+
+
+def readelf(args, path):
+    return subprocess.run(["readelf", *args, path], check=True, capture_output=True, text=True).stdout
+
+
+def check_needed(so):
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", readelf(["-d"], so))
+    bad = [n for n in needed if not ALLOWED_NEEDED.match(n)]
+    return not bad, ", ".join(needed) + (f"  (not allowed: {', '.join(bad)})" if bad else "")
+
+
+def check_exports(so):
+    names = set()
+    for line in readelf(["--dyn-syms", "-W"], so).splitlines():
+        f = line.split()
+        # Num: Value Size Type Bind Vis Ndx Name
+        if len(f) >= 8 and f[4] in ("GLOBAL", "WEAK") and f[6] != "UND" and f[3] in ("FUNC", "OBJECT"):
+            names.add(f[7])
+    bad = sorted(n for n in names if not n.startswith("flash_kda_"))
+    return not bad and bool(names), f"{len(names)} exports" + (f"  (unexpected: {', '.join(bad)})" if bad else "")
+
+
+def find_cuobjdump():
+    on_path = subprocess.run(["which", "cuobjdump"], capture_output=True, text=True).stdout.strip()
+    if on_path:
+        return on_path
+    roots = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *sys.path}
+    for root in roots:
+        found = glob.glob(os.path.join(root, "nvidia", "*", "bin", "cuobjdump"))
+        found += glob.glob(os.path.join(root, "nvidia", "cuda_cuobjdump", "bin", "cuobjdump"))
+        if found:
+            return found[0]
+    raise SystemExit("check_wheel: cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+
+
+def check_cubins(so, archs):
+    out = subprocess.run([find_cuobjdump(), "--list-elf", so], check=True, capture_output=True, text=True).stdout
+    found = sorted(set(re.findall(r"\.(sm_\d+a?)\.cubin", out)))
+    want = sorted(f"sm_{a}" for a in archs)
+    return found == want, ", ".join(found) + ("" if found == want else f"  (expected {', '.join(want)})")
+
+
+def check_size(path):
+    mb = os.path.getsize(path) / 2**20
+    return mb <= MAX_MB, f"{mb:.1f} MB (limit {MAX_MB} MB)"
+
+
+def check_smoke(path, torch_spec, pip_args):
+    """pip install the wheel (and torch_spec) into a clean venv, then `python -m flash_kda info`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        venv = os.path.join(tmp, "venv")
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        py = os.path.join(venv, "bin", "python")
+        install = subprocess.run([py, "-m", "pip", "install", "-q", *pip_args, path, torch_spec],
+                                 capture_output=True, text=True)
+        if install.returncode != 0:
+            return False, "pip install failed:\n" + install.stdout + install.stderr
+        info = subprocess.run([py, "-m", "flash_kda", "info"], capture_output=True, text=True, cwd=tmp)
+        library = next((l for l in info.stdout.splitlines() if l.startswith("library")), "")
+        ok = info.returncode == 0 and "not loaded" not in library
+        return ok, library if ok else info.stdout + info.stderr
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("wheel")
+    parser.add_argument("--archs", required=True, help="comma list of the arches the build asked for")
+    parser.add_argument("--smoke", metavar="TORCH_SPEC", help="run the clean-venv check with this torch")
+    parser.add_argument("--pip-arg", action="append", default=[], help="extra pip install argument")
+    args = parser.parse_args(argv)
+    archs = [re.sub(r"^sm_", "", a.strip()) for a in args.archs.split(",") if a.strip()]
+
+    with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(args.wheel) as zf:
+        libs = [n for n in zf.namelist() if ".so" in os.path.basename(n)]
+        results = [("library", libs == [LIBRARY], ", ".join(libs) or "none")]
+        results.append(("tag", *check_tag(args.wheel)))
+        if LIBRARY in libs:
+            so = zf.extract(LIBRARY, tmp)
+            results += [("NEEDED", *check_needed(so)), ("exports", *check_exports(so)),
+                        ("cubins", *check_cubins(so, archs))]
+        results.append(("size", *check_size(args.wheel)))
+    if args.smoke:
+        results.append(("clean venv", *check_smoke(args.wheel, args.smoke, args.pip_arg)))
+
+    print(f"check_wheel: {os.path.basename(args.wheel)}")
+    for name, ok, detail in results:
+        print(f"  {'ok  ' if ok else 'FAIL'} {name:<10} {detail}")
+    failed = [name for name, ok, _ in results if not ok]
+    print("check_wheel: " + ("all checks passed" if not failed else "FAILED: " + ", ".join(failed)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
