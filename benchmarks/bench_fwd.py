@@ -41,17 +41,22 @@ SHAPES = [
 ]
 
 
-def measure_ceilings(do_bench):
-    """(copy bandwidth B/s counting reads + writes, bf16 matmul FLOP/s), measured here."""
-    x = torch.empty(2 * 1024**3 // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    y = torch.empty_like(x)
-    copy_ms = do_bench(lambda: y.copy_(x), warmup=25, rep=200, return_mode="median")
-    n = 8192
+def _copy_ms(do_bench, nbytes):
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    return do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+
+
+def _matmul_ms(do_bench, n):
     a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    mm_ms = do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
-    del x, y, a, b
-    return 2 * 2 * 1024**3 / (copy_ms * 1e-3), 2 * n**3 / (mm_ms * 1e-3)
+    return do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
+
+
+def measure_ceilings(do_bench):
+    """(copy bandwidth B/s counting reads + writes, bf16 matmul FLOP/s), measured here."""
+    nbytes, n = 2 * 1024**3, 8192
+    return 2 * nbytes / (_copy_ms(do_bench, nbytes) * 1e-3), 2 * n**3 / (_matmul_ms(do_bench, n) * 1e-3)
 
 
 def make_inputs(lens, heads, seed=0):
@@ -65,11 +70,16 @@ def make_inputs(lens, heads, seed=0):
     def randn(*shape):
         return torch.randn(*shape, generator=gen, device="cuda", dtype=bf16)
 
-    p = dict(q=randn(B, Tb, heads, 128), k=randn(B, Tb, heads, 128), v=randn(B, Tb, heads, 128),
-             g=randn(B, Tb, heads, 128), beta=randn(B, Tb, heads),
-             A_log=torch.rand(heads, generator=gen, device="cuda"),
-             dt_bias=torch.rand(heads, 128, generator=gen, device="cuda"),
-             initial_state=0.1 * randn(N, heads, 128, 128))
+    p = dict(
+        q=randn(B, Tb, heads, 128),
+        k=randn(B, Tb, heads, 128),
+        v=randn(B, Tb, heads, 128),
+        g=randn(B, Tb, heads, 128),
+        beta=randn(B, Tb, heads),
+        A_log=torch.rand(heads, generator=gen, device="cuda"),
+        dt_bias=torch.rand(heads, 128, generator=gen, device="cuda"),
+        initial_state=0.1 * randn(N, heads, 128, 128),
+    )
     p["cu_seqlens"] = None
     if not batched:
         bounds = [0]
@@ -83,10 +93,23 @@ def time_native(p, do_bench, block_v=0):
     """flash_kda.fwd; a non-zero block_v forces that column split (dispatch.run_native)."""
     import flash_kda
     from flash_kda import _validate, dispatch
+
     out = torch.empty_like(p["v"])
     final = torch.empty_like(p["initial_state"])
-    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], 128 ** -0.5, out, p["A_log"], p["dt_bias"], -5.0,
-            p["initial_state"], final)
+    args = (
+        p["q"],
+        p["k"],
+        p["v"],
+        p["g"],
+        p["beta"],
+        128**-0.5,
+        out,
+        p["A_log"],
+        p["dt_bias"],
+        -5.0,
+        p["initial_state"],
+        final,
+    )
 
     def run():
         if block_v:
@@ -99,17 +122,32 @@ def time_native(p, do_bench, block_v=0):
 
 def time_fla(p, do_bench):
     from fla.ops.kda import chunk_kda
+
     os.environ["FLA_FLASH_KDA"] = "0"
     h0 = p["initial_state"].float()
     q, k, v, g, beta, cu = p["q"], p["k"], p["v"], p["g"], p["beta"], p["cu_seqlens"]
 
     def run():
         with torch.inference_mode():
-            chunk_kda(q, k, v, g, beta, scale=128 ** -0.5, initial_state=h0, output_final_state=True,
-                      use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                      use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0,
-                      state_v_first=True, cu_seqlens=cu, A_log=p["A_log"],
-                      dt_bias=p["dt_bias"].reshape(-1))
+            chunk_kda(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                scale=128**-0.5,
+                initial_state=h0,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+                use_gate_in_kernel=True,
+                use_beta_sigmoid_in_kernel=True,
+                safe_gate=True,
+                lower_bound=-5.0,
+                state_v_first=True,
+                cu_seqlens=cu,
+                A_log=p["A_log"],
+                dt_bias=p["dt_bias"].reshape(-1),
+            )
 
     try:
         return do_bench(run, warmup=25, rep=200, return_mode="median")
@@ -119,35 +157,57 @@ def time_fla(p, do_bench):
 
 def environment():
     import flash_kda
+
     props = torch.cuda.get_device_properties(0)
 
     def version(dist):
         try:
             import importlib.metadata as md
+
             return md.version(dist)
         except Exception:
             return None
 
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    return dict(gpu=props.name, sms=props.multi_processor_count, cc=f"{props.major}.{props.minor}",
-                torch=torch.__version__, cuda=torch.version.cuda, flash_kda=flash_kda.__version__,
-                fla=version("fla-core"), triton=version("triton"), git=sha or os.environ.get("GIT_SHA"))
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,  # the GPU machine's copy of the tree has no .git: GIT_SHA then
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    ).stdout.strip()
+    return dict(
+        gpu=props.name,
+        sms=props.multi_processor_count,
+        cc=f"{props.major}.{props.minor}",
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        flash_kda=flash_kda.__version__,
+        fla=version("fla-core"),
+        triton=version("triton"),
+        git=sha or os.environ.get("GIT_SHA"),
+    )
 
 
 def markdown(results, env, command):
-    lines = [f"# flash_kda forward vs fla Triton chunk_kda on {env['gpu']}", "",
-             f"`{command}`", "",
-             f"GPU {env['gpu']} ({env['sms']} SMs), torch {env['torch']}, CUDA {env['cuda']}, "
-             f"fla {env['fla']}, triton {env['triton']}, git {env['git']}. Measured copy bandwidth "
-             f"{env['copy_tb_s']:.2f} TB/s, bf16 matmul {env['matmul_tflop_s']:.0f} TFLOP/s.", "",
-             "| shape | heads | block_v | native ms | fla ms | native / fla | floor ms | native / floor |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# flash_kda forward vs fla Triton chunk_kda on {env['gpu']}",
+        "",
+        f"`{command}`",
+        "",
+        f"GPU {env['gpu']} ({env['sms']} SMs), torch {env['torch']}, CUDA {env['cuda']}, "
+        f"fla {env['fla']}, triton {env['triton']}, git {env['git']}. Measured copy bandwidth "
+        f"{env['copy_tb_s']:.2f} TB/s, bf16 matmul {env['matmul_tflop_s']:.0f} TFLOP/s.",
+        "",
+        "| shape | heads | block_v | native ms | fla ms | native / fla | floor ms | native / floor |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         fla = f"{r['fla_ms']:.3f}" if r.get("fla_ms") else "-"
         ratio = f"{r['native_ms'] / r['fla_ms']:.2f}" if r.get("fla_ms") else "-"
-        lines.append(f"| {r['shape']} | {r['heads']} | {r['block_v']} | {r['native_ms']:.3f} | {fla} | "
-                     f"{ratio} | {r['floor_ms']:.3f} | {r['native_ms'] / r['floor_ms']:.1f} |")
+        lines.append(
+            f"| {r['shape']} | {r['heads']} | {r['block_v']} | {r['native_ms']:.3f} | {fla} | "
+            f"{ratio} | {r['floor_ms']:.3f} | {r['native_ms'] / r['floor_ms']:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -156,12 +216,17 @@ def main():
     parser.add_argument("--out", required=True, help="results JSON; the markdown table goes beside it")
     parser.add_argument("--fla", nargs="*", default=[], help="shape ids to time with fla too")
     parser.add_argument("--shapes", nargs="*", default=None, help="only these shape ids")
-    parser.add_argument("--block-v", type=int, nargs="*", default=[],
-                        help="also time these forced block_v values (diagnostics)")
+    parser.add_argument(
+        "--block-v",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time these forced block_v values (diagnostics)",
+    )
     args = parser.parse_args()
-    from triton.testing import do_bench
     import flash_kda
     from flash_kda import _native
+    from triton.testing import do_bench
 
     bw, rate = measure_ceilings(do_bench)
     env = environment()
@@ -174,9 +239,15 @@ def main():
         p = make_inputs(lens, heads)
         tokens = sum(lens)
         floor = max(BYTES_PER_TOKEN_HEAD * tokens * heads / bw, FLOPS_PER_TOKEN_HEAD * tokens * heads / rate)
-        r = dict(shape=shape, lens=lens, heads=heads, native_ms=time_native(p, do_bench),
-                 block_v=lib.pick_block_v(len(lens), heads, env["sms"]), floor_ms=floor * 1e3,
-                 path=flash_kda.backend_for("cuda"))
+        r = dict(
+            shape=shape,
+            lens=lens,
+            heads=heads,
+            native_ms=time_native(p, do_bench),
+            block_v=lib.pick_block_v(len(lens), heads, env["sms"]),
+            floor_ms=floor * 1e3,
+            path=flash_kda.backend_for("cuda"),
+        )
         if shape in args.fla:
             r["fla_ms"] = time_fla(p, do_bench)
         for bv in args.block_v:

@@ -7,13 +7,12 @@ the PyTorch profiler (CUPTI sees the library's launches too). Diagnostics, not a
 
 ``--once`` runs each shape's forward once without the profiler (for ncu).
 """
+
 import sys
 
-import torch
-
-from bench_fwd import SHAPES, make_inputs
-
 import flash_kda
+import torch
+from bench_fwd import SHAPES, make_inputs
 
 
 def profile(shape_id, repeats=10, once=False):
@@ -22,8 +21,21 @@ def profile(shape_id, repeats=10, once=False):
     out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
 
     def run():
-        flash_kda.fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], 128 ** -0.5, out, p["A_log"],
-                      p["dt_bias"], -5.0, p["initial_state"], final, p["cu_seqlens"])
+        flash_kda.fwd(
+            p["q"],
+            p["k"],
+            p["v"],
+            p["g"],
+            p["beta"],
+            128**-0.5,
+            out,
+            p["A_log"],
+            p["dt_bias"],
+            -5.0,
+            p["initial_state"],
+            final,
+            p["cu_seqlens"],
+        )
 
     run()
     torch.cuda.synchronize()

@@ -4,14 +4,14 @@ varlen case (with an empty and a partial sequence) for every block_v. Run on a G
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 ci/sanitize_cases.py
 """
+
 import sys
 
 import torch
 
 sys.path.insert(0, "tests")
-from conftest import FWD_ARGS, call, make_problem  # noqa: E402
-
-from flash_kda import _validate, dispatch  # noqa: E402
+from conftest import FWD_ARGS, call, make_problem
+from flash_kda import _validate, dispatch
 
 CASES = [
     dict(batch=2, seqlen=37, heads=2, initial=torch.float32, final=torch.float32),

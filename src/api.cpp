@@ -42,7 +42,9 @@ std::string arch_names() {
   return names.empty() ? std::string("none") : names;
 }
 
-std::string cc_name(int32_t cc) { return "sm_" + std::to_string(cc); }
+std::string cc_name(int32_t cc) {
+  return "sm_" + std::to_string(cc);
+}
 
 flash_kda_status find_table(const char *fn, int32_t cc, const ArchTable *&table) {
   for (int i = 0; i < kNumTables; ++i) {
@@ -57,10 +59,13 @@ flash_kda_status find_table(const char *fn, int32_t cc, const ArchTable *&table)
 
 flash_kda_status launch_result(const char *fn, const LaunchStatus &st) {
   if (st.error == cudaSuccess) return FLASH_KDA_OK;
-  return fail(FLASH_KDA_CUDA_ERROR, fn, std::string(st.stage) + " failed: " + cudaGetErrorName(st.error));
+  return fail(FLASH_KDA_CUDA_ERROR, fn,
+              std::string(st.stage) + " failed: " + cudaGetErrorName(st.error));
 }
 
-bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+bool aligned16(const void *p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
 
 // Round-to-nearest-even fp32 -> bf16 (finite inputs), spec §3.2 step 6: sb = bf(fp32(scale)).
 uint32_t bf16_bits(float x) {
@@ -78,8 +83,7 @@ int32_t pick_block_v(int64_t pairs, int32_t num_sms) {
 // The argument checks of flash_kda_fwd (spec §1.5); on success fills `p`.
 flash_kda_status check_fwd_args(const char *fn, const flash_kda_fwd_args &a, FwdParams &p) {
   auto bad = [&](const std::string &msg) { return fail(FLASH_KDA_INVALID_ARGUMENT, fn, msg); };
-  if (a.head_dim != kHeadDim)
-    return bad("head_dim must be 128, got " + std::to_string(a.head_dim));
+  if (a.head_dim != kHeadDim) return bad("head_dim must be 128, got " + std::to_string(a.head_dim));
   if (a.batch < 1 || a.seqlen < 1 || a.heads < 1)
     return bad("batch, seqlen and heads must be >= 1, got " + std::to_string(a.batch) + ", " +
                std::to_string(a.seqlen) + ", " + std::to_string(a.heads));
@@ -101,13 +105,15 @@ flash_kda_status check_fwd_args(const char *fn, const flash_kda_fwd_args &a, Fwd
   const char *state_names[2] = {"initial_state", "final_state"};
   for (int i = 0; i < 2; ++i) {
     if (dtypes[i] < FLASH_KDA_DTYPE_NONE || dtypes[i] > FLASH_KDA_DTYPE_FP32)
-      return bad(std::string(state_names[i]) + " dtype must be NONE, BF16 or FP32, got " + std::to_string(dtypes[i]));
+      return bad(std::string(state_names[i]) + " dtype must be NONE, BF16 or FP32, got " +
+                 std::to_string(dtypes[i]));
     if ((dtypes[i] == FLASH_KDA_DTYPE_NONE) != (states[i] == nullptr))
       return bad(std::string(state_names[i]) + " pointer and dtype disagree (NULL iff NONE)");
     if (states[i] != nullptr && !aligned16(states[i]))
       return bad(std::string(state_names[i]) + " must be 16-byte aligned");
   }
-  if (dtypes[0] != FLASH_KDA_DTYPE_NONE && dtypes[1] != FLASH_KDA_DTYPE_NONE && dtypes[0] != dtypes[1])
+  if (dtypes[0] != FLASH_KDA_DTYPE_NONE && dtypes[1] != FLASH_KDA_DTYPE_NONE &&
+      dtypes[0] != dtypes[1])
     return bad("initial_state and final_state must have the same dtype");
   if (!std::isfinite(a.scale)) return bad("scale must be finite");
   if (!(a.lower_bound >= -5.0 && a.lower_bound < 0.0))
@@ -125,7 +131,8 @@ flash_kda_status check_fwd_args(const char *fn, const flash_kda_fwd_args &a, Fwd
     return bad("problem too large: batch * seqlen * heads must stay below 2^40");
   const int64_t need = workspace_bytes(total, a.heads, a.num_seqs);
   if (a.workspace_bytes < need)
-    return bad("workspace must hold " + std::to_string(need) + " bytes, got " + std::to_string(a.workspace_bytes));
+    return bad("workspace must hold " + std::to_string(need) + " bytes, got " +
+               std::to_string(a.workspace_bytes));
 
   p.q = static_cast<const uint16_t *>(a.q);
   p.k = static_cast<const uint16_t *>(a.k);
@@ -141,7 +148,8 @@ flash_kda_status check_fwd_args(const char *fn, const flash_kda_fwd_args &a, Fwd
   p.final_dtype = a.final_state_dtype;
   p.cu_seqlens = a.cu_seqlens;
   p.records = static_cast<uint8_t *>(a.workspace);
-  p.tile_prefix = reinterpret_cast<int32_t *>(p.records + prefix_offset(total, a.heads, a.num_seqs));
+  p.tile_prefix =
+      reinterpret_cast<int32_t *>(p.records + prefix_offset(total, a.heads, a.num_seqs));
   p.seqlen = a.seqlen;
   p.total_tokens = total;
   p.heads = a.heads;
@@ -161,18 +169,25 @@ using flash_kda::fail;
 
 extern "C" {
 
-int32_t flash_kda_abi_version(void) noexcept { return FLASH_KDA_ABI_VERSION; }
+int32_t flash_kda_abi_version(void) noexcept {
+  return FLASH_KDA_ABI_VERSION;
+}
 
-const char *flash_kda_last_error(void) noexcept { return flash_kda::g_last_error.c_str(); }
+const char *flash_kda_last_error(void) noexcept {
+  return flash_kda::g_last_error.c_str();
+}
 
-int32_t flash_kda_num_archs(void) noexcept { return flash_kda::kNumTables; }
+int32_t flash_kda_num_archs(void) noexcept {
+  return flash_kda::kNumTables;
+}
 
 flash_kda_status flash_kda_arch_info(int32_t index, flash_kda_arch_desc *info) noexcept {
   const char *fn = "flash_kda_arch_info";
   if (info == nullptr) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "info must not be NULL");
   if (index < 0 || index >= flash_kda::kNumTables)
     return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
-                "index must be in [0, " + std::to_string(flash_kda::kNumTables) + "), got " + std::to_string(index));
+                "index must be in [0, " + std::to_string(flash_kda::kNumTables) + "), got " +
+                    std::to_string(index));
   const flash_kda::ArchTable *t = flash_kda::kTables[index];
   info->name = t->name;
   info->compute_capability = t->compute_capability;
@@ -219,35 +234,44 @@ flash_kda_status flash_kda_probe_unary_op(int32_t compute_capability, int32_t op
     flash_kda_status st = flash_kda::find_table(fn, compute_capability, table);
     if (st != FLASH_KDA_OK) return st;
     if (op < FLASH_KDA_PROBE_EX2 || op > FLASH_KDA_PROBE_RSQRT)
-      return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "op must be EX2, SIGMOID or RSQRT, got " + std::to_string(op));
-    if (count < 0) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "count must be >= 0, got " + std::to_string(count));
+      return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
+                  "op must be EX2, SIGMOID or RSQRT, got " + std::to_string(op));
+    if (count < 0)
+      return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
+                  "count must be >= 0, got " + std::to_string(count));
     if (count == 0) return FLASH_KDA_OK;
-    if (x == nullptr || y == nullptr) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "x and y must not be NULL");
-    return flash_kda::launch_result(fn, table->probe_unary(op, x, y, count, static_cast<cudaStream_t>(stream)));
+    if (x == nullptr || y == nullptr)
+      return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "x and y must not be NULL");
+    return flash_kda::launch_result(
+        fn, table->probe_unary(op, x, y, count, static_cast<cudaStream_t>(stream)));
   } catch (...) {
     return fail(FLASH_KDA_INTERNAL, fn, "unexpected C++ exception");
   }
 }
 
 flash_kda_status flash_kda_probe_mma_op(int32_t compute_capability, int32_t op, const void *a,
-                                        const void *b, void *c, int64_t batch, int64_t m,
-                                        int64_t n, int64_t k, void *stream) noexcept {
+                                        const void *b, void *c, int64_t batch, int64_t m, int64_t n,
+                                        int64_t k, void *stream) noexcept {
   const char *fn = "flash_kda_probe_mma_op";
   try {
     const flash_kda::ArchTable *table = nullptr;
     flash_kda_status st = flash_kda::find_table(fn, compute_capability, table);
     if (st != FLASH_KDA_OK) return st;
     if (op != FLASH_KDA_PROBE_MMA_BF16_F32 && op != FLASH_KDA_PROBE_MMA_F16_F16)
-      return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "op must be MMA_BF16_F32 or MMA_F16_F16, got " + std::to_string(op));
+      return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
+                  "op must be MMA_BF16_F32 or MMA_F16_F16, got " + std::to_string(op));
     if (batch < 1 || m < 16 || n < 8 || k < 16 || m % 16 || n % 8 || k % 16)
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
-                  "need batch >= 1 and m, n, k positive multiples of 16, 8, 16; got " + std::to_string(batch) +
-                      ", " + std::to_string(m) + ", " + std::to_string(n) + ", " + std::to_string(k));
+                  "need batch >= 1 and m, n, k positive multiples of 16, 8, 16; got " +
+                      std::to_string(batch) + ", " + std::to_string(m) + ", " + std::to_string(n) +
+                      ", " + std::to_string(k));
     if (batch * (m / 16) * (n / 8) > (int64_t{1} << 31) * 4)
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "too many 16x8 tiles for one launch");
     if (a == nullptr || b == nullptr || c == nullptr)
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "a, b and c must not be NULL");
-    if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(c)) & 3u)
+    if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
+         reinterpret_cast<uintptr_t>(c)) &
+        3u)
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "a, b and c must be 4-byte aligned");
     return flash_kda::launch_result(
         fn, table->probe_mma(op, a, b, c, batch, m, n, k, static_cast<cudaStream_t>(stream)));

@@ -32,8 +32,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def make_problem(batch, seqlen, heads, *, lens=None, initial=None, final=None, device="cpu",
-                 seed=0, lower_bound=-5.0):
+def make_problem(
+    batch, seqlen, heads, *, lens=None, initial=None, final=None, device="cpu", seed=0, lower_bound=-5.0
+):
     """Random inputs as in the acceptance tests: q, k, v, g, beta ~ N(0, 1) bf16; A_log,
     dt_bias ~ U(0, 1); initial state ~ 0.1 N(0, 1). ``lens`` makes a varlen problem
     (batch 1, seqlen = sum(lens)). ``out`` and ``final_state`` are pre-filled with NaN so
@@ -48,9 +49,12 @@ def make_problem(batch, seqlen, heads, *, lens=None, initial=None, final=None, d
 
     n_seqs = batch if lens is None else len(lens)
     p = dict(
-        q=randn(batch, seqlen, heads, 128), k=randn(batch, seqlen, heads, 128),
-        v=randn(batch, seqlen, heads, 128), g=randn(batch, seqlen, heads, 128),
-        beta=randn(batch, seqlen, heads), scale=128 ** -0.5,
+        q=randn(batch, seqlen, heads, 128),
+        k=randn(batch, seqlen, heads, 128),
+        v=randn(batch, seqlen, heads, 128),
+        g=randn(batch, seqlen, heads, 128),
+        beta=randn(batch, seqlen, heads),
+        scale=128**-0.5,
         A_log=torch.rand(heads, generator=gen).to(device),
         dt_bias=torch.rand(heads, 128, generator=gen).to(device),
         lower_bound=lower_bound,
@@ -71,8 +75,21 @@ def make_problem(batch, seqlen, heads, *, lens=None, initial=None, final=None, d
     return p
 
 
-FWD_ARGS = ("q", "k", "v", "g", "beta", "scale", "out", "A_log", "dt_bias", "lower_bound",
-            "initial_state", "final_state", "cu_seqlens")
+FWD_ARGS = (
+    "q",
+    "k",
+    "v",
+    "g",
+    "beta",
+    "scale",
+    "out",
+    "A_log",
+    "dt_bias",
+    "lower_bound",
+    "initial_state",
+    "final_state",
+    "cu_seqlens",
+)
 
 
 def call(fn, p, **overrides):
@@ -94,10 +111,13 @@ def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, what: str) -> N
     """torch.equal, else fail naming the first differing index, the number of
     mismatches and the largest gap in units in the last place."""
     assert actual.shape == expected.shape and actual.dtype == expected.dtype, (
-        f"{what}: {actual.dtype}{list(actual.shape)} vs {expected.dtype}{list(expected.shape)}")
+        f"{what}: {actual.dtype}{list(actual.shape)} vs {expected.dtype}{list(expected.shape)}"
+    )
     if torch.equal(actual, expected):
         return
-    int_type = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[actual.dtype]
+    int_type = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[
+        actual.dtype
+    ]
     a = actual.contiguous().view(int_type).long()
     e = expected.contiguous().view(int_type).long()
     sign = 1 << (15 if int_type == torch.int16 else 31)
@@ -112,4 +132,5 @@ def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, what: str) -> N
     first = tuple(idx[0].tolist())
     raise AssertionError(
         f"{what}: {int(diff.sum())} of {actual.numel()} elements differ; first at {first}: "
-        f"{actual[first].item()!r} vs {expected[first].item()!r}; max gap {gap} ulp")
+        f"{actual[first].item()!r} vs {expected[first].item()!r}; max gap {gap} ulp"
+    )

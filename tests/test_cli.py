@@ -10,16 +10,29 @@ import torch
 
 def run(*args, env_extra=None):
     import os
+
     env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "flash_kda", *args], capture_output=True, text=True,
-                          timeout=600, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "flash_kda", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
 
 
 def test_info_reports_versions_arches_and_backend():
     res = run("info")
     assert res.returncode == 0, res.stderr
-    for field in ("flash_kda   0.1.0", "torch       " + torch.__version__, "CUDA driver", "fla ",
-                  "library ", "backend "):
+    for field in (
+        "flash_kda   0.1.0",
+        "torch       " + torch.__version__,
+        "CUDA driver",
+        "fla ",
+        "library ",
+        "backend ",
+    ):
         assert field in res.stdout, field
     if not torch.cuda.is_available():
         assert "GPU         none visible" in res.stdout
@@ -47,8 +60,10 @@ def test_check_fails_when_results_are_wrong(tmp_path):
         "def broken(*a):\n"
         "    real(*a)\n"
         "    a[6].mul_(1.5)\n"
-        "api.fwd = broken\n")
+        "api.fwd = broken\n"
+    )
     import os
+
     path = str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")
     res = run("check", env_extra={"PYTHONPATH": path})
     assert res.returncode == 1, res.stdout + res.stderr

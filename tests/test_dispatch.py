@@ -7,14 +7,12 @@ import ctypes
 import logging
 import os
 
+import flash_kda
 import pytest
 import torch
-
-import flash_kda
+from conftest import call, clone_outputs, make_problem
 from flash_kda import _native, dispatch, reference
 from flash_kda._native import FEATURE_FWD, FEATURE_PROBES, ArchInfo
-
-from conftest import call, clone_outputs, make_problem
 
 BOTH = FEATURE_FWD | FEATURE_PROBES
 BUILD = [ArchInfo("sm_90a", 90, BOTH), ArchInfo("sm_100a", 100, BOTH)]
@@ -47,18 +45,23 @@ def test_native_when_the_build_has_the_arch(cc, switch):
 
 
 @pytest.mark.parametrize("cc", [80, 89, 120])
-@pytest.mark.parametrize("fla, path, tail", [
-    (True, "fla", "; using fla Triton"),
-    (False, "torch", "; fla is not importable, using PyTorch"),
-], ids=["fla", "no-fla"])
+@pytest.mark.parametrize(
+    "fla, path, tail",
+    [
+        (True, "fla", "; using fla Triton"),
+        (False, "torch", "; fla is not importable, using PyTorch"),
+    ],
+    ids=["fla", "no-fla"],
+)
 def test_arch_missing_from_the_build(cc, fla, path, tail):
     asker = Asker(fla)
     assert choose(cc, fla=asker) == (path, f"no kernel for sm_{cc} in this build (has sm_90a, sm_100a){tail}")
     assert asker.calls == 1
 
 
-@pytest.mark.parametrize("archs", [[], [ArchInfo("sm_90a", 90, FEATURE_PROBES)]],
-                         ids=["empty", "probes-only"])
+@pytest.mark.parametrize(
+    "archs", [[], [ArchInfo("sm_90a", 90, FEATURE_PROBES)]], ids=["empty", "probes-only"]
+)
 def test_tables_without_the_forward_do_not_count(archs):
     reason = "no kernel for sm_90 in this build (has none); using fla Triton"
     assert choose(90, archs=archs) == ("fla", reason)
@@ -73,13 +76,19 @@ def test_switch_zero_turns_native_off(switch, fla, path):
     assert "native library unavailable" not in reason  # the switch is the reason given
 
 
-@pytest.mark.parametrize("fla, path, tail", [
-    (True, "fla", "; using fla Triton"),
-    (False, "torch", "; fla is not importable, using PyTorch"),
-], ids=["fla", "no-fla"])
+@pytest.mark.parametrize(
+    "fla, path, tail",
+    [
+        (True, "fla", "; using fla Triton"),
+        (False, "torch", "; fla is not importable, using PyTorch"),
+    ],
+    ids=["fla", "no-fla"],
+)
 def test_library_that_cannot_load(fla, path, tail):
     assert choose(90, archs=[], error=LOAD_ERROR, fla=fla) == (
-        path, f"native library unavailable: {LOAD_ERROR}{tail}")
+        path,
+        f"native library unavailable: {LOAD_ERROR}{tail}",
+    )
 
 
 @pytest.mark.parametrize("cc", [None, 90])

@@ -6,13 +6,11 @@ import functools
 import sys
 import types
 
+import flash_kda
 import pytest
 import torch
-
-import flash_kda
+from conftest import call, make_problem
 from flash_kda import dispatch, fallback, reference
-
-from conftest import FWD_ARGS, call, make_problem
 
 
 def rel_err(x, ref):
@@ -51,8 +49,14 @@ def test_fla_path_calls_the_undispatched_implementation(fake_fla):
     call(fallback.fla_fwd, p)
     assert fake_fla["dispatcher"] == 0 and len(fake_fla["impl"]) == 1
     kw = fake_fla["impl"][0]
-    for flag in ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
-                 "safe_gate", "state_v_first", "output_final_state"):
+    for flag in (
+        "use_qk_l2norm_in_kernel",
+        "use_gate_in_kernel",
+        "use_beta_sigmoid_in_kernel",
+        "safe_gate",
+        "state_v_first",
+        "output_final_state",
+    ):
         assert kw[flag] is True, flag
     assert kw["initial_state"].dtype == torch.float32  # fla takes an fp32 initial state
     assert kw["lower_bound"] == -5.0 and kw["dt_bias"].shape == (3 * 128,)
@@ -75,16 +79,35 @@ def test_fla_path_unavailable_is_reported(monkeypatch):
 def test_torch_path_writes_in_place_and_matches_gold():
     p = make_problem(1, 0, 2, lens=[33, 0, 20], initial=torch.float32, final=torch.float32, seed=3)
     call(fallback.torch_fwd, p)
-    gold_out, gold_state = reference.gold(*[p[n] for n in ("q", "k", "v", "g", "beta", "scale", "A_log",
-                                                           "dt_bias", "lower_bound", "initial_state",
-                                                           "cu_seqlens")])
+    gold_out, gold_state = reference.gold(
+        *[
+            p[n]
+            for n in (
+                "q",
+                "k",
+                "v",
+                "g",
+                "beta",
+                "scale",
+                "A_log",
+                "dt_bias",
+                "lower_bound",
+                "initial_state",
+                "cu_seqlens",
+            )
+        ]
+    )
     assert rel_err(p["out"], gold_out) < 1e-2
     assert rel_err(p["final_state"], gold_state) < 1e-2
 
 
 def test_cpu_fwd_takes_the_torch_path_and_equals_reference():
     p = make_problem(2, 21, 2, initial=torch.bfloat16, final=torch.bfloat16, seed=4)
-    ref = dict(p, out=torch.full_like(p["out"], float("nan")), final_state=torch.full_like(p["final_state"], float("nan")))
+    ref = dict(
+        p,
+        out=torch.full_like(p["out"], float("nan")),
+        final_state=torch.full_like(p["final_state"], float("nan")),
+    )
     assert flash_kda.backend_for("cpu") == "torch"
     call(flash_kda.fwd, p)
     call(reference.fwd, ref)
@@ -97,14 +120,37 @@ GPU_CASES = [dict(batch=2, seqlen=1000, lens=None), dict(batch=1, seqlen=0, lens
 
 
 def gpu_case(case, dtype, seed):
-    return make_problem(case["batch"], case["seqlen"], 4, lens=case["lens"], initial=dtype, final=dtype,
-                        device="cuda", seed=seed)
+    return make_problem(
+        case["batch"],
+        case["seqlen"],
+        4,
+        lens=case["lens"],
+        initial=dtype,
+        final=dtype,
+        device="cuda",
+        seed=seed,
+    )
 
 
 def check_against_gold(p, tol=1e-2):
-    gold_out, gold_state = reference.gold(*[p[n] for n in ("q", "k", "v", "g", "beta", "scale", "A_log",
-                                                           "dt_bias", "lower_bound", "initial_state",
-                                                           "cu_seqlens")])
+    gold_out, gold_state = reference.gold(
+        *[
+            p[n]
+            for n in (
+                "q",
+                "k",
+                "v",
+                "g",
+                "beta",
+                "scale",
+                "A_log",
+                "dt_bias",
+                "lower_bound",
+                "initial_state",
+                "cu_seqlens",
+            )
+        ]
+    )
     e_out, e_state = rel_err(p["out"], gold_out), rel_err(p["final_state"], gold_state)
     assert e_out < tol and e_state < tol, (e_out, e_state)
     return e_out, e_state
@@ -159,15 +205,30 @@ def test_fla_chunk_kda_routes_to_native(monkeypatch):
     if not fallback.fla_available() or flash_kda.backend_for("cuda") != "native":
         pytest.skip("needs fla and native kernels")
     from fla.ops.kda import chunk_kda
+
     monkeypatch.delenv("FLA_FLASH_KDA", raising=False)
-    p = make_problem(1, 0, 4, lens=[300, 17, 513], initial=torch.float32, final=torch.float32,
-                     device="cuda", seed=24)
+    p = make_problem(
+        1, 0, 4, lens=[300, 17, 513], initial=torch.float32, final=torch.float32, device="cuda", seed=24
+    )
     with torch.inference_mode():
-        o, ht = chunk_kda(p["q"], p["k"], p["v"], p["g"], p["beta"], scale=p["scale"],
-                          initial_state=p["initial_state"], output_final_state=True,
-                          use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                          use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0,
-                          state_v_first=True, cu_seqlens=p["cu_seqlens"], A_log=p["A_log"],
-                          dt_bias=p["dt_bias"])
+        o, ht = chunk_kda(
+            p["q"],
+            p["k"],
+            p["v"],
+            p["g"],
+            p["beta"],
+            scale=p["scale"],
+            initial_state=p["initial_state"],
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            use_gate_in_kernel=True,
+            use_beta_sigmoid_in_kernel=True,
+            safe_gate=True,
+            lower_bound=-5.0,
+            state_v_first=True,
+            cu_seqlens=p["cu_seqlens"],
+            A_log=p["A_log"],
+            dt_bias=p["dt_bias"],
+        )
     call(flash_kda.fwd, p)
     assert torch.equal(o, p["out"]) and torch.equal(ht, p["final_state"])

@@ -3,14 +3,12 @@
 variant, batched and varlen; accurate against the fp64 gold; deterministic; CUDA-graph
 capturable; K1's records equal the reference's K1 quantities."""
 
+import flash_kda
 import pytest
 import torch
-
-import flash_kda
-from flash_kda import _native, _validate, dispatch, reference
+from conftest import FWD_ARGS, STATE_VARIANTS, assert_bitwise, call, clone_outputs, make_problem, state_id
+from flash_kda import _validate, dispatch, reference
 from flash_kda._numerics import Ops
-
-from conftest import STATE_VARIANTS, FWD_ARGS, assert_bitwise, call, clone_outputs, make_problem, state_id
 
 pytestmark = pytest.mark.gpu
 BLOCK_VS = (32, 64, 128)
@@ -75,8 +73,16 @@ VARLEN = [([1300, 547, 2048, 963, 271, 3063], 4), ([300, 17, 0, 513, 1], 2)]
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16state", "fp32state"])
 def test_bitwise_varlen(lens, heads, dtype):
     def make(initial, final):
-        return make_problem(1, 0, heads, lens=lens, initial=initial, final=final, device=DEV,
-                            seed=len(lens) + heads + (dtype == torch.float32))
+        return make_problem(
+            1,
+            0,
+            heads,
+            lens=lens,
+            initial=initial,
+            final=final,
+            device=DEV,
+            seed=len(lens) + heads + (dtype == torch.float32),
+        )
 
     check_variants(make, f"varlen{lens}-H{heads}", variants=[(dtype, dtype)])
 
@@ -98,12 +104,23 @@ def test_accuracy_against_gold(case):
     if case == "T8192-H2":
         p = make_problem(1, 8192, 2, initial=torch.float32, final=torch.float32, device=DEV, seed=7)
     else:
-        p = make_problem(1, 0, 4, lens=VARLEN[0][0], initial=torch.float32, final=torch.float32,
-                         device=DEV, seed=8)
+        p = make_problem(
+            1, 0, 4, lens=VARLEN[0][0], initial=torch.float32, final=torch.float32, device=DEV, seed=8
+        )
     flash_kda.fwd(*[p[name] for name in FWD_ARGS])
-    gold_out, gold_state = reference.gold(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"],
-                                          p["A_log"], p["dt_bias"], p["lower_bound"],
-                                          p["initial_state"], p["cu_seqlens"])
+    gold_out, gold_state = reference.gold(
+        p["q"],
+        p["k"],
+        p["v"],
+        p["g"],
+        p["beta"],
+        p["scale"],
+        p["A_log"],
+        p["dt_bias"],
+        p["lower_bound"],
+        p["initial_state"],
+        p["cu_seqlens"],
+    )
     e_out, e_state = rel_err(p["out"], gold_out), rel_err(p["final_state"], gold_state)
     print(f"{case}: out {e_out:.5f} final_state {e_state:.5f}")
     assert e_out <= 0.0065, f"{case}: out relative error {e_out}"
@@ -112,8 +129,9 @@ def test_accuracy_against_gold(case):
 
 @pytest.mark.parametrize("block_v", BLOCK_VS)
 def test_deterministic_and_graph_replay(block_v):
-    p = make_problem(1, 0, 3, lens=[700, 33, 0, 1029], initial=torch.bfloat16, final=torch.bfloat16,
-                     device=DEV, seed=11)
+    p = make_problem(
+        1, 0, 3, lens=[700, 33, 0, 1029], initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=11
+    )
     first = clone_outputs(p)
     run_native(first, block_v)
     second = clone_outputs(p)
@@ -122,7 +140,9 @@ def test_deterministic_and_graph_replay(block_v):
     assert_bitwise(second["final_state"], first["final_state"], "second call final_state")
 
     graphed = clone_outputs(p)
-    workspace = torch.empty(flash_kda.get_workspace_size(p["q"].shape[1], 3, 4), dtype=torch.uint8, device=DEV)
+    workspace = torch.empty(
+        flash_kda.get_workspace_size(p["q"].shape[1], 3, 4), dtype=torch.uint8, device=DEV
+    )
     run_native(graphed, block_v, workspace)  # warm-up outside capture
     graphed["out"].fill_(float("nan"))
     graph = torch.cuda.CUDAGraph()
@@ -137,6 +157,7 @@ def test_deterministic_and_graph_replay(block_v):
 def decode_records(workspace, heads, tiles_per_head, num_tiles):
     """The K1 records of the first num_tiles chunks of every head -> reference layouts."""
     from flash_kda._api import _RECORD_BYTES
+
     i = torch.arange(16).repeat_interleave(16)
     j = torch.arange(16).repeat(16)
     frag = (((i % 8) * 4 + (j % 8) // 2) * 8 + ((i // 8) + 2 * (j // 8)) * 2 + j % 2).to(workspace.device)
@@ -146,17 +167,21 @@ def decode_records(workspace, heads, tiles_per_head, num_tiles):
     rec = rec[:, :num_tiles].transpose(0, 1)  # [chunks, H, bytes]
 
     def tiles(offset):  # 8 A tiles in fragment order -> [chunks, H, 8, 16, 16] row-major
-        planes = rec[..., offset:offset + 4096].contiguous().view(torch.bfloat16).unflatten(-1, (8, 256))
+        planes = rec[..., offset : offset + 4096].contiguous().view(torch.bfloat16).unflatten(-1, (8, 256))
         return planes[..., frag].unflatten(-1, (16, 16))
 
     def row_major(t):  # [.., 8 kb, 16 t, 16 k] -> [.., 16, 128]
         return t.permute(0, 1, 3, 2, 4).reshape(*t.shape[:2], 16, 128)
 
-    one = lambda off: rec[..., off:off + 512].contiguous().view(torch.bfloat16)[..., frag].unflatten(-1, (16, 16))
+    def one(off):  # one A tile in fragment order -> [chunks, H, 16, 16]
+        return rec[..., off : off + 512].contiguous().view(torch.bfloat16)[..., frag].unflatten(-1, (16, 16))
+
     return dict(
-        Kd=row_major(tiles(0)), Qd=row_major(tiles(4096)),
+        Kd=row_major(tiles(0)),
+        Qd=row_major(tiles(4096)),
         Kr=row_major(tiles(8192).transpose(-1, -2)),
-        INV=one(12288), Mqk=one(12800),
+        INV=one(12288),
+        Mqk=one(12800),
         e=rec[..., 13312:13824].contiguous().view(torch.float32)[..., decay_idx],
         beta=rec[..., 13824:13856].contiguous().view(torch.bfloat16),
     )
@@ -172,8 +197,18 @@ def test_records_equal_reference_k1(lens):
     run_native(p, workspace=workspace)
     bounds = None if lens is None else p["cu_seqlens"].tolist()
     chunks = reference.chunk_table(problem.batch, problem.seqlen, bounds, DEV)
-    ref = reference.prepare(Ops(torch.device(DEV)), p["q"], p["k"], p["g"], p["beta"], p["A_log"],
-                            p["dt_bias"], p["scale"], p["lower_bound"], chunks)
+    ref = reference.prepare(
+        Ops(torch.device(DEV)),
+        p["q"],
+        p["k"],
+        p["g"],
+        p["beta"],
+        p["A_log"],
+        p["dt_bias"],
+        p["scale"],
+        p["lower_bound"],
+        chunks,
+    )
     got = decode_records(workspace, heads, -(-total // 16) + n_seqs, chunks.tok0.numel())
     for name in ("beta", "e", "Kd", "Qd", "Kr", "Mqk", "INV"):
         assert_bitwise(got[name], ref[name], f"record plane {name}")

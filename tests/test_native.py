@@ -5,9 +5,8 @@ must come back as messages before any launch (so they are testable without a GPU
 import ctypes
 import re
 
-import pytest
-
 import flash_kda
+import pytest
 from flash_kda import _api, _native
 
 KNOWN = {"sm_90a": 90, "sm_100a": 100, "sm_103a": 103, "sm_110a": 110, "sm_120a": 120, "sm_121a": 121}
@@ -48,7 +47,9 @@ def test_workspace_size_rejects_bad_sizes(lib):
     assert lib._lib.flash_kda_workspace_size(-1, 1, 1) == -1
 
 
-@pytest.mark.parametrize("pairs,expected", [(1, 32), (6, 32), (33, 32), (34, 64), (66, 64), (67, 128), (500, 128)])
+@pytest.mark.parametrize(
+    "pairs,expected", [(1, 32), (6, 32), (33, 32), (34, 64), (66, 64), (67, 128), (500, 128)]
+)
 def test_block_v_fills_one_wave(lib, pairs, expected):
     assert lib.pick_block_v(1, pairs, 132) == expected
     assert lib.pick_block_v(pairs, 1, 132) == expected
@@ -57,10 +58,27 @@ def test_block_v_fills_one_wave(lib, pairs, expected):
 def valid_args(**overrides):
     """An argument struct that passes every check (pointers are never dereferenced before
     the checks, so any 16-byte-aligned non-null integers do)."""
-    fields = dict(block_v=0, batch=2, seqlen=100, heads=4, head_dim=128, num_seqs=2,
-                  q=0x1000, k=0x2000, v=0x3000, g=0x4000, beta=0x5000, out=0x6000, A_log=0x7000,
-                  dt_bias=0x8000, scale=0.088, lower_bound=-5.0, workspace=0x9000,
-                  workspace_bytes=1 << 40, num_sms=132)
+    fields = dict(
+        block_v=0,
+        batch=2,
+        seqlen=100,
+        heads=4,
+        head_dim=128,
+        num_seqs=2,
+        q=0x1000,
+        k=0x2000,
+        v=0x3000,
+        g=0x4000,
+        beta=0x5000,
+        out=0x6000,
+        A_log=0x7000,
+        dt_bias=0x8000,
+        scale=0.088,
+        lower_bound=-5.0,
+        workspace=0x9000,
+        workspace_bytes=1 << 40,
+        num_sms=132,
+    )
     fields.update(overrides)
     return _native.FwdArgs(**fields)
 
@@ -81,8 +99,10 @@ BAD_ARGS = [
     (dict(num_seqs=3), "num_seqs must be batch"),
     (dict(cu_seqlens=0xA000, num_seqs=2), "batch must be 1 when cu_seqlens is given, got 2"),
     (dict(initial_state_dtype=1), "initial_state pointer and dtype disagree"),
-    (dict(initial_state=0xB000, initial_state_dtype=1, final_state=0xC000, final_state_dtype=2),
-     "initial_state and final_state must have the same dtype"),
+    (
+        dict(initial_state=0xB000, initial_state_dtype=1, final_state=0xC000, final_state_dtype=2),
+        "initial_state and final_state must have the same dtype",
+    ),
     (dict(final_state_dtype=7, final_state=0xC000), "final_state dtype must be NONE, BF16 or FP32, got 7"),
     (dict(lower_bound=0.0), "lower_bound must be in [-5, 0)"),
     (dict(scale=float("inf")), "scale must be finite"),
@@ -93,7 +113,9 @@ BAD_ARGS = [
 ]
 
 
-@pytest.mark.parametrize("overrides,message", BAD_ARGS, ids=[m.split(" ")[0] + str(i) for i, (_, m) in enumerate(BAD_ARGS)])
+@pytest.mark.parametrize(
+    "overrides,message", BAD_ARGS, ids=[m.split(" ")[0] + str(i) for i, (_, m) in enumerate(BAD_ARGS)]
+)
 def test_invalid_arguments_are_rejected_before_launch(lib, overrides, message):
     cc = lib.archs[0].compute_capability
     with pytest.raises(RuntimeError) as err:

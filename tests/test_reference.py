@@ -6,14 +6,23 @@ from fractions import Fraction
 
 import pytest
 import torch
-
+from conftest import STATE_VARIANTS, call, make_problem, state_id
 from flash_kda import _numerics as nm
 from flash_kda import reference
 
-from conftest import STATE_VARIANTS, call, make_problem, state_id
-
-GOLD_ARGS = ("q", "k", "v", "g", "beta", "scale", "A_log", "dt_bias", "lower_bound", "initial_state",
-             "cu_seqlens")
+GOLD_ARGS = (
+    "q",
+    "k",
+    "v",
+    "g",
+    "beta",
+    "scale",
+    "A_log",
+    "dt_bias",
+    "lower_bound",
+    "initial_state",
+    "cu_seqlens",
+)
 
 
 def rel_err(x, ref):
@@ -30,7 +39,11 @@ def gold_of(p):
 def correctly_rounded_fp32(exact: Fraction) -> float:
     """Round-to-nearest-even of an exact rational to fp32, decided with exact arithmetic."""
     x = torch.tensor(float(exact), dtype=torch.float32)
-    candidates = [torch.nextafter(x, torch.tensor(-float("inf"))), x, torch.nextafter(x, torch.tensor(float("inf")))]
+    candidates = [
+        torch.nextafter(x, torch.tensor(-float("inf"))),
+        x,
+        torch.nextafter(x, torch.tensor(float("inf"))),
+    ]
 
     def key(c):
         return abs(Fraction(c.item()) - exact), int(c.view(torch.int32).item()) & 1
@@ -94,7 +107,9 @@ def test_l2_normalize_follows_the_segment_tree():
         p = [f32(0.0)] * 16
         for j in range(16):
             for e in range(8):
-                p[j] = nm._fma_exact(xs[8 * j + e:8 * j + e + 1], xs[8 * j + e:8 * j + e + 1], p[j].reshape(1))[0]
+                p[j] = nm._fma_exact(
+                    xs[8 * j + e : 8 * j + e + 1], xs[8 * j + e : 8 * j + e + 1], p[j].reshape(1)
+                )[0]
         for off in (8, 4, 2, 1):
             p = [p[j] + p[j ^ off] for j in range(16)]
         r = torch.rsqrt((p[0] + f32(1e-6)).double()).float()
@@ -133,7 +148,9 @@ def test_reference_matches_gold_batched(batch, seqlen, heads, variant):
         assert rel_err(p["final_state"], gold_state) < 1e-2
 
 
-@pytest.mark.parametrize("lens", [[1], [0, 5], [33, 0, 1, 16], [1, 1, 1]], ids=lambda l: "lens" + "-".join(map(str, l)))
+@pytest.mark.parametrize(
+    "lens", [[1], [0, 5], [33, 0, 1, 16], [1, 1, 1]], ids=lambda l: "lens" + "-".join(map(str, l))
+)
 @pytest.mark.parametrize("variant", STATE_VARIANTS, ids=[state_id(v) for v in STATE_VARIANTS])
 def test_reference_matches_gold_varlen(lens, variant):
     p = make_problem(1, 0, 2, lens=lens, initial=variant[0], final=variant[1], seed=len(lens))

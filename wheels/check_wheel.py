@@ -25,14 +25,15 @@ import zipfile
 
 ALLOWED_NEEDED = re.compile(
     r"^(libc\.so\.6|libm\.so\.6|libdl\.so\.2|libpthread\.so\.0|librt\.so\.1|libstdc\+\+\.so\.6|"
-    r"libgcc_s\.so\.1|ld-linux-x86-64\.so\.2|ld-linux-aarch64\.so\.1)$")
+    r"libgcc_s\.so\.1|ld-linux-x86-64\.so\.2|ld-linux-aarch64\.so\.1)$"
+)
 LIBRARY = "flash_kda/libflash_kda.so"
 MAX_MB = 100
 
 
 def wheel_tags(path):
     name = os.path.basename(path)
-    parts = name[:-len(".whl")].split("-")
+    parts = name[: -len(".whl")].split("-")
     return parts[-3], parts[-2], parts[-1]  # python, abi, platform (possibly dotted)
 
 
@@ -60,11 +61,15 @@ def check_exports(so):
         if len(f) >= 8 and f[4] in ("GLOBAL", "WEAK") and f[6] != "UND" and f[3] in ("FUNC", "OBJECT"):
             names.add(f[7])
     bad = sorted(n for n in names if not n.startswith("flash_kda_"))
-    return not bad and bool(names), f"{len(names)} exports" + (f"  (unexpected: {', '.join(bad)})" if bad else "")
+    return not bad and bool(names), f"{len(names)} exports" + (
+        f"  (unexpected: {', '.join(bad)})" if bad else ""
+    )
 
 
 def find_cuobjdump():
-    on_path = subprocess.run(["which", "cuobjdump"], capture_output=True, text=True).stdout.strip()
+    on_path = subprocess.run(
+        ["which", "cuobjdump"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     if on_path:
         return on_path
     roots = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *sys.path}
@@ -77,7 +82,9 @@ def find_cuobjdump():
 
 
 def check_cubins(so, archs):
-    out = subprocess.run([find_cuobjdump(), "--list-elf", so], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [find_cuobjdump(), "--list-elf", so], check=True, capture_output=True, text=True
+    ).stdout
     found = sorted(set(re.findall(r"\.(sm_\d+a?)\.cubin", out)))
     want = sorted(f"sm_{a}" for a in archs)
     return found == want, ", ".join(found) + ("" if found == want else f"  (expected {', '.join(want)})")
@@ -94,11 +101,17 @@ def check_smoke(path, torch_spec, pip_args):
         venv = os.path.join(tmp, "venv")
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
         py = os.path.join(venv, "bin", "python")
-        install = subprocess.run([py, "-m", "pip", "install", "-q", *pip_args, path, torch_spec],
-                                 capture_output=True, text=True)
+        install = subprocess.run(
+            [py, "-m", "pip", "install", "-q", *pip_args, path, torch_spec],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if install.returncode != 0:
             return False, "pip install failed:\n" + install.stdout + install.stderr
-        info = subprocess.run([py, "-m", "flash_kda", "info"], capture_output=True, text=True, cwd=tmp)
+        info = subprocess.run(
+            [py, "-m", "flash_kda", "info"], capture_output=True, text=True, cwd=tmp, check=False
+        )
         library = next((l for l in info.stdout.splitlines() if l.startswith("library")), "")
         ok = info.returncode == 0 and "not loaded" not in library
         return ok, library if ok else info.stdout + info.stderr
@@ -119,8 +132,11 @@ def main(argv=None):
         results.append(("tag", *check_tag(args.wheel)))
         if LIBRARY in libs:
             so = zf.extract(LIBRARY, tmp)
-            results += [("NEEDED", *check_needed(so)), ("exports", *check_exports(so)),
-                        ("cubins", *check_cubins(so, archs))]
+            results += [
+                ("NEEDED", *check_needed(so)),
+                ("exports", *check_exports(so)),
+                ("cubins", *check_cubins(so, archs)),
+            ]
         results.append(("size", *check_size(args.wheel)))
     if args.smoke:
         results.append(("clean venv", *check_smoke(args.wheel, args.smoke, args.pip_arg)))

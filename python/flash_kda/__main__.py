@@ -9,7 +9,7 @@ import ctypes
 import importlib.metadata
 import math
 import sys
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
@@ -44,7 +44,11 @@ def _driver_version() -> str:
 
 
 def _best_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
 
 
 def cmd_info(_args) -> int:
@@ -79,11 +83,17 @@ def _problem(batch, seqlen, heads, bounds, state_dtype, device, seed):
         return torch.randn(*shape, generator=gen).to(device=device, dtype=bf16)
 
     N = batch if bounds is None else len(bounds) - 1
-    p = dict(q=randn(batch, seqlen, heads, 128), k=randn(batch, seqlen, heads, 128),
-             v=randn(batch, seqlen, heads, 128), g=randn(batch, seqlen, heads, 128),
-             beta=randn(batch, seqlen, heads), scale=128 ** -0.5,
-             A_log=torch.rand(heads, generator=gen).to(device),
-             dt_bias=torch.rand(heads, 128, generator=gen).to(device), lower_bound=-5.0)
+    p = dict(
+        q=randn(batch, seqlen, heads, 128),
+        k=randn(batch, seqlen, heads, 128),
+        v=randn(batch, seqlen, heads, 128),
+        g=randn(batch, seqlen, heads, 128),
+        beta=randn(batch, seqlen, heads),
+        scale=128**-0.5,
+        A_log=torch.rand(heads, generator=gen).to(device),
+        dt_bias=torch.rand(heads, 128, generator=gen).to(device),
+        lower_bound=-5.0,
+    )
     p["initial_state"] = None
     if state_dtype is not None:
         p["initial_state"] = (0.1 * torch.randn(N, heads, 128, 128, generator=gen)).to(device, state_dtype)
@@ -105,12 +115,37 @@ def cmd_check(_args) -> int:
         p = _problem(batch, seqlen, heads, bounds, state_dtype, device, seed)
         out = torch.full_like(p["q"], float("nan"))
         N = batch if bounds is None else len(bounds) - 1
-        final = torch.full((N, heads, 128, 128), float("nan"), dtype=state_dtype or torch.float32, device=device)
-        fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, p["A_log"], p["dt_bias"],
-            p["lower_bound"], p["initial_state"], final, p["cu_seqlens"])
+        final = torch.full(
+            (N, heads, 128, 128), float("nan"), dtype=state_dtype or torch.float32, device=device
+        )
+        fwd(
+            p["q"],
+            p["k"],
+            p["v"],
+            p["g"],
+            p["beta"],
+            p["scale"],
+            out,
+            p["A_log"],
+            p["dt_bias"],
+            p["lower_bound"],
+            p["initial_state"],
+            final,
+            p["cu_seqlens"],
+        )
         gold_out, gold_state = reference.gold(
-            p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], p["A_log"], p["dt_bias"],
-            p["lower_bound"], p["initial_state"], p["cu_seqlens"])
+            p["q"],
+            p["k"],
+            p["v"],
+            p["g"],
+            p["beta"],
+            p["scale"],
+            p["A_log"],
+            p["dt_bias"],
+            p["lower_bound"],
+            p["initial_state"],
+            p["cu_seqlens"],
+        )
         e_out, e_state = _rel_err(out, gold_out), _rel_err(final, gold_state)
         ok = math.isfinite(e_out) and math.isfinite(e_state) and max(e_out, e_state) <= CHECK_TOLERANCE
         failed += not ok
@@ -129,12 +164,24 @@ def cmd_bench(args) -> int:
     final = torch.empty_like(p["initial_state"])
 
     def run():
-        fwd(p["q"], p["k"], p["v"], p["g"], p["beta"], p["scale"], out, p["A_log"], p["dt_bias"],
-            p["lower_bound"], p["initial_state"], final)
+        fwd(
+            p["q"],
+            p["k"],
+            p["v"],
+            p["g"],
+            p["beta"],
+            p["scale"],
+            out,
+            p["A_log"],
+            p["dt_bias"],
+            p["lower_bound"],
+            p["initial_state"],
+            final,
+        )
 
     for _ in range(3):
         run()
-    times: List[float] = []
+    times: list[float] = []
     for _ in range(args.repeats):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -143,8 +190,10 @@ def cmd_bench(args) -> int:
         stop.synchronize()
         times.append(start.elapsed_time(stop))
     times.sort()
-    print(f"B={args.batch} T={args.seqlen} H={args.heads} path={dispatch.backend_for(device)}: "
-          f"median {times[len(times) // 2]:.3f} ms over {args.repeats} runs")
+    print(
+        f"B={args.batch} T={args.seqlen} H={args.heads} path={dispatch.backend_for(device)}: "
+        f"median {times[len(times) // 2]:.3f} ms over {args.repeats} runs"
+    )
     return 0
 
 

@@ -1,8 +1,6 @@
 # SPDX-License-Identifier: MIT
 """The public functions of ``flash_kda`` (re-exported by ``__init__``)."""
 
-from typing import List
-
 from . import _native, dispatch
 
 # spec section 1.6, mirrored from src/kda/workspace.h for when the library is absent
@@ -10,8 +8,21 @@ from . import _native, dispatch
 _RECORD_BYTES = 13952
 
 
-def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
-        initial_state=None, final_state=None, cu_seqlens=None) -> None:
+def fwd(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale,
+    out,
+    A_log,
+    dt_bias,
+    lower_bound,
+    initial_state=None,
+    final_state=None,
+    cu_seqlens=None,
+) -> None:
     r"""Kimi Delta Attention forward (prefill); writes ``out`` and ``final_state`` in place.
 
     Per sequence and head, with :math:`\hat q, \hat k` the L2-normalised q, k,
@@ -67,8 +78,9 @@ def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
     Nothing is written when an argument is rejected. The call is asynchronous on the
     current CUDA stream and can be captured in a CUDA graph (native path).
     """
-    dispatch.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
-                 initial_state, final_state, cu_seqlens)
+    dispatch.fwd(
+        q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens
+    )
 
 
 def get_workspace_size(T_total: int, H: int, N: int = 1) -> int:
@@ -83,7 +95,7 @@ def get_workspace_size(T_total: int, H: int, N: int = 1) -> int:
     return H * tiles * _RECORD_BYTES + -(-4 * (N + 1) // 128) * 128
 
 
-def compiled_archs() -> List[str]:
+def compiled_archs() -> list[str]:
     """The arches with native kernels in the loaded library, e.g. ``["90a", "100a"]``;
     ``[]`` when the library could not be loaded."""
     return [arch.short_name for arch in _native.compiled_archs()]

@@ -10,7 +10,7 @@ stored reason (:func:`load_error`), never an exception, so callers can fall back
 import ctypes
 import os
 import threading
-from typing import List, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 ABI_VERSION = 1
 LIBRARY_NAME = "libflash_kda.so"
@@ -112,12 +112,10 @@ class NativeLibrary:
             fn.argtypes = argtypes
         version = self._lib.flash_kda_abi_version()
         if version != ABI_VERSION:
-            raise RuntimeError(
-                f"{path} has C ABI version {version}, this package needs {ABI_VERSION}"
-            )
+            raise RuntimeError(f"{path} has C ABI version {version}, this package needs {ABI_VERSION}")
         self.archs = self._list_archs()
 
-    def _list_archs(self) -> List[ArchInfo]:
+    def _list_archs(self) -> list[ArchInfo]:
         archs = []
         for i in range(self._lib.flash_kda_num_archs()):
             desc = _ArchDesc()
@@ -157,9 +155,7 @@ class NativeLibrary:
         self._check(self._lib.flash_kda_probe_unary_op(compute_capability, op, x, y, count, stream))
 
     def probe_mma(self, compute_capability, op, a, b, c, batch, m, n, k, stream) -> None:
-        self._check(
-            self._lib.flash_kda_probe_mma_op(compute_capability, op, a, b, c, batch, m, n, k, stream)
-        )
+        self._check(self._lib.flash_kda_probe_mma_op(compute_capability, op, a, b, c, batch, m, n, k, stream))
 
 
 _lock = threading.Lock()
@@ -193,7 +189,7 @@ def load_error() -> Optional[str]:
     return _state["error"]
 
 
-def compiled_archs() -> List[ArchInfo]:
+def compiled_archs() -> list[ArchInfo]:
     """The arch tables of the loaded library (empty when it could not be loaded)."""
     lib = load()
     return list(lib.archs) if lib is not None else []

@@ -122,8 +122,9 @@ class Ops:
         b3 = b.contiguous().reshape(-1, n, k)
         c = torch.empty(a3.shape[0], m, n, dtype=out_dtype, device=a.device)
         with torch.cuda.device(self.device):
-            self._lib.probe_mma(self._cc, op, a3.data_ptr(), b3.data_ptr(), c.data_ptr(),
-                                a3.shape[0], m, n, k, self._stream())
+            self._lib.probe_mma(
+                self._cc, op, a3.data_ptr(), b3.data_ptr(), c.data_ptr(), a3.shape[0], m, n, k, self._stream()
+            )
         return c.reshape(*lead, m, n)
 
     def mma32(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

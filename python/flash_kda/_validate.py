@@ -8,7 +8,7 @@ content. Messages name the argument, what was expected and what was given.
 
 import math
 import numbers
-from typing import List, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -27,10 +27,10 @@ class Problem(NamedTuple):
     num_seqs: int  # N
     state_dtype: Optional[torch.dtype]  # dtype of the given state tensor(s), None if none
     cu_seqlens: Optional[torch.Tensor]  # int64 on q's device, or None (batched)
-    seq_bounds: Optional[List[int]]  # host copy of cu_seqlens when it came from the host
+    seq_bounds: Optional[list[int]]  # host copy of cu_seqlens when it came from the host
 
 
-def _shape(t: torch.Tensor) -> List[int]:
+def _shape(t: torch.Tensor) -> list[int]:
     return list(t.shape)
 
 
@@ -47,16 +47,13 @@ def _layout(name: str, x: torch.Tensor, device: torch.device) -> None:
         raise ValueError(f"{_WHERE}: {name} must be on {device} like q, got {x.device}")
     if not x.is_contiguous():
         raise ValueError(
-            f"{_WHERE}: {name} must be contiguous, got strides {tuple(x.stride())} for shape "
-            f"{_shape(x)}"
+            f"{_WHERE}: {name} must be contiguous, got strides {tuple(x.stride())} for shape {_shape(x)}"
         )
     if x.numel() > 0 and x.data_ptr() % 16 != 0:
-        raise ValueError(
-            f"{_WHERE}: {name} must be 16-byte aligned, got data_ptr % 16 = {x.data_ptr() % 16}"
-        )
+        raise ValueError(f"{_WHERE}: {name} must be 16-byte aligned, got data_ptr % 16 = {x.data_ptr() % 16}")
 
 
-def _expect_shape(name: str, x: torch.Tensor, shape: List[int], form: str) -> None:
+def _expect_shape(name: str, x: torch.Tensor, shape: list[int], form: str) -> None:
     if _shape(x) != shape:
         raise ValueError(f"{_WHERE}: {name} must have shape {form} = {shape}, got {_shape(x)}")
 
@@ -95,7 +92,7 @@ def _check_cu_seqlens(cu, device: torch.device, total: int):
     return cu.to(torch.int64).contiguous(), None
 
 
-def _check_states(initial_state, final_state, shape: List[int], device) -> Optional[torch.dtype]:
+def _check_states(initial_state, final_state, shape: list[int], device) -> Optional[torch.dtype]:
     dtypes = []
     for name, state in (("initial_state", initial_state), ("final_state", final_state)):
         if state is None:
@@ -112,8 +109,21 @@ def _check_states(initial_state, final_state, shape: List[int], device) -> Optio
     return dtypes[0] if dtypes else None
 
 
-def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
-              initial_state=None, final_state=None, cu_seqlens=None) -> Problem:
+def check_fwd(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale,
+    out,
+    A_log,
+    dt_bias,
+    lower_bound,
+    initial_state=None,
+    final_state=None,
+    cu_seqlens=None,
+) -> Problem:
     """Validate one ``fwd`` call; return its sizes. Raises ``TypeError``/``ValueError``."""
     q = _tensor("q", q, (torch.bfloat16,), "bfloat16")
     if q.dim() != 4 or q.shape[-1] != HEAD_DIM:
@@ -143,8 +153,10 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
     if not -5.0 <= lb < 0.0:
         raise ValueError(f"{_WHERE}: lower_bound must be in [-5, 0), got {lb}")
     if B * T >= MAX_TOKENS or B * T * H >= MAX_TOKENS_TIMES_HEADS:
-        raise ValueError(f"{_WHERE}: B * T must be below 2**31 and B * T * H below 2**40, "
-                         f"got B * T = {B * T}, B * T * H = {B * T * H}")
+        raise ValueError(
+            f"{_WHERE}: B * T must be below 2**31 and B * T * H below 2**40, "
+            f"got B * T = {B * T}, B * T * H = {B * T * H}"
+        )
 
     bounds = None
     if cu_seqlens is not None:

@@ -9,7 +9,8 @@ once at INFO on the ``flash_kda`` logger, and runs the path.
 
 import logging
 import os
-from typing import Callable, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -22,10 +23,14 @@ NATIVE, FLA, TORCH = "native", "fla", "torch"
 _logged = set()
 
 
-def choose_path(device_type: str, compute_capability: Optional[int],
-                native_archs: Sequence[_native.ArchInfo], native_error: Optional[str],
-                fla_present: Union[bool, Callable[[], bool]],
-                switch: Optional[str]) -> Tuple[str, str]:
+def choose_path(
+    device_type: str,
+    compute_capability: Optional[int],
+    native_archs: Sequence[_native.ArchInfo],
+    native_error: Optional[str],
+    fla_present: Union[bool, Callable[[], bool]],
+    switch: Optional[str],
+) -> tuple[str, str]:
     """Return ``(path, reason)`` for a call on a device.
 
     ``compute_capability`` is 10 * major + minor (CUDA only); ``native_archs`` the
@@ -58,12 +63,18 @@ def _device_capability(device: torch.device) -> Optional[int]:
     return 10 * major + minor
 
 
-def explain(device) -> Tuple[str, str]:
+def explain(device) -> tuple[str, str]:
     """``(path, reason)`` that :func:`fwd` would take for tensors on ``device`` now."""
     device = torch.device(device)
     lib_error = _native.load_error() if device.type == "cuda" else None
-    return choose_path(device.type, _device_capability(device), _native.compiled_archs(),
-                       lib_error, fallback.fla_available, os.environ.get(ENV_SWITCH))
+    return choose_path(
+        device.type,
+        _device_capability(device),
+        _native.compiled_archs(),
+        lib_error,
+        fallback.fla_available,
+        os.environ.get(ENV_SWITCH),
+    )
 
 
 def backend_for(device) -> str:
@@ -88,9 +99,23 @@ def _ptr(t) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
-def run_native(problem: _validate.Problem, q, k, v, g, beta, scale, out, A_log, dt_bias,
-               lower_bound, initial_state=None, final_state=None, block_v: int = 0,
-               workspace: Optional[torch.Tensor] = None) -> None:
+def run_native(
+    problem: _validate.Problem,
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale,
+    out,
+    A_log,
+    dt_bias,
+    lower_bound,
+    initial_state=None,
+    final_state=None,
+    block_v: int = 0,
+    workspace: Optional[torch.Tensor] = None,
+) -> None:
     """Call the C ABI on the current stream of q's device. ``block_v`` 0 lets the library
     pick; tests pass 32/64/128. ``workspace`` (uint8, on q's device) may be given to
     inspect the records afterwards; by default it comes from PyTorch's allocator."""
@@ -102,33 +127,77 @@ def run_native(problem: _validate.Problem, q, k, v, g, beta, scale, out, A_log, 
     if workspace is None:
         workspace = torch.empty(size, dtype=torch.uint8, device=device)
     args = _native.FwdArgs(
-        block_v=block_v, batch=problem.batch, seqlen=problem.seqlen, heads=problem.heads,
-        head_dim=_validate.HEAD_DIM, num_seqs=problem.num_seqs,
-        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(), beta=beta.data_ptr(),
-        out=out.data_ptr(), A_log=A_log.data_ptr(), dt_bias=dt_bias.data_ptr(),
-        scale=float(scale), lower_bound=float(lower_bound),
-        initial_state=_ptr(initial_state), final_state=_ptr(final_state),
-        initial_state_dtype=_dtype_code(initial_state), final_state_dtype=_dtype_code(final_state),
-        cu_seqlens=_ptr(problem.cu_seqlens), workspace=workspace.data_ptr(),
-        workspace_bytes=workspace.numel(), num_sms=props.multi_processor_count,
+        block_v=block_v,
+        batch=problem.batch,
+        seqlen=problem.seqlen,
+        heads=problem.heads,
+        head_dim=_validate.HEAD_DIM,
+        num_seqs=problem.num_seqs,
+        q=q.data_ptr(),
+        k=k.data_ptr(),
+        v=v.data_ptr(),
+        g=g.data_ptr(),
+        beta=beta.data_ptr(),
+        out=out.data_ptr(),
+        A_log=A_log.data_ptr(),
+        dt_bias=dt_bias.data_ptr(),
+        scale=float(scale),
+        lower_bound=float(lower_bound),
+        initial_state=_ptr(initial_state),
+        final_state=_ptr(final_state),
+        initial_state_dtype=_dtype_code(initial_state),
+        final_state_dtype=_dtype_code(final_state),
+        cu_seqlens=_ptr(problem.cu_seqlens),
+        workspace=workspace.data_ptr(),
+        workspace_bytes=workspace.numel(),
+        num_sms=props.multi_processor_count,
     )
     with torch.cuda.device(device):
         lib.fwd(10 * props.major + props.minor, args, torch.cuda.current_stream(device).cuda_stream)
 
 
-def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
-        initial_state=None, final_state=None, cu_seqlens=None) -> None:
+def fwd(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale,
+    out,
+    A_log,
+    dt_bias,
+    lower_bound,
+    initial_state=None,
+    final_state=None,
+    cu_seqlens=None,
+) -> None:
     """See :func:`flash_kda.fwd`."""
-    problem = _validate.check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
-                                  initial_state, final_state, cu_seqlens)
+    problem = _validate.check_fwd(
+        q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens
+    )
     path, reason = explain(q.device)
     _log_once(q.device, path, reason)
     if path == NATIVE:
-        run_native(problem, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
-                   initial_state, final_state)
+        run_native(
+            problem, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state
+        )
     elif path == FLA:
-        fallback.fla_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
-                         initial_state, final_state, problem.cu_seqlens)
+        fallback.fla_fwd(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale,
+            out,
+            A_log,
+            dt_bias,
+            lower_bound,
+            initial_state,
+            final_state,
+            problem.cu_seqlens,
+        )
     else:
-        fallback.torch_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
-                           initial_state, final_state, cu_seqlens)
+        fallback.torch_fwd(
+            q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens
+        )

@@ -19,7 +19,7 @@ from . import reference
 torch_fwd = reference.fwd
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fla_chunk_kda() -> Optional[Callable]:
     """fla's undispatched ``chunk_kda``, or ``None`` when fla cannot be imported."""
     try:
@@ -33,8 +33,21 @@ def fla_available() -> bool:
     return fla_chunk_kda() is not None
 
 
-def fla_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
-            initial_state=None, final_state=None, cu_seqlens=None) -> None:
+def fla_fwd(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale,
+    out,
+    A_log,
+    dt_bias,
+    lower_bound,
+    initial_state=None,
+    final_state=None,
+    cu_seqlens=None,
+) -> None:
     """Run fla's Triton forward with FlashKDA's semantics (fused L2 norm, beta sigmoid and
     safe gate, V-first state) and write ``out`` / ``final_state`` in place. Inputs must
     already be validated."""
@@ -44,7 +57,11 @@ def fla_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
     H = q.shape[2]
     with torch.no_grad():
         o, ht = impl(
-            q, k, v, g, beta,
+            q,
+            k,
+            v,
+            g,
+            beta,
             scale=float(scale),
             initial_state=None if initial_state is None else initial_state.float(),
             output_final_state=final_state is not None,

@@ -15,12 +15,12 @@ kernels produce the same values there (spec section 3.5: free).
 """
 
 import math
-from typing import List, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional
 
 import torch
 
 from . import _validate
-from ._numerics import (LOG2E, LOG2E_F, Ops, add_ftz, bf, bmul, fma_ftz, hadd, hf, mul_ftz)
+from ._numerics import LOG2E, LOG2E_F, Ops, add_ftz, bf, bmul, fma_ftz, hadd, hf, mul_ftz
 
 C = 16  # tokens per chunk
 D = 128  # head dim
@@ -31,13 +31,16 @@ class Chunks(NamedTuple):
 
     tok0: torch.Tensor  # [num_chunks] first token of each chunk
     valid: torch.Tensor  # [num_chunks, 16] bool: row t < n
-    seq_chunks: List[List[int]]  # chunk ids of each sequence, in order
+    seq_chunks: list[list[int]]  # chunk ids of each sequence, in order
 
 
-def chunk_table(batch: int, seqlen: int, bounds: Optional[List[int]], device) -> Chunks:
+def chunk_table(batch: int, seqlen: int, bounds: Optional[list[int]], device) -> Chunks:
     """Chunk c of sequence i covers tokens [bos_i + 16 c, min(bos_i + 16 c + 16, eos_i))."""
-    spans = [(i * seqlen, seqlen) for i in range(batch)] if bounds is None else [
-        (bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(bounds) - 1)]
+    spans = (
+        [(i * seqlen, seqlen) for i in range(batch)]
+        if bounds is None
+        else [(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(bounds) - 1)]
+    )
     tok0, rows, seq_chunks = [], [], []
     for bos, length in spans:
         ids = []
@@ -161,12 +164,26 @@ def initial_bf16_state(initial_state, N, H, device) -> torch.Tensor:
     return initial_state.to(torch.bfloat16, copy=True)
 
 
-def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
-        initial_state=None, final_state=None, cu_seqlens=None) -> None:
+def fwd(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale,
+    out,
+    A_log,
+    dt_bias,
+    lower_bound,
+    initial_state=None,
+    final_state=None,
+    cu_seqlens=None,
+) -> None:
     """The forward after the precision ledger; writes ``out`` and ``final_state`` in place.
     Same signature, checks and in-place contract as :func:`flash_kda.fwd`."""
-    problem = _validate.check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
-                                  initial_state, final_state, cu_seqlens)
+    problem = _validate.check_fwd(
+        q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens
+    )
     bounds = problem.seq_bounds
     if problem.cu_seqlens is not None and bounds is None:
         bounds = [int(x) for x in problem.cu_seqlens.tolist()]
@@ -191,8 +208,9 @@ def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
             final_state.copy_(S.to(final_state.dtype))
 
 
-def gold(q, k, v, g, beta, scale, A_log, dt_bias, lower_bound,
-         initial_state=None, cu_seqlens=None) -> Tuple[torch.Tensor, torch.Tensor]:
+def gold(
+    q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, initial_state=None, cu_seqlens=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact recurrence of spec section 2.1 in fp64, one token at a time.
 
     Returns ``(out, final_state)``: ``out`` [B, T, H, 128] and ``final_state``
@@ -201,6 +219,7 @@ def gold(q, k, v, g, beta, scale, A_log, dt_bias, lower_bound,
     B, T, H, _ = q.shape
     f64 = torch.float64
     with torch.no_grad():
+
         def unit(x):
             x = x.to(f64)
             return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
@@ -208,7 +227,9 @@ def gold(q, k, v, g, beta, scale, A_log, dt_bias, lower_bound,
         qn, kn = unit(q).reshape(B * T, H, D), unit(k).reshape(B * T, H, D)
         vv = v.to(f64).reshape(B * T, H, D)
         a = torch.exp(A_log.to(f64)).reshape(1, H, 1)
-        gate = lower_bound * torch.sigmoid(a * (g.to(f64).reshape(B * T, H, D) + dt_bias.to(f64).reshape(1, H, D)))
+        gate = lower_bound * torch.sigmoid(
+            a * (g.to(f64).reshape(B * T, H, D) + dt_bias.to(f64).reshape(1, H, D))
+        )
         alpha, b = torch.exp(gate), torch.sigmoid(beta.to(f64).reshape(B * T, H))
         if cu_seqlens is None:
             bounds = [i * T for i in range(B + 1)]

@@ -21,10 +21,9 @@ struct ArchTable {
   int32_t compute_capability;  // 90
   uint32_t features;           // FLASH_KDA_FEATURE_* bits
   LaunchStatus (*fwd)(const FwdParams &params, cudaStream_t stream);
-  LaunchStatus (*probe_unary)(int op, const float *x, float *y, int64_t count,
-                              cudaStream_t stream);
-  LaunchStatus (*probe_mma)(int op, const void *a, const void *b, void *c, int64_t batch,
-                            int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+  LaunchStatus (*probe_unary)(int op, const float *x, float *y, int64_t count, cudaStream_t stream);
+  LaunchStatus (*probe_mma)(int op, const void *a, const void *b, void *c, int64_t batch, int64_t m,
+                            int64_t n, int64_t k, cudaStream_t stream);
 };
 
 }  // namespace flash_kda

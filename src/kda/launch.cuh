@@ -30,8 +30,8 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void *fn = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t err =
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                             cudaEnableDefault, &found);
     return err == cudaSuccess && found == cudaDriverEntryPointSuccess
                ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
                : nullptr;
@@ -49,9 +49,10 @@ inline cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
   const cuuint64_t strides[2] = {2 * kHeadDim, static_cast<cuuint64_t>(p.heads) * 2 * kHeadDim};
   const cuuint32_t box[3] = {static_cast<cuuint32_t>(p.block_v), 1, kChunk};
   const cuuint32_t unit[3] = {1, 1, 1};
-  const CUresult res = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t *>(p.v), dims,
-                              strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult res =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t *>(p.v), dims, strides,
+             box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -63,16 +64,18 @@ LaunchStatus launch_recurrence(FwdParams p, cudaStream_t stream) {
     err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
   p.stages = std::min(kMaxStages, (smem_optin - kBarrierBytes) / stage_bytes(p.block_v));
-  if (p.stages < 2) return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
+  if (p.stages < 2)
+    return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
   const int smem = recurrence_smem_bytes(p.block_v, p.stages);
-  const cudaError_t attr = cudaFuncSetAttribute(
-      recurrence_kernel<kNB, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const cudaError_t attr = cudaFuncSetAttribute(recurrence_kernel<kNB, kWarps>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
   CUtensorMap value_map;
   err = make_value_map(p, &value_map);
   if (err != cudaSuccess) return {err, "recurrence_kernel tensor map of v"};
   const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / p.block_v);
-  recurrence_kernel<kNB, kWarps><<<static_cast<unsigned>(ctas), 32 * (kWarps + 1), smem, stream>>>(p, value_map);
+  recurrence_kernel<kNB, kWarps>
+      <<<static_cast<unsigned>(ctas), 32 * (kWarps + 1), smem, stream>>>(p, value_map);
   return launch_status("recurrence_kernel launch");
 }
 
@@ -121,19 +124,25 @@ inline LaunchStatus launch_probe_mma(int op, const void *a, const void *b, void 
   const auto *A = static_cast<const uint16_t *>(a);
   const auto *B = static_cast<const uint16_t *>(b);
   if (op == FLASH_KDA_PROBE_MMA_F16_F16)
-    probe_mma_kernel<true><<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(A, B, c, batch, m, n, k);
+    probe_mma_kernel<true>
+        <<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(A, B, c, batch, m, n, k);
   else
-    probe_mma_kernel<false><<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(A, B, c, batch, m, n, k);
+    probe_mma_kernel<false>
+        <<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(A, B, c, batch, m, n, k);
   return launch_status("probe_mma_kernel launch");
 }
 
 }  // namespace flash_kda::FLASH_KDA_ARCH
 
 // Exports this TU's table as flash_kda::table_<arch>; api.cpp declares the same symbol.
-#define FLASH_KDA_DEFINE_ARCH_TABLE(NAME, CC)                                             \
-  namespace flash_kda {                                                                   \
-  extern const ArchTable FLASH_KDA_TABLE_SYMBOL(FLASH_KDA_ARCH);                          \
-  const ArchTable FLASH_KDA_TABLE_SYMBOL(FLASH_KDA_ARCH) = {                              \
-      NAME, CC, FLASH_KDA_FEATURE_FWD | FLASH_KDA_FEATURE_PROBES, &FLASH_KDA_ARCH::launch_fwd, \
-      &FLASH_KDA_ARCH::launch_probe_unary, &FLASH_KDA_ARCH::launch_probe_mma};            \
+#define FLASH_KDA_DEFINE_ARCH_TABLE(NAME, CC)                    \
+  namespace flash_kda {                                          \
+  extern const ArchTable FLASH_KDA_TABLE_SYMBOL(FLASH_KDA_ARCH); \
+  const ArchTable FLASH_KDA_TABLE_SYMBOL(FLASH_KDA_ARCH) = {     \
+      NAME,                                                      \
+      CC,                                                        \
+      FLASH_KDA_FEATURE_FWD | FLASH_KDA_FEATURE_PROBES,          \
+      &FLASH_KDA_ARCH::launch_fwd,                               \
+      &FLASH_KDA_ARCH::launch_probe_unary,                       \
+      &FLASH_KDA_ARCH::launch_probe_mma};                        \
   }

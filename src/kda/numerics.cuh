@@ -104,8 +104,12 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   return d;
 }
 
-__device__ __forceinline__ uint32_t lo16(uint32_t x) { return x & 0xffffu; }
-__device__ __forceinline__ uint32_t hi16(uint32_t x) { return x >> 16; }
+__device__ __forceinline__ uint32_t lo16(uint32_t x) {
+  return x & 0xffffu;
+}
+__device__ __forceinline__ uint32_t hi16(uint32_t x) {
+  return x >> 16;
+}
 
 // ---------------------------------------------------------------- 16-bit arithmetic
 // a (*) b, a (-) b, a (+) b of spec §0: the exact fp32 result rounded once to bf16. The
@@ -141,10 +145,10 @@ __device__ __forceinline__ uint32_t bf16_mul(uint32_t a, uint32_t b) {
 // pairs (2c, 2c+8); b[0..1] hold B^T row g x column pairs (2c, 2c+8); acc[0..3] hold
 // C rows (g, g+8) x columns (2c, 2c+1).
 
-__device__ __forceinline__ void mma_bf16_f32(float (&acc)[4], const uint32_t (&a)[4],
-                                             uint32_t b0, uint32_t b1) {
-  cute::SM80_16x8x16_F32BF16BF16F32_TN::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2],
-                                            a[3], b0, b1, acc[0], acc[1], acc[2], acc[3]);
+__device__ __forceinline__ void mma_bf16_f32(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+  cute::SM80_16x8x16_F32BF16BF16F32_TN::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3],
+                                            b0, b1, acc[0], acc[1], acc[2], acc[3]);
 }
 
 // MMA16 of spec §0: fp16 x fp16 with an fp16 accumulator, d += A B (one k16 step).
@@ -171,10 +175,10 @@ __device__ __forceinline__ void bulk_copy_g2s(void *smem, const void *gmem, uint
 
 // One elected thread's tensor copy of the box at (c0, c1, c2) of the tensor map `desc`
 // (a __grid_constant__ kernel parameter) into shared memory, completing on `bar`.
-__device__ __forceinline__ void tensor_copy_g2s(void *smem, const void *desc, int32_t c0, int32_t c1,
-                                                int32_t c2, uint64_t *bar) {
-  cute::SM90_TMA_LOAD_3D::copy(desc, bar, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-                               smem, c0, c1, c2);
+__device__ __forceinline__ void tensor_copy_g2s(void *smem, const void *desc, int32_t c0,
+                                                int32_t c1, int32_t c2, uint64_t *bar) {
+  cute::SM90_TMA_LOAD_3D::copy(
+      desc, bar, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), smem, c0, c1, c2);
 }
 
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;

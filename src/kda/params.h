@@ -29,8 +29,8 @@ struct FwdParams {
   uint8_t *records;           // [heads, tiles_per_head, kRecordBytes]
   int32_t *tile_prefix;       // [num_seqs + 1], varlen only
 
-  int64_t seqlen;          // T of batched mode
-  int64_t total_tokens;    // B * T
+  int64_t seqlen;        // T of batched mode
+  int64_t total_tokens;  // B * T
   int64_t heads;
   int64_t num_seqs;
   int64_t tiles_per_head;  // record stride of one head
@@ -39,7 +39,7 @@ struct FwdParams {
   float gate_scale;     // c = fp32(lower_bound * log2 e), spec §3.2 step 1
   uint32_t scale_bf16;  // sb = bf(fp32(scale)), spec §3.2 step 6
   int32_t block_v;      // value columns per K2 CTA
-  int32_t stages;         // K2 ring depth, set at launch from the device's smem limit
+  int32_t stages;       // K2 ring depth, set at launch from the device's smem limit
 };
 
 }  // namespace flash_kda

@@ -23,19 +23,19 @@
 namespace flash_kda::FLASH_KDA_ARCH {
 
 constexpr int kPrepareThreads = 128;
-constexpr int kRow = kHeadDim + 8;  // padded row of a 16x128 bf16 tile (272 B)
+constexpr int kRow = kHeadDim + 8;                     // padded row of a 16x128 bf16 tile (272 B)
 constexpr float kLog2eF = 1.44269502162933349609375f;  // LOG2E_F, spec §0
 
 struct PrepareSmem {
   // Raw q, k, g; then in place, column by column: q -> q_hat -> Qd, k -> k_hat -> Kd,
   // g -> Ki (each channel's thread owns its column from the gate on).
   alignas(16) uint16_t x[3][kChunk][kRow];
-  alignas(16) uint16_t inv[kTileElems];   // INV in A-fragment order
-  alignas(16) uint16_t mqk[kTileElems];   // Mqk in A-fragment order
+  alignas(16) uint16_t inv[kTileElems];       // INV in A-fragment order
+  alignas(16) uint16_t mqk[kTileElems];       // Mqk in A-fragment order
   alignas(16) uint16_t lmat[kChunk][kChunk];  // L (fp16 bits), row-major
-  float decay[kHeadDim];                  // e[k] = EX2(G[15][k])
-  float beta_h[kChunk];                   // f(hf(b_t)) for L, step 8
-  alignas(16) uint16_t beta_bf[kChunk];   // bf(b_t) for K2
+  float decay[kHeadDim];                      // e[k] = EX2(G[15][k])
+  float beta_h[kChunk];                       // f(hf(b_t)) for L, step 8
+  alignas(16) uint16_t beta_bf[kChunk];       // bf(b_t) for K2
 };
 
 enum Tile { kQ = 0, kK = 1, kG = 2, kQd = 0, kKd = 1, kKi = 2 };
@@ -88,7 +88,8 @@ __device__ __forceinline__ void l2_normalize(PrepareSmem &sm) {
       uint32_t o[4];
 #pragma unroll
       for (int m = 0; m < 4; ++m)
-        o[m] = pack_bf16x2(mul_ftz(bf16_to_f32(lo16(w[m])), r), mul_ftz(bf16_to_f32(hi16(w[m])), r));
+        o[m] =
+            pack_bf16x2(mul_ftz(bf16_to_f32(lo16(w[m])), r), mul_ftz(bf16_to_f32(hi16(w[m])), r));
       *seg = make_uint4(o[0], o[1], o[2], o[3]);
     }
   }
@@ -130,7 +131,8 @@ __device__ __forceinline__ void apply_decays(const FwdParams &p, int ch, const f
 }
 
 // The 4-byte word holding elements (row, col), (row, col + 1) of a padded tile.
-__device__ __forceinline__ uint32_t tile_pair(const uint16_t (&tile)[kChunk][kRow], int row, int col) {
+__device__ __forceinline__ uint32_t tile_pair(const uint16_t (&tile)[kChunk][kRow], int row,
+                                              int col) {
   return *reinterpret_cast<const uint32_t *>(&tile[row][col]);
 }
 
@@ -224,7 +226,8 @@ __device__ __forceinline__ void neumann_inverse(PrepareSmem &sm) {
   for (int idx = 0; idx < 8; ++idx) {
     const int nb = idx / 4, r = (idx / 2) % 2, half = idx % 2;
     const uint32_t bits = half ? hi16(n3.c[nb][r]) : lo16(n3.c[nb][r]);
-    sm.inv[frag_a_index(g + 8 * r, 8 * nb + 2 * cq + half)] = static_cast<uint16_t>(f32_to_bf16(f16_to_f32(bits)));
+    sm.inv[frag_a_index(g + 8 * r, 8 * nb + 2 * cq + half)] =
+        static_cast<uint16_t>(f32_to_bf16(f16_to_f32(bits)));
   }
 }
 
@@ -258,13 +261,16 @@ __device__ __forceinline__ uint4 decay_vec(const PrepareSmem &sm, int i) {
 // 512 contiguous bytes per store (one plane tile), the order K2 reads.
 __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                              const PrepareSmem &sm) {
-  uint4 *rec = reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes);
+  uint4 *rec =
+      reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes);
   const int tid = threadIdx.x, lane = tid % 32;
   for (int idx = tid; idx < 2 * 8 * 32; idx += kPrepareThreads) {  // Kd, Qd: tiles 0..15
     const int tile = idx / 32;
-    rec[(tile < 8 ? kOffKd : kOffQd) / 16 + idx % 256] = a_frag(sm.x[tile < 8 ? kKd : kQd], tile % 8);
+    rec[(tile < 8 ? kOffKd : kOffQd) / 16 + idx % 256] =
+        a_frag(sm.x[tile < 8 ? kKd : kQd], tile % 8);
   }
-  for (int idx = tid; idx < 8 * 32; idx += kPrepareThreads) rec[kOffKrT / 16 + idx] = kr_t_frag(sm, idx / 32);
+  for (int idx = tid; idx < 8 * 32; idx += kPrepareThreads)
+    rec[kOffKrT / 16 + idx] = kr_t_frag(sm, idx / 32);
   if (tid < 32) {
     rec[kOffInv / 16 + lane] = reinterpret_cast<const uint4 *>(sm.inv)[lane];
   } else if (tid < 64) {

@@ -83,7 +83,8 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtenso
                                                const RecurrenceCta &cta, uint8_t *stages,
                                                uint64_t *full, uint64_t *empty) {
   const uint32_t value_bytes = kChunk * value_row_stride(p.block_v);
-  const uint8_t *records = p.records + (cta.head * p.tiles_per_head + cta.span.first_tile) * kRecordBytes;
+  const uint8_t *records =
+      p.records + (cta.head * p.tiles_per_head + cta.span.first_tile) * kRecordBytes;
   RingPos pos{0, 0};
   for (int64_t c = 0; c < cta.span.num_chunks; ++c, pos.advance(p.stages)) {
     const int s = pos.stage;
@@ -105,8 +106,8 @@ struct StateSlice {
   uint32_t sb[kHeadDim / 16][kNB][2];
 };
 
-__device__ __forceinline__ int64_t state_index(const FwdParams &p, const RecurrenceCta &cta,
-                                               int v, int k) {
+__device__ __forceinline__ int64_t state_index(const FwdParams &p, const RecurrenceCta &cta, int v,
+                                               int k) {
   return ((cta.seq * p.heads + cta.head) * kHeadDim + v) * kHeadDim + k;  // V-first
 }
 
@@ -225,7 +226,8 @@ __device__ __forceinline__ void load_link_inputs(const uint8_t *stage, int n, in
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = g + 8 * r;
-      in.v[nb][r] = row < n ? *reinterpret_cast<const uint32_t *>(vrows + row * row_stride + 2 * (vcol + 8 * nb + 2 * cq))
+      in.v[nb][r] = row < n ? *reinterpret_cast<const uint32_t *>(vrows + row * row_stride +
+                                                                  2 * (vcol + 8 * nb + 2 * cq))
                             : 0u;
     }
   }
@@ -235,8 +237,9 @@ __device__ __forceinline__ void load_link_inputs(const uint8_t *stage, int n, in
 // (required); the two chains interleave. kd(kb) / qd(kb) give the A fragments;
 // after(kb) runs once the HMMAs of k-block kb are issued.
 template <int kNB, typename KdOf, typename QdOf, typename After>
-__device__ __forceinline__ void chunk_projections(KdOf kd, QdOf qd, After after, const StateSlice<kNB> &s,
-                                                  float (&pk)[kNB][4], float (&pq)[kNB][4]) {
+__device__ __forceinline__ void chunk_projections(KdOf kd, QdOf qd, After after,
+                                                  const StateSlice<kNB> &s, float (&pk)[kNB][4],
+                                                  float (&pq)[kNB][4]) {
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb)
 #pragma unroll
@@ -293,8 +296,8 @@ __device__ __forceinline__ void output_scores(const Frag &mqk, const uint32_t (&
 
 // Steps 5, 8: O = bf(Pq) (+) bf(Mqk U); rows t < n stored.
 template <int kNB>
-__device__ __forceinline__ void store_output(const float (&pq)[kNB][4], const float (&mu)[kNB][4], int n,
-                                             uint16_t *out_row0, int64_t row_pitch) {
+__device__ __forceinline__ void store_output(const float (&pq)[kNB][4], const float (&mu)[kNB][4],
+                                             int n, uint16_t *out_row0, int64_t row_pitch) {
   const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb) {
@@ -302,9 +305,12 @@ __device__ __forceinline__ void store_output(const float (&pq)[kNB][4], const fl
     for (int r = 0; r < 2; ++r) {
       const int row = g + 8 * r;
       if (row >= n) continue;
-      const float o0 = add_rn(bf16_to_f32(f32_to_bf16(pq[nb][2 * r])), bf16_to_f32(f32_to_bf16(mu[nb][2 * r])));
-      const float o1 = add_rn(bf16_to_f32(f32_to_bf16(pq[nb][2 * r + 1])), bf16_to_f32(f32_to_bf16(mu[nb][2 * r + 1])));
-      *reinterpret_cast<uint32_t *>(out_row0 + row * row_pitch + 8 * nb + 2 * cq) = pack_bf16x2(o0, o1);
+      const float o0 =
+          add_rn(bf16_to_f32(f32_to_bf16(pq[nb][2 * r])), bf16_to_f32(f32_to_bf16(mu[nb][2 * r])));
+      const float o1 = add_rn(bf16_to_f32(f32_to_bf16(pq[nb][2 * r + 1])),
+                              bf16_to_f32(f32_to_bf16(mu[nb][2 * r + 1])));
+      *reinterpret_cast<uint32_t *>(out_row0 + row * row_pitch + 8 * nb + 2 * cq) =
+          pack_bf16x2(o0, o1);
     }
   }
 }
@@ -360,7 +366,9 @@ __device__ __forceinline__ void release_chunk(const WarpChain &w, RingPos pos) {
 // Whether a warp can hold a whole stage plus the next link's fragments in registers: with
 // five warps per CTA a thread may use 255 registers, with nine only 168 (three warps share
 // one sub-partition's 64 KB register file), and kNB = 4 needs 128 for its state alone.
-__host__ __device__ constexpr bool prefetched_schedule(int nb, int warps) { return warps == 4 && nb <= 2; }
+__host__ __device__ constexpr bool prefetched_schedule(int nb, int warps) {
+  return warps == 4 && nb <= 2;
+}
 
 // Latency-bound schedule (few heads, the chain is the run time). A link starts
 // with its HMMAs: its Kd/Qd fragments are already in registers. The rest of the stage is
@@ -462,8 +470,15 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), 1)
   const int vcol = warp * 8 * kNB;  // first value column of this warp within the slice
   StateSlice<kNB> state;
   load_state(p, cta, cta.col0 + vcol, state);
-  const WarpChain w{stages, full, empty, p.stages, stage_bytes(p.block_v), value_row_stride(p.block_v), vcol,
-                    p.out + cta.head * kHeadDim + cta.col0 + vcol, p.heads * kHeadDim};
+  const WarpChain w{stages,
+                    full,
+                    empty,
+                    p.stages,
+                    stage_bytes(p.block_v),
+                    value_row_stride(p.block_v),
+                    vcol,
+                    p.out + cta.head * kHeadDim + cta.col0 + vcol,
+                    p.heads * kHeadDim};
   if (cta.span.num_chunks > 0) {
     if constexpr (prefetched_schedule(kNB, kWarps))
       run_chain_prefetched(w, cta.span, state);

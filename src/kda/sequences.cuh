@@ -69,7 +69,10 @@ __device__ __forceinline__ bool locate_chunk(const FwdParams &p, int64_t x, Chun
     int64_t lo = 0, hi = p.num_seqs;  // prefix[lo] <= x < prefix[hi]
     while (hi - lo > 1) {
       const int64_t mid = (lo + hi) / 2;
-      if (p.tile_prefix[mid] <= x) lo = mid; else hi = mid;
+      if (p.tile_prefix[mid] <= x)
+        lo = mid;
+      else
+        hi = mid;
     }
     seq = lo;
   }

@@ -23,8 +23,8 @@ namespace flash_kda {
 constexpr int kChunk = 16;     // tokens per chunk (spec §0)
 constexpr int kHeadDim = 128;  // K = V = D (spec §0)
 
-constexpr int kTileElems = 16 * 16;                        // one 16x16 operand tile
-constexpr int kOpBytes = kHeadDim / 16 * kTileElems * 2;   // 8 bf16 tiles = 4096 B
+constexpr int kTileElems = 16 * 16;                       // one 16x16 operand tile
+constexpr int kOpBytes = kHeadDim / 16 * kTileElems * 2;  // 8 bf16 tiles = 4096 B
 constexpr int kOffKd = 0;
 constexpr int kOffQd = kOffKd + kOpBytes;
 constexpr int kOffKrT = kOffQd + kOpBytes;
@@ -48,9 +48,13 @@ constexpr int frag_a_index(int i, int j) {
 
 // Float offset of e[k] in the decay plane: lanes with g = lane / 4 read 16 contiguous
 // floats e[16 mb + g + 8 h] for mb = 0..7, h = 0..1 (the rows of their accumulators).
-constexpr int decay_index(int k) { return ((k % 8) * 8 + k / 16) * 2 + (k / 8) % 2; }
+constexpr int decay_index(int k) {
+  return ((k % 8) * 8 + k / 16) * 2 + (k / 8) % 2;
+}
 
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // Records per head: an upper bound on the chunks of any split of total_tokens into
 // num_seqs sequences (spec §1.6).

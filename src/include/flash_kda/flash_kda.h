@@ -115,18 +115,21 @@ FLASH_KDA_API const char *flash_kda_last_error(void) FLASH_KDA_NOEXCEPT;
 
 FLASH_KDA_API int32_t flash_kda_num_archs(void) FLASH_KDA_NOEXCEPT;
 
-FLASH_KDA_API flash_kda_status flash_kda_arch_info(int32_t index, flash_kda_arch_desc *info) FLASH_KDA_NOEXCEPT;
+FLASH_KDA_API flash_kda_status flash_kda_arch_info(int32_t index,
+                                                   flash_kda_arch_desc *info) FLASH_KDA_NOEXCEPT;
 
 /* Bytes of workspace for one forward call; pure, -1 on invalid sizes. */
 FLASH_KDA_API int64_t flash_kda_workspace_size(int64_t total_tokens, int64_t heads,
                                                int64_t num_seqs) FLASH_KDA_NOEXCEPT;
 
 /* block_v the forward picks for N * H (sequence, head) pairs on num_sms multiprocessors. */
-FLASH_KDA_API int32_t flash_kda_pick_block_v(int64_t num_seqs, int64_t heads, int32_t num_sms) FLASH_KDA_NOEXCEPT;
+FLASH_KDA_API int32_t flash_kda_pick_block_v(int64_t num_seqs, int64_t heads,
+                                             int32_t num_sms) FLASH_KDA_NOEXCEPT;
 
 /* The forward on `stream` with the kernels of the table for `compute_capability`. */
 FLASH_KDA_API flash_kda_status flash_kda_fwd(int32_t compute_capability,
-                                             const flash_kda_fwd_args *args, void *stream) FLASH_KDA_NOEXCEPT;
+                                             const flash_kda_fwd_args *args,
+                                             void *stream) FLASH_KDA_NOEXCEPT;
 
 /* y[i] = op(x[i]) for `count` fp32 values. */
 FLASH_KDA_API flash_kda_status flash_kda_probe_unary_op(int32_t compute_capability, int32_t op,
