@@ -89,27 +89,15 @@ def make_inputs(lens, heads, seed=0):
     return p
 
 
-def time_native(p, do_bench, block_v=0):
-    """flash_kda.fwd; a non-zero block_v forces that column split (dispatch.run_native)."""
+def native_runner(p, block_v=0):
+    """A closure running flash_kda.fwd on problem p (bf16 state in and out); a non-zero
+    block_v forces that column split (dispatch.run_native)."""
     import flash_kda
     from flash_kda import _validate, dispatch
 
-    out = torch.empty_like(p["v"])
-    final = torch.empty_like(p["initial_state"])
-    args = (
-        p["q"],
-        p["k"],
-        p["v"],
-        p["g"],
-        p["beta"],
-        128**-0.5,
-        out,
-        p["A_log"],
-        p["dt_bias"],
-        -5.0,
-        p["initial_state"],
-        final,
-    )
+    out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], 128**-0.5, out, p["A_log"], p["dt_bias"], -5.0)
+    args += (p["initial_state"], final)
 
     def run():
         if block_v:
@@ -117,7 +105,11 @@ def time_native(p, do_bench, block_v=0):
         else:
             flash_kda.fwd(*args, p["cu_seqlens"])
 
-    return do_bench(run, warmup=25, rep=200, return_mode="median")
+    return run
+
+
+def time_native(p, do_bench, block_v=0):
+    return do_bench(native_runner(p, block_v), warmup=25, rep=200, return_mode="median")
 
 
 def time_fla(p, do_bench):

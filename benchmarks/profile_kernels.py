@@ -10,33 +10,13 @@ the PyTorch profiler (CUPTI sees the library's launches too). Diagnostics, not a
 
 import sys
 
-import flash_kda
 import torch
-from bench_fwd import SHAPES, make_inputs
+from bench_fwd import SHAPES, make_inputs, native_runner
 
 
 def profile(shape_id, repeats=10, once=False):
     lens, heads = next((l, h) for s, l, h in SHAPES if s == shape_id)
-    p = make_inputs(lens, heads)
-    out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
-
-    def run():
-        flash_kda.fwd(
-            p["q"],
-            p["k"],
-            p["v"],
-            p["g"],
-            p["beta"],
-            128**-0.5,
-            out,
-            p["A_log"],
-            p["dt_bias"],
-            -5.0,
-            p["initial_state"],
-            final,
-            p["cu_seqlens"],
-        )
-
+    run = native_runner(make_inputs(lens, heads))
     run()
     torch.cuda.synchronize()
     if once:

@@ -75,27 +75,20 @@ def make_problem(
     return p
 
 
-FWD_ARGS = (
-    "q",
-    "k",
-    "v",
-    "g",
-    "beta",
-    "scale",
-    "out",
-    "A_log",
-    "dt_bias",
-    "lower_bound",
-    "initial_state",
-    "final_state",
-    "cu_seqlens",
-)
+from flash_kda.reference import FWD_ARGS, GOLD_ARGS, rel_err  # noqa: E402, F401 (re-exported)
 
 
 def call(fn, p, **overrides):
     """fn(*the 13 fwd arguments of problem p, with overrides)."""
     q = dict(p, **overrides)
     return fn(*[q[name] for name in FWD_ARGS])
+
+
+def gold_of(p):
+    """reference.gold on problem p: (out, final_state) in fp64."""
+    from flash_kda import reference
+
+    return reference.gold(*[p[name] for name in GOLD_ARGS])
 
 
 def clone_outputs(p):

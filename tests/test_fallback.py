@@ -9,12 +9,8 @@ import types
 import flash_kda
 import pytest
 import torch
-from conftest import call, make_problem
+from conftest import call, gold_of, make_problem, rel_err
 from flash_kda import dispatch, fallback, reference
-
-
-def rel_err(x, ref):
-    return float((x.double() - ref).norm() / ref.norm())
 
 
 @pytest.fixture
@@ -79,24 +75,7 @@ def test_fla_path_unavailable_is_reported(monkeypatch):
 def test_torch_path_writes_in_place_and_matches_gold():
     p = make_problem(1, 0, 2, lens=[33, 0, 20], initial=torch.float32, final=torch.float32, seed=3)
     call(fallback.torch_fwd, p)
-    gold_out, gold_state = reference.gold(
-        *[
-            p[n]
-            for n in (
-                "q",
-                "k",
-                "v",
-                "g",
-                "beta",
-                "scale",
-                "A_log",
-                "dt_bias",
-                "lower_bound",
-                "initial_state",
-                "cu_seqlens",
-            )
-        ]
-    )
+    gold_out, gold_state = gold_of(p)
     assert rel_err(p["out"], gold_out) < 1e-2
     assert rel_err(p["final_state"], gold_state) < 1e-2
 
@@ -133,24 +112,7 @@ def gpu_case(case, dtype, seed):
 
 
 def check_against_gold(p, tol=1e-2):
-    gold_out, gold_state = reference.gold(
-        *[
-            p[n]
-            for n in (
-                "q",
-                "k",
-                "v",
-                "g",
-                "beta",
-                "scale",
-                "A_log",
-                "dt_bias",
-                "lower_bound",
-                "initial_state",
-                "cu_seqlens",
-            )
-        ]
-    )
+    gold_out, gold_state = gold_of(p)
     e_out, e_state = rel_err(p["out"], gold_out), rel_err(p["final_state"], gold_state)
     assert e_out < tol and e_state < tol, (e_out, e_state)
     return e_out, e_state

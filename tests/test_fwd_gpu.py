@@ -6,7 +6,17 @@ capturable; K1's records equal the reference's K1 quantities."""
 import flash_kda
 import pytest
 import torch
-from conftest import FWD_ARGS, STATE_VARIANTS, assert_bitwise, call, clone_outputs, make_problem, state_id
+from conftest import (
+    FWD_ARGS,
+    STATE_VARIANTS,
+    assert_bitwise,
+    call,
+    clone_outputs,
+    gold_of,
+    make_problem,
+    rel_err,
+    state_id,
+)
 from flash_kda import _validate, dispatch, reference
 from flash_kda._numerics import Ops
 
@@ -95,10 +105,6 @@ def test_bitwise_long_many_heads():
     check_variants(make, "B1-T8192-H96", variants=[(torch.bfloat16, torch.bfloat16)])
 
 
-def rel_err(x, ref):
-    return float((x.double() - ref).norm() / ref.norm())
-
-
 @pytest.mark.parametrize("case", ["T8192-H2", "varlen-H4"])
 def test_accuracy_against_gold(case):
     if case == "T8192-H2":
@@ -108,19 +114,7 @@ def test_accuracy_against_gold(case):
             1, 0, 4, lens=VARLEN[0][0], initial=torch.float32, final=torch.float32, device=DEV, seed=8
         )
     flash_kda.fwd(*[p[name] for name in FWD_ARGS])
-    gold_out, gold_state = reference.gold(
-        p["q"],
-        p["k"],
-        p["v"],
-        p["g"],
-        p["beta"],
-        p["scale"],
-        p["A_log"],
-        p["dt_bias"],
-        p["lower_bound"],
-        p["initial_state"],
-        p["cu_seqlens"],
-    )
+    gold_out, gold_state = gold_of(p)
     e_out, e_state = rel_err(p["out"], gold_out), rel_err(p["final_state"], gold_state)
     print(f"{case}: out {e_out:.5f} final_state {e_state:.5f}")
     assert e_out <= 0.0065, f"{case}: out relative error {e_out}"

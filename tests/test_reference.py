@@ -6,32 +6,9 @@ from fractions import Fraction
 
 import pytest
 import torch
-from conftest import STATE_VARIANTS, call, make_problem, state_id
+from conftest import STATE_VARIANTS, call, gold_of, make_problem, rel_err, state_id
 from flash_kda import _numerics as nm
 from flash_kda import reference
-
-GOLD_ARGS = (
-    "q",
-    "k",
-    "v",
-    "g",
-    "beta",
-    "scale",
-    "A_log",
-    "dt_bias",
-    "lower_bound",
-    "initial_state",
-    "cu_seqlens",
-)
-
-
-def rel_err(x, ref):
-    return float((x.double() - ref).norm() / ref.norm())
-
-
-def gold_of(p):
-    return reference.gold(*[p[n] for n in GOLD_ARGS])
-
 
 # ------------------------------------------------------------------ primitives
 

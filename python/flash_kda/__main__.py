@@ -98,11 +98,10 @@ def _problem(batch, seqlen, heads, bounds, state_dtype, device, seed):
     if state_dtype is not None:
         p["initial_state"] = (0.1 * torch.randn(N, heads, 128, 128, generator=gen)).to(device, state_dtype)
     p["cu_seqlens"] = None if bounds is None else torch.tensor(bounds, dtype=torch.int64)
+    p["out"] = torch.full_like(p["q"], float("nan"))
+    state = (N, heads, 128, 128)
+    p["final_state"] = torch.full(state, float("nan"), dtype=state_dtype or torch.float32, device=device)
     return p
-
-
-def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def cmd_check(_args) -> int:
@@ -113,40 +112,10 @@ def cmd_check(_args) -> int:
     failed = 0
     for seed, (name, batch, seqlen, heads, bounds, state_dtype) in enumerate(CHECKS):
         p = _problem(batch, seqlen, heads, bounds, state_dtype, device, seed)
-        out = torch.full_like(p["q"], float("nan"))
-        N = batch if bounds is None else len(bounds) - 1
-        final = torch.full(
-            (N, heads, 128, 128), float("nan"), dtype=state_dtype or torch.float32, device=device
-        )
-        fwd(
-            p["q"],
-            p["k"],
-            p["v"],
-            p["g"],
-            p["beta"],
-            p["scale"],
-            out,
-            p["A_log"],
-            p["dt_bias"],
-            p["lower_bound"],
-            p["initial_state"],
-            final,
-            p["cu_seqlens"],
-        )
-        gold_out, gold_state = reference.gold(
-            p["q"],
-            p["k"],
-            p["v"],
-            p["g"],
-            p["beta"],
-            p["scale"],
-            p["A_log"],
-            p["dt_bias"],
-            p["lower_bound"],
-            p["initial_state"],
-            p["cu_seqlens"],
-        )
-        e_out, e_state = _rel_err(out, gold_out), _rel_err(final, gold_state)
+        fwd(*[p[name] for name in reference.FWD_ARGS])
+        gold_out, gold_state = reference.gold(*[p[name] for name in reference.GOLD_ARGS])
+        e_out = reference.rel_err(p["out"], gold_out)
+        e_state = reference.rel_err(p["final_state"], gold_state)
         ok = math.isfinite(e_out) and math.isfinite(e_state) and max(e_out, e_state) <= CHECK_TOLERANCE
         failed += not ok
         print(f"{name:<22} {e_out:>10.2e} {e_state:>10.2e}  {'ok' if ok else 'FAIL'}")
@@ -160,24 +129,9 @@ def cmd_bench(args) -> int:
         return 2
     device = _best_device()
     p = _problem(args.batch, args.seqlen, args.heads, None, torch.bfloat16, device, 0)
-    out = torch.empty_like(p["q"])
-    final = torch.empty_like(p["initial_state"])
 
     def run():
-        fwd(
-            p["q"],
-            p["k"],
-            p["v"],
-            p["g"],
-            p["beta"],
-            p["scale"],
-            out,
-            p["A_log"],
-            p["dt_bias"],
-            p["lower_bound"],
-            p["initial_state"],
-            final,
-        )
+        fwd(*[p[name] for name in reference.FWD_ARGS])
 
     for _ in range(3):
         run()

@@ -25,6 +25,42 @@ from ._numerics import LOG2E, LOG2E_F, Ops, add_ftz, bf, bmul, fma_ftz, hadd, hf
 C = 16  # tokens per chunk
 D = 128  # head dim
 
+# Argument names of fwd (flash_kda.fwd, reference.fwd) and of gold, in call order, for
+# callers that keep a problem as a dict (the CLI self-check, tests, benchmarks).
+FWD_ARGS = (
+    "q",
+    "k",
+    "v",
+    "g",
+    "beta",
+    "scale",
+    "out",
+    "A_log",
+    "dt_bias",
+    "lower_bound",
+    "initial_state",
+    "final_state",
+    "cu_seqlens",
+)
+GOLD_ARGS = (
+    "q",
+    "k",
+    "v",
+    "g",
+    "beta",
+    "scale",
+    "A_log",
+    "dt_bias",
+    "lower_bound",
+    "initial_state",
+    "cu_seqlens",
+)
+
+
+def rel_err(x: torch.Tensor, gold: torch.Tensor) -> float:
+    """Relative Frobenius error of x against an fp64 gold tensor."""
+    return float((x.double() - gold).norm() / gold.norm().clamp_min(1e-30))
+
 
 class Chunks(NamedTuple):
     """The chunking of a call (spec sections 1.3 and 4.2)."""

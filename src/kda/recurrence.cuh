@@ -111,10 +111,11 @@ __device__ __forceinline__ int64_t state_index(const FwdParams &p, const Recurre
   return ((cta.seq * p.heads + cta.head) * kHeadDim + v) * kHeadDim + k;  // V-first
 }
 
-// Initial state: zeros, bf16 as is, or fp32 rounded bf(x) (spec §1.4).
-template <int kNB>
-__device__ __forceinline__ void load_state(const FwdParams &p, const RecurrenceCta &cta, int col,
-                                           StateSlice<kNB> &s) {
+// Calls fn(mb, nb, r, i0, i1) for each bf16 pair of the lane's state slice: the pair
+// S^T[16 mb + g + 8 r][v, v + 1] with v = col + 8 nb + 2 cq, at V-first offsets i0, i1.
+template <int kNB, typename Fn>
+__device__ __forceinline__ void for_each_state_pair(const FwdParams &p, const RecurrenceCta &cta,
+                                                    int col, Fn fn) {
   const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
 #pragma unroll
   for (int mb = 0; mb < kHeadDim / 16; ++mb) {
@@ -123,48 +124,46 @@ __device__ __forceinline__ void load_state(const FwdParams &p, const RecurrenceC
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int k = 16 * mb + g + 8 * r, v = col + 8 * nb + 2 * cq;
-        const int64_t i0 = state_index(p, cta, v, k), i1 = state_index(p, cta, v + 1, k);
-        uint32_t pair = 0;
-        if (p.initial_dtype == 1) {
-          const uint16_t *src = static_cast<const uint16_t *>(p.initial_state);
-          pair = src[i0] | (static_cast<uint32_t>(src[i1]) << 16);
-        } else if (p.initial_dtype == 2) {
-          const float *src = static_cast<const float *>(p.initial_state);
-          pair = pack_bf16x2(src[i0], src[i1]);
-        }
-        s.st[mb][nb][r] = pair;
-        s.sb[mb][nb][r] = movmatrix_trans(pair);
+        fn(mb, nb, r, state_index(p, cta, v, k), state_index(p, cta, v + 1, k));
       }
     }
   }
+}
+
+// Initial state: zeros, bf16 as is, or fp32 rounded bf(x) (spec §1.4).
+template <int kNB>
+__device__ __forceinline__ void load_state(const FwdParams &p, const RecurrenceCta &cta, int col,
+                                           StateSlice<kNB> &s) {
+  for_each_state_pair<kNB>(p, cta, col, [&](int mb, int nb, int r, int64_t i0, int64_t i1) {
+    uint32_t pair = 0;
+    if (p.initial_dtype == 1) {
+      const uint16_t *src = static_cast<const uint16_t *>(p.initial_state);
+      pair = src[i0] | (static_cast<uint32_t>(src[i1]) << 16);
+    } else if (p.initial_dtype == 2) {
+      const float *src = static_cast<const float *>(p.initial_state);
+      pair = pack_bf16x2(src[i0], src[i1]);
+    }
+    s.st[mb][nb][r] = pair;
+    s.sb[mb][nb][r] = movmatrix_trans(pair);
+  });
 }
 
 // Final state: bf16 as is, or fp32 as the exact widening f(S) (spec §1.4).
 template <int kNB>
 __device__ __forceinline__ void store_state(const FwdParams &p, const RecurrenceCta &cta, int col,
                                             const StateSlice<kNB> &s) {
-  const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
-#pragma unroll
-  for (int mb = 0; mb < kHeadDim / 16; ++mb) {
-#pragma unroll
-    for (int nb = 0; nb < kNB; ++nb) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int k = 16 * mb + g + 8 * r, v = col + 8 * nb + 2 * cq;
-        const int64_t i0 = state_index(p, cta, v, k), i1 = state_index(p, cta, v + 1, k);
-        const uint32_t pair = s.st[mb][nb][r];
-        if (p.final_dtype == 1) {
-          uint16_t *dst = static_cast<uint16_t *>(p.final_state);
-          dst[i0] = static_cast<uint16_t>(lo16(pair));
-          dst[i1] = static_cast<uint16_t>(hi16(pair));
-        } else if (p.final_dtype == 2) {
-          float *dst = static_cast<float *>(p.final_state);
-          dst[i0] = bf16_to_f32(lo16(pair));
-          dst[i1] = bf16_to_f32(hi16(pair));
-        }
-      }
+  for_each_state_pair<kNB>(p, cta, col, [&](int mb, int nb, int r, int64_t i0, int64_t i1) {
+    const uint32_t pair = s.st[mb][nb][r];
+    if (p.final_dtype == 1) {
+      uint16_t *dst = static_cast<uint16_t *>(p.final_state);
+      dst[i0] = static_cast<uint16_t>(lo16(pair));
+      dst[i1] = static_cast<uint16_t>(hi16(pair));
+    } else if (p.final_dtype == 2) {
+      float *dst = static_cast<float *>(p.final_state);
+      dst[i0] = bf16_to_f32(lo16(pair));
+      dst[i1] = bf16_to_f32(hi16(pair));
     }
-  }
+  });
 }
 
 // One lane's 16-byte share of a 16x16 A-fragment tile at `offset` of a stage.
