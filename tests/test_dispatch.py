@@ -195,3 +195,13 @@ def test_info_log_once_per_path_and_reason(caplog, monkeypatch):
     dispatch._log_once("cuda:0", "fla", "no kernel for sm_89")
     dispatch._log_once("cuda:0", "fla", "no kernel for sm_89")
     assert len([r for r in caplog.records if r.name == "flash_kda"]) == 2
+
+
+def test_unloadable_library_on_a_gpu_is_logged_as_a_warning(caplog, monkeypatch):
+    monkeypatch.setattr(dispatch, "_logged", set())
+    reason = dispatch.choose_path("cuda", 90, [], "cannot load /x/libflash_kda.so: missing", False, None)[1]
+    with caplog.at_level(logging.INFO, logger="flash_kda"):
+        dispatch._log_once("cuda:0", "torch", reason)
+        dispatch._log_once("cuda:0", "torch", reason)
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "cannot load /x/libflash_kda.so" in caplog.records[0].getMessage()

@@ -20,6 +20,7 @@ logger = logging.getLogger("flash_kda")
 ENV_SWITCH = "FLA_FLASH_KDA"
 
 NATIVE, FLA, TORCH = "native", "fla", "torch"
+_UNAVAILABLE = "native library unavailable"
 _logged = set()
 
 
@@ -45,7 +46,7 @@ def choose_path(
     if switch is not None and switch.strip() == "0":
         why = f"{ENV_SWITCH}=0 turns the native kernels off"
     elif native_error is not None:
-        why = f"native library unavailable: {native_error}"
+        why = f"{_UNAVAILABLE}: {native_error}"
     elif not any(a.compute_capability == compute_capability for a in tables):
         have = ", ".join(a.name for a in tables) or "none"
         why = f"no kernel for sm_{compute_capability} in this build (has {have})"
@@ -83,10 +84,13 @@ def backend_for(device) -> str:
 
 
 def _log_once(device, path: str, reason: str) -> None:
+    """Log each (path, reason) once: INFO, or WARNING when a library that should serve this
+    GPU failed to load (the call still runs, on the fallback)."""
     key = (path, reason)
     if key not in _logged:
         _logged.add(key)
-        logger.info("flash_kda.fwd on %s -> %s (%s)", device, path, reason)
+        level = logging.WARNING if reason.startswith(_UNAVAILABLE) else logging.INFO
+        logger.log(level, "flash_kda.fwd on %s -> %s (%s)", device, path, reason)
 
 
 def _dtype_code(state) -> int:
