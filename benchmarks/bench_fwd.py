@@ -114,6 +114,7 @@ def time_native(p, do_bench, block_v=0):
 
 def time_fla(p, do_bench):
     from fla.ops.kda import chunk_kda
+    from flash_kda.fallback import FLASH_KDA_FLAGS
 
     os.environ["FLA_FLASH_KDA"] = "0"
     h0 = p["initial_state"].float()
@@ -130,13 +131,9 @@ def time_fla(p, do_bench):
                 scale=128**-0.5,
                 initial_state=h0,
                 output_final_state=True,
-                use_qk_l2norm_in_kernel=True,
-                use_gate_in_kernel=True,
-                use_beta_sigmoid_in_kernel=True,
-                safe_gate=True,
                 lower_bound=-5.0,
-                state_v_first=True,
                 cu_seqlens=cu,
+                **FLASH_KDA_FLAGS,
                 A_log=p["A_log"],
                 dt_bias=p["dt_bias"].reshape(-1),
             )
@@ -209,11 +206,7 @@ def main():
     parser.add_argument("--fla", nargs="*", default=[], help="shape ids to time with fla too")
     parser.add_argument("--shapes", nargs="*", default=None, help="only these shape ids")
     parser.add_argument(
-        "--block-v",
-        type=int,
-        nargs="*",
-        default=[],
-        help="also time these forced block_v values (diagnostics)",
+        "--block-v", type=int, nargs="*", default=[], help="also time these forced block_v values (diagnostics)"
     )
     args = parser.parse_args()
     import flash_kda

@@ -32,50 +32,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def make_problem(
-    batch, seqlen, heads, *, lens=None, initial=None, final=None, device="cpu", seed=0, lower_bound=-5.0
-):
-    """Random inputs as in the acceptance tests: q, k, v, g, beta ~ N(0, 1) bf16; A_log,
-    dt_bias ~ U(0, 1); initial state ~ 0.1 N(0, 1). ``lens`` makes a varlen problem
-    (batch 1, seqlen = sum(lens)). ``out`` and ``final_state`` are pre-filled with NaN so
-    unwritten elements show."""
-    gen = torch.Generator().manual_seed(seed)
-    if lens is not None:
-        batch, seqlen = 1, sum(lens)
-    bf16 = torch.bfloat16
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=bf16)
-
-    n_seqs = batch if lens is None else len(lens)
-    p = dict(
-        q=randn(batch, seqlen, heads, 128),
-        k=randn(batch, seqlen, heads, 128),
-        v=randn(batch, seqlen, heads, 128),
-        g=randn(batch, seqlen, heads, 128),
-        beta=randn(batch, seqlen, heads),
-        scale=128**-0.5,
-        A_log=torch.rand(heads, generator=gen).to(device),
-        dt_bias=torch.rand(heads, 128, generator=gen).to(device),
-        lower_bound=lower_bound,
-    )
-    p["out"] = torch.full_like(p["q"], float("nan"))
-    p["initial_state"] = None
-    if initial is not None:
-        p["initial_state"] = (0.1 * torch.randn(n_seqs, heads, 128, 128, generator=gen)).to(device, initial)
-    p["final_state"] = None
-    if final is not None:
-        p["final_state"] = torch.full((n_seqs, heads, 128, 128), float("nan"), dtype=final, device=device)
-    p["cu_seqlens"] = None
-    if lens is not None:
-        bounds = [0]
-        for n in lens:
-            bounds.append(bounds[-1] + n)
-        p["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int64, device=device)
-    return p
-
-
 from flash_kda.reference import FWD_ARGS, GOLD_ARGS, rel_err  # noqa: E402, F401 (re-exported)
+from flash_kda.reference import random_problem as make_problem  # noqa: E402, F401 (re-exported)
 
 
 def call(fn, p, **overrides):
@@ -108,9 +66,7 @@ def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, what: str) -> N
     )
     if torch.equal(actual, expected):
         return
-    int_type = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[
-        actual.dtype
-    ]
+    int_type = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[actual.dtype]
     a = actual.contiguous().view(int_type).long()
     e = expected.contiguous().view(int_type).long()
     sign = 1 << (15 if int_type == torch.int16 else 31)

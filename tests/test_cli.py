@@ -13,12 +13,7 @@ def run(*args, env_extra=None):
 
     env = dict(os.environ, **(env_extra or {}))
     return subprocess.run(
-        [sys.executable, "-m", "flash_kda", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
+        [sys.executable, "-m", "flash_kda", *args], capture_output=True, text=True, timeout=600, env=env, check=False
     )
 
 

@@ -47,10 +47,7 @@ def test_native_when_the_build_has_the_arch(cc, switch):
 @pytest.mark.parametrize("cc", [80, 89, 120])
 @pytest.mark.parametrize(
     "fla, path, tail",
-    [
-        (True, "fla", "; using fla Triton"),
-        (False, "torch", "; fla is not importable, using PyTorch"),
-    ],
+    [(True, "fla", "; using fla Triton"), (False, "torch", "; fla is not importable, using PyTorch")],
     ids=["fla", "no-fla"],
 )
 def test_arch_missing_from_the_build(cc, fla, path, tail):
@@ -59,9 +56,7 @@ def test_arch_missing_from_the_build(cc, fla, path, tail):
     assert asker.calls == 1
 
 
-@pytest.mark.parametrize(
-    "archs", [[], [ArchInfo("sm_90a", 90, FEATURE_PROBES)]], ids=["empty", "probes-only"]
-)
+@pytest.mark.parametrize("archs", [[], [ArchInfo("sm_90a", 90, FEATURE_PROBES)]], ids=["empty", "probes-only"])
 def test_tables_without_the_forward_do_not_count(archs):
     reason = "no kernel for sm_90 in this build (has none); using fla Triton"
     assert choose(90, archs=archs) == ("fla", reason)
@@ -78,17 +73,11 @@ def test_switch_zero_turns_native_off(switch, fla, path):
 
 @pytest.mark.parametrize(
     "fla, path, tail",
-    [
-        (True, "fla", "; using fla Triton"),
-        (False, "torch", "; fla is not importable, using PyTorch"),
-    ],
+    [(True, "fla", "; using fla Triton"), (False, "torch", "; fla is not importable, using PyTorch")],
     ids=["fla", "no-fla"],
 )
 def test_library_that_cannot_load(fla, path, tail):
-    assert choose(90, archs=[], error=LOAD_ERROR, fla=fla) == (
-        path,
-        f"native library unavailable: {LOAD_ERROR}{tail}",
-    )
+    assert choose(90, archs=[], error=LOAD_ERROR, fla=fla) == (path, f"native library unavailable: {LOAD_ERROR}{tail}")
 
 
 @pytest.mark.parametrize("cc", [None, 90])

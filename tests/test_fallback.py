@@ -83,9 +83,7 @@ def test_torch_path_writes_in_place_and_matches_gold():
 def test_cpu_fwd_takes_the_torch_path_and_equals_reference():
     p = make_problem(2, 21, 2, initial=torch.bfloat16, final=torch.bfloat16, seed=4)
     ref = dict(
-        p,
-        out=torch.full_like(p["out"], float("nan")),
-        final_state=torch.full_like(p["final_state"], float("nan")),
+        p, out=torch.full_like(p["out"], float("nan")), final_state=torch.full_like(p["final_state"], float("nan"))
     )
     assert flash_kda.backend_for("cpu") == "torch"
     call(flash_kda.fwd, p)
@@ -100,14 +98,7 @@ GPU_CASES = [dict(batch=2, seqlen=1000, lens=None), dict(batch=1, seqlen=0, lens
 
 def gpu_case(case, dtype, seed):
     return make_problem(
-        case["batch"],
-        case["seqlen"],
-        4,
-        lens=case["lens"],
-        initial=dtype,
-        final=dtype,
-        device="cuda",
-        seed=seed,
+        case["batch"], case["seqlen"], 4, lens=case["lens"], initial=dtype, final=dtype, device="cuda", seed=seed
     )
 
 
@@ -169,9 +160,7 @@ def test_fla_chunk_kda_routes_to_native(monkeypatch):
     from fla.ops.kda import chunk_kda
 
     monkeypatch.delenv("FLA_FLASH_KDA", raising=False)
-    p = make_problem(
-        1, 0, 4, lens=[300, 17, 513], initial=torch.float32, final=torch.float32, device="cuda", seed=24
-    )
+    p = make_problem(1, 0, 4, lens=[300, 17, 513], initial=torch.float32, final=torch.float32, device="cuda", seed=24)
     with torch.inference_mode():
         o, ht = chunk_kda(
             p["q"],
@@ -182,13 +171,9 @@ def test_fla_chunk_kda_routes_to_native(monkeypatch):
             scale=p["scale"],
             initial_state=p["initial_state"],
             output_final_state=True,
-            use_qk_l2norm_in_kernel=True,
-            use_gate_in_kernel=True,
-            use_beta_sigmoid_in_kernel=True,
-            safe_gate=True,
             lower_bound=-5.0,
-            state_v_first=True,
             cu_seqlens=p["cu_seqlens"],
+            **fallback.FLASH_KDA_FLAGS,
             A_log=p["A_log"],
             dt_bias=p["dt_bias"],
         )

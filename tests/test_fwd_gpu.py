@@ -110,9 +110,7 @@ def test_accuracy_against_gold(case):
     if case == "T8192-H2":
         p = make_problem(1, 8192, 2, initial=torch.float32, final=torch.float32, device=DEV, seed=7)
     else:
-        p = make_problem(
-            1, 0, 4, lens=VARLEN[0][0], initial=torch.float32, final=torch.float32, device=DEV, seed=8
-        )
+        p = make_problem(1, 0, 4, lens=VARLEN[0][0], initial=torch.float32, final=torch.float32, device=DEV, seed=8)
     flash_kda.fwd(*[p[name] for name in FWD_ARGS])
     gold_out, gold_state = gold_of(p)
     e_out, e_state = rel_err(p["out"], gold_out), rel_err(p["final_state"], gold_state)
@@ -134,9 +132,7 @@ def test_deterministic_and_graph_replay(block_v):
     assert_bitwise(second["final_state"], first["final_state"], "second call final_state")
 
     graphed = clone_outputs(p)
-    workspace = torch.empty(
-        flash_kda.get_workspace_size(p["q"].shape[1], 3, 4), dtype=torch.uint8, device=DEV
-    )
+    workspace = torch.empty(flash_kda.get_workspace_size(p["q"].shape[1], 3, 4), dtype=torch.uint8, device=DEV)
     run_native(graphed, block_v, workspace)  # warm-up outside capture
     graphed["out"].fill_(float("nan"))
     graph = torch.cuda.CUDAGraph()

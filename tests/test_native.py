@@ -47,9 +47,7 @@ def test_workspace_size_rejects_bad_sizes(lib):
     assert lib._lib.flash_kda_workspace_size(-1, 1, 1) == -1
 
 
-@pytest.mark.parametrize(
-    "pairs,expected", [(1, 32), (6, 32), (33, 32), (34, 64), (66, 64), (67, 128), (500, 128)]
-)
+@pytest.mark.parametrize("pairs,expected", [(1, 32), (6, 32), (33, 32), (34, 64), (66, 64), (67, 128), (500, 128)])
 def test_block_v_fills_one_wave(lib, pairs, expected):
     assert lib.pick_block_v(1, pairs, 132) == expected
     assert lib.pick_block_v(pairs, 1, 132) == expected

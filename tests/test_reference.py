@@ -16,11 +16,7 @@ from flash_kda import reference
 def correctly_rounded_fp32(exact: Fraction) -> float:
     """Round-to-nearest-even of an exact rational to fp32, decided with exact arithmetic."""
     x = torch.tensor(float(exact), dtype=torch.float32)
-    candidates = [
-        torch.nextafter(x, torch.tensor(-float("inf"))),
-        x,
-        torch.nextafter(x, torch.tensor(float("inf"))),
-    ]
+    candidates = [torch.nextafter(x, torch.tensor(-float("inf"))), x, torch.nextafter(x, torch.tensor(float("inf")))]
 
     def key(c):
         return abs(Fraction(c.item()) - exact), int(c.view(torch.int32).item()) & 1
@@ -84,9 +80,7 @@ def test_l2_normalize_follows_the_segment_tree():
         p = [f32(0.0)] * 16
         for j in range(16):
             for e in range(8):
-                p[j] = nm._fma_exact(
-                    xs[8 * j + e : 8 * j + e + 1], xs[8 * j + e : 8 * j + e + 1], p[j].reshape(1)
-                )[0]
+                p[j] = nm._fma_exact(xs[8 * j + e : 8 * j + e + 1], xs[8 * j + e : 8 * j + e + 1], p[j].reshape(1))[0]
         for off in (8, 4, 2, 1):
             p = [p[j] + p[j ^ off] for j in range(16)]
         r = torch.rsqrt((p[0] + f32(1e-6)).double()).float()
@@ -125,9 +119,7 @@ def test_reference_matches_gold_batched(batch, seqlen, heads, variant):
         assert rel_err(p["final_state"], gold_state) < 1e-2
 
 
-@pytest.mark.parametrize(
-    "lens", [[1], [0, 5], [33, 0, 1, 16], [1, 1, 1]], ids=lambda l: "lens" + "-".join(map(str, l))
-)
+@pytest.mark.parametrize("lens", [[1], [0, 5], [33, 0, 1, 16], [1, 1, 1]], ids=lambda l: "lens" + "-".join(map(str, l)))
 @pytest.mark.parametrize("variant", STATE_VARIANTS, ids=[state_id(v) for v in STATE_VARIANTS])
 def test_reference_matches_gold_varlen(lens, variant):
     p = make_problem(1, 0, 2, lens=lens, initial=variant[0], final=variant[1], seed=len(lens))

@@ -58,18 +58,8 @@ CASES = [
         ValueError,
         "q must have shape [B, T, H, 128], got [1, 4, 2, 64]",
     ),
-    (
-        "q-T0",
-        lambda p: dict(q=p["q"][:, :0]),
-        ValueError,
-        "q must have B, T, H >= 1, got shape [1, 0, 2, 128]",
-    ),
-    (
-        "q-meta",
-        lambda p: dict(q=p["q"].to("meta")),
-        ValueError,
-        "q must be on a CUDA device or the CPU, got meta",
-    ),
+    ("q-T0", lambda p: dict(q=p["q"][:, :0]), ValueError, "q must have B, T, H >= 1, got shape [1, 0, 2, 128]"),
+    ("q-meta", lambda p: dict(q=p["q"].to("meta")), ValueError, "q must be on a CUDA device or the CPU, got meta"),
     ("k-meta", lambda p: dict(k=p["k"].to("meta")), ValueError, "k must be on cpu like q, got meta"),
     *[
         (f"{n}-fp32", lambda p, n=n: {n: p[n].float()}, TypeError, f"{n} must be bfloat16, got torch.float32")
@@ -84,30 +74,15 @@ CASES = [
         )
         for n in ("k", "v", "g", "out")
     ],
-    (
-        "beta-fp32",
-        lambda p: dict(beta=p["beta"].float()),
-        TypeError,
-        "beta must be bfloat16, got torch.float32",
-    ),
+    ("beta-fp32", lambda p: dict(beta=p["beta"].float()), TypeError, "beta must be bfloat16, got torch.float32"),
     (
         "beta-shape",
         lambda p: dict(beta=p["beta"][..., 0]),
         ValueError,
         "beta must have shape [B, T, H] = [1, 4, 2], got [1, 4]",
     ),
-    (
-        "A_log-bf16",
-        lambda p: dict(A_log=p["A_log"].to(bf16)),
-        TypeError,
-        "A_log must be float32, got torch.bfloat16",
-    ),
-    (
-        "A_log-shape",
-        lambda p: dict(A_log=torch.zeros(H + 1)),
-        ValueError,
-        "A_log must have shape [H] = [2], got [3]",
-    ),
+    ("A_log-bf16", lambda p: dict(A_log=p["A_log"].to(bf16)), TypeError, "A_log must be float32, got torch.bfloat16"),
+    ("A_log-shape", lambda p: dict(A_log=torch.zeros(H + 1)), ValueError, "A_log must have shape [H] = [2], got [3]"),
     (
         "dt_bias-fp64",
         lambda p: dict(dt_bias=p["dt_bias"].double()),
@@ -151,12 +126,7 @@ CASES = [
         )
         for lb in (0.0, -5.5, 1.0)
     ],
-    (
-        "lower_bound--inf",
-        lambda p: dict(lower_bound=float("-inf")),
-        ValueError,
-        "lower_bound must be finite, got -inf",
-    ),
+    ("lower_bound--inf", lambda p: dict(lower_bound=float("-inf")), ValueError, "lower_bound must be finite, got -inf"),
     (
         "lower_bound-None",
         lambda p: dict(lower_bound=None),
@@ -234,10 +204,7 @@ def test_rejected(p, overrides, exc, message):
 def test_cu_seqlens_needs_batch_one():
     p = make_problem(2, T, H, final=fp32)
     expect_rejected(
-        p,
-        ValueError,
-        "q must have B = 1 when cu_seqlens is given, got B = 2",
-        cu_seqlens=torch.tensor([0, T]),
+        p, ValueError, "q must have B = 1 when cu_seqlens is given, got B = 2", cu_seqlens=torch.tensor([0, T])
     )
 
 

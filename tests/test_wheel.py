@@ -13,9 +13,7 @@ import pytest
 from flash_kda import _native
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.util.spec_from_file_location(
-    "check_wheel", os.path.join(HERE, "..", "wheels", "check_wheel.py")
-)
+_spec = importlib.util.spec_from_file_location("check_wheel", os.path.join(HERE, "..", "wheels", "check_wheel.py"))
 check_wheel = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(check_wheel)
 
@@ -40,9 +38,7 @@ def test_every_kernel_lives_in_its_arch_namespace():
         cuobjdump = check_wheel.find_cuobjdump()
     except SystemExit:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-    dump = subprocess.run(
-        [cuobjdump, "--dump-elf-symbols", LIBRARY], check=True, capture_output=True, text=True
-    ).stdout
+    dump = subprocess.run([cuobjdump, "--dump-elf-symbols", LIBRARY], check=True, capture_output=True, text=True).stdout
     sections = re.split(r"\narch = ", dump)[1:]
     assert [s.split()[0] for s in sections] == [a.name for a in _native.compiled_archs()]
     for section in sections:

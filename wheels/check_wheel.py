@@ -61,15 +61,11 @@ def check_exports(so):
         if len(f) >= 8 and f[4] in ("GLOBAL", "WEAK") and f[6] != "UND" and f[3] in ("FUNC", "OBJECT"):
             names.add(f[7])
     bad = sorted(n for n in names if not n.startswith("flash_kda_"))
-    return not bad and bool(names), f"{len(names)} exports" + (
-        f"  (unexpected: {', '.join(bad)})" if bad else ""
-    )
+    return not bad and bool(names), f"{len(names)} exports" + (f"  (unexpected: {', '.join(bad)})" if bad else "")
 
 
 def find_cuobjdump():
-    on_path = subprocess.run(
-        ["which", "cuobjdump"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    on_path = subprocess.run(["which", "cuobjdump"], capture_output=True, text=True, check=False).stdout.strip()
     if on_path:
         return on_path
     roots = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *sys.path}
@@ -82,9 +78,7 @@ def find_cuobjdump():
 
 
 def check_cubins(so, archs):
-    out = subprocess.run(
-        [find_cuobjdump(), "--list-elf", so], check=True, capture_output=True, text=True
-    ).stdout
+    out = subprocess.run([find_cuobjdump(), "--list-elf", so], check=True, capture_output=True, text=True).stdout
     found = sorted(set(re.findall(r"\.(sm_\d+a?)\.cubin", out)))
     want = sorted(f"sm_{a}" for a in archs)
     return found == want, ", ".join(found) + ("" if found == want else f"  (expected {', '.join(want)})")
@@ -102,16 +96,11 @@ def check_smoke(path, torch_spec, pip_args):
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
         py = os.path.join(venv, "bin", "python")
         install = subprocess.run(
-            [py, "-m", "pip", "install", "-q", *pip_args, path, torch_spec],
-            capture_output=True,
-            text=True,
-            check=False,
+            [py, "-m", "pip", "install", "-q", *pip_args, path, torch_spec], capture_output=True, text=True, check=False
         )
         if install.returncode != 0:
             return False, "pip install failed:\n" + install.stdout + install.stderr
-        info = subprocess.run(
-            [py, "-m", "flash_kda", "info"], capture_output=True, text=True, cwd=tmp, check=False
-        )
+        info = subprocess.run([py, "-m", "flash_kda", "info"], capture_output=True, text=True, cwd=tmp, check=False)
         library = next((l for l in info.stdout.splitlines() if l.startswith("library")), "")
         ok = info.returncode == 0 and "not loaded" not in library
         return ok, library if ok else info.stdout + info.stderr

@@ -17,10 +17,10 @@ from . import _native, dispatch, reference
 from ._api import fwd
 from ._version import __version__
 
-# Built-in self-check problems: (name, batch, seqlen, heads, cu_seqlens, state dtype).
+# Built-in self-check problems: (name, batch, seqlen, heads, sequence lengths, state dtype).
 CHECKS = [
     ("batched-bf16state", 2, 100, 2, None, torch.bfloat16),
-    ("varlen-fp32state", 1, 102, 3, [0, 37, 37, 101, 102], torch.float32),
+    ("varlen-fp32state", 1, 102, 3, [37, 0, 64, 1], torch.float32),
     ("single-chunk-nostate", 1, 16, 1, None, None),
 ]
 CHECK_TOLERANCE = 1e-2  # relative Frobenius error against the fp64 gold
@@ -44,11 +44,7 @@ def _driver_version() -> str:
 
 
 def _best_device() -> torch.device:
-    return (
-        torch.device("cuda", torch.cuda.current_device())
-        if torch.cuda.is_available()
-        else torch.device("cpu")
-    )
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def cmd_info(_args) -> int:
@@ -75,43 +71,17 @@ def cmd_info(_args) -> int:
     return 0
 
 
-def _problem(batch, seqlen, heads, bounds, state_dtype, device, seed):
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    bf16 = torch.bfloat16
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=bf16)
-
-    N = batch if bounds is None else len(bounds) - 1
-    p = dict(
-        q=randn(batch, seqlen, heads, 128),
-        k=randn(batch, seqlen, heads, 128),
-        v=randn(batch, seqlen, heads, 128),
-        g=randn(batch, seqlen, heads, 128),
-        beta=randn(batch, seqlen, heads),
-        scale=128**-0.5,
-        A_log=torch.rand(heads, generator=gen).to(device),
-        dt_bias=torch.rand(heads, 128, generator=gen).to(device),
-        lower_bound=-5.0,
-    )
-    p["initial_state"] = None
-    if state_dtype is not None:
-        p["initial_state"] = (0.1 * torch.randn(N, heads, 128, 128, generator=gen)).to(device, state_dtype)
-    p["cu_seqlens"] = None if bounds is None else torch.tensor(bounds, dtype=torch.int64)
-    p["out"] = torch.full_like(p["q"], float("nan"))
-    state = (N, heads, 128, 128)
-    p["final_state"] = torch.full(state, float("nan"), dtype=state_dtype or torch.float32, device=device)
-    return p
-
-
 def cmd_check(_args) -> int:
     device = _best_device()
     path, reason = dispatch.explain(device)
     print(f"flash_kda check on {device}, path {path} ({reason})")
     print(f"{'problem':<22} {'out err':>10} {'state err':>10}  result")
     failed = 0
-    for seed, (name, batch, seqlen, heads, bounds, state_dtype) in enumerate(CHECKS):
-        p = _problem(batch, seqlen, heads, bounds, state_dtype, device, seed)
+    for seed, (name, batch, seqlen, heads, lens, state_dtype) in enumerate(CHECKS):
+        final = state_dtype or torch.float32
+        p = reference.random_problem(
+            batch, seqlen, heads, lens=lens, initial=state_dtype, final=final, device=device, seed=seed
+        )
         fwd(*[p[name] for name in reference.FWD_ARGS])
         gold_out, gold_state = reference.gold(*[p[name] for name in reference.GOLD_ARGS])
         e_out = reference.rel_err(p["out"], gold_out)
@@ -128,7 +98,8 @@ def cmd_bench(args) -> int:
         print("bench needs a CUDA GPU", file=sys.stderr)
         return 2
     device = _best_device()
-    p = _problem(args.batch, args.seqlen, args.heads, None, torch.bfloat16, device, 0)
+    bf16 = torch.bfloat16
+    p = reference.random_problem(args.batch, args.seqlen, args.heads, initial=bf16, final=bf16, device=device)
 
     def run():
         fwd(*[p[name] for name in reference.FWD_ARGS])

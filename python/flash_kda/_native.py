@@ -23,13 +23,7 @@ DTYPE_NONE, DTYPE_BF16, DTYPE_FP32 = 0, 1, 2
 PROBE_EX2, PROBE_SIGMOID, PROBE_RSQRT = 0, 1, 2
 PROBE_MMA_BF16_F32, PROBE_MMA_F16_F16 = 0, 1
 
-_STATUS_NAMES = {
-    0: "OK",
-    1: "INVALID_ARGUMENT",
-    2: "UNSUPPORTED_DEVICE",
-    3: "CUDA_ERROR",
-    4: "INTERNAL",
-}
+_STATUS_NAMES = {0: "OK", 1: "INVALID_ARGUMENT", 2: "UNSUPPORTED_DEVICE", 3: "CUDA_ERROR", 4: "INTERNAL"}
 
 _i32, _i64, _u32, _f64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_double
 _ptr = ctypes.c_void_p
@@ -139,8 +133,7 @@ class NativeLibrary:
         size = self._lib.flash_kda_workspace_size(total_tokens, heads, num_seqs)
         if size < 0:
             raise ValueError(
-                f"workspace size undefined for total_tokens={total_tokens}, heads={heads}, "
-                f"num_seqs={num_seqs}"
+                f"workspace size undefined for total_tokens={total_tokens}, heads={heads}, num_seqs={num_seqs}"
             )
         return size
 

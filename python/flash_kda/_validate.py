@@ -46,9 +46,7 @@ def _layout(name: str, x: torch.Tensor, device: torch.device) -> None:
     if x.device != device:
         raise ValueError(f"{_WHERE}: {name} must be on {device} like q, got {x.device}")
     if not x.is_contiguous():
-        raise ValueError(
-            f"{_WHERE}: {name} must be contiguous, got strides {tuple(x.stride())} for shape {_shape(x)}"
-        )
+        raise ValueError(f"{_WHERE}: {name} must be contiguous, got strides {tuple(x.stride())} for shape {_shape(x)}")
     if x.numel() > 0 and x.data_ptr() % 16 != 0:
         raise ValueError(f"{_WHERE}: {name} must be 16-byte aligned, got data_ptr % 16 = {x.data_ptr() % 16}")
 
@@ -82,9 +80,7 @@ def _check_cu_seqlens(cu, device: torch.device, total: int):
                     f"< cu_seqlens[{i - 1}] = {bounds[i - 1]}"
                 )
         if bounds[-1] > total:
-            raise ValueError(
-                f"{_WHERE}: cu_seqlens must end at most at T = {total}, got cu_seqlens[-1] = {bounds[-1]}"
-            )
+            raise ValueError(f"{_WHERE}: cu_seqlens must end at most at T = {total}, got cu_seqlens[-1] = {bounds[-1]}")
         return cu.to(device=device, dtype=torch.int64), bounds
     if cu.device != device:
         raise ValueError(f"{_WHERE}: cu_seqlens must be on {device} like q (or on the CPU), got {cu.device}")
@@ -103,26 +99,13 @@ def _check_states(initial_state, final_state, shape: list[int], device) -> Optio
         dtypes.append(state.dtype)
     if len(dtypes) == 2 and dtypes[0] != dtypes[1]:
         raise TypeError(
-            f"{_WHERE}: initial_state and final_state must have the same dtype, got "
-            f"{dtypes[0]} and {dtypes[1]}"
+            f"{_WHERE}: initial_state and final_state must have the same dtype, got {dtypes[0]} and {dtypes[1]}"
         )
     return dtypes[0] if dtypes else None
 
 
 def check_fwd(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    scale,
-    out,
-    A_log,
-    dt_bias,
-    lower_bound,
-    initial_state=None,
-    final_state=None,
-    cu_seqlens=None,
+    q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None, cu_seqlens=None
 ) -> Problem:
     """Validate one ``fwd`` call; return its sizes. Raises ``TypeError``/``ValueError``."""
     q = _tensor("q", q, (torch.bfloat16,), "bfloat16")

@@ -161,19 +161,7 @@ def run_native(
 
 
 def fwd(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    scale,
-    out,
-    A_log,
-    dt_bias,
-    lower_bound,
-    initial_state=None,
-    final_state=None,
-    cu_seqlens=None,
+    q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None, cu_seqlens=None
 ) -> None:
     """See :func:`flash_kda.fwd`."""
     problem = _validate.check_fwd(
@@ -182,24 +170,10 @@ def fwd(
     path, reason = explain(q.device)
     _log_once(q.device, path, reason)
     if path == NATIVE:
-        run_native(
-            problem, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state
-        )
+        run_native(problem, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state)
     elif path == FLA:
         fallback.fla_fwd(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            scale,
-            out,
-            A_log,
-            dt_bias,
-            lower_bound,
-            initial_state,
-            final_state,
-            problem.cu_seqlens,
+            q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, problem.cu_seqlens
         )
     else:
         fallback.torch_fwd(

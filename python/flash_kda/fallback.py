@@ -18,6 +18,17 @@ from . import reference
 
 torch_fwd = reference.fwd
 
+# The chunk_kda flags that give fla's forward FlashKDA's semantics (fused L2 norm, beta
+# sigmoid and safe gate, V-first state); with them fla's own dispatcher also routes
+# chunk_kda to flash_kda.fwd (spec section 1.7).
+FLASH_KDA_FLAGS = dict(
+    use_qk_l2norm_in_kernel=True,
+    use_gate_in_kernel=True,
+    use_beta_sigmoid_in_kernel=True,
+    safe_gate=True,
+    state_v_first=True,
+)
+
 
 @functools.cache
 def fla_chunk_kda() -> Optional[Callable]:
@@ -34,19 +45,7 @@ def fla_available() -> bool:
 
 
 def fla_fwd(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    scale,
-    out,
-    A_log,
-    dt_bias,
-    lower_bound,
-    initial_state=None,
-    final_state=None,
-    cu_seqlens=None,
+    q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None, cu_seqlens=None
 ) -> None:
     """Run fla's Triton forward with FlashKDA's semantics (fused L2 norm, beta sigmoid and
     safe gate, V-first state) and write ``out`` / ``final_state`` in place. Inputs must
@@ -65,13 +64,9 @@ def fla_fwd(
             scale=float(scale),
             initial_state=None if initial_state is None else initial_state.float(),
             output_final_state=final_state is not None,
-            use_qk_l2norm_in_kernel=True,
-            use_gate_in_kernel=True,
-            use_beta_sigmoid_in_kernel=True,
-            safe_gate=True,
             lower_bound=float(lower_bound),
-            state_v_first=True,
             cu_seqlens=cu_seqlens,
+            **FLASH_KDA_FLAGS,
             A_log=A_log,
             dt_bias=dt_bias.reshape(H * reference.D),
         )

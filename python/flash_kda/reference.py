@@ -42,19 +42,50 @@ FWD_ARGS = (
     "final_state",
     "cu_seqlens",
 )
-GOLD_ARGS = (
-    "q",
-    "k",
-    "v",
-    "g",
-    "beta",
-    "scale",
-    "A_log",
-    "dt_bias",
-    "lower_bound",
-    "initial_state",
-    "cu_seqlens",
-)
+GOLD_ARGS = ("q", "k", "v", "g", "beta", "scale", "A_log", "dt_bias", "lower_bound", "initial_state", "cu_seqlens")
+
+
+def random_problem(
+    batch, seqlen, heads, *, lens=None, initial=None, final=None, device="cpu", seed=0, lower_bound=-5.0
+):
+    """Random inputs for fwd, a dict keyed by FWD_ARGS (the self-check's and the tests'):
+    q, k, v, g, beta ~ N(0, 1) bf16; A_log, dt_bias ~ U(0, 1); initial state ~ 0.1 N(0, 1).
+    ``lens`` makes a varlen problem (batch 1, seqlen = sum(lens)). ``out`` and
+    ``final_state`` are pre-filled with NaN so that unwritten elements show."""
+    gen = torch.Generator().manual_seed(seed)
+    if lens is not None:
+        batch, seqlen = 1, sum(lens)
+    bf16 = torch.bfloat16
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=bf16)
+
+    n_seqs = batch if lens is None else len(lens)
+    p = dict(
+        q=randn(batch, seqlen, heads, 128),
+        k=randn(batch, seqlen, heads, 128),
+        v=randn(batch, seqlen, heads, 128),
+        g=randn(batch, seqlen, heads, 128),
+        beta=randn(batch, seqlen, heads),
+        scale=128**-0.5,
+        A_log=torch.rand(heads, generator=gen).to(device),
+        dt_bias=torch.rand(heads, 128, generator=gen).to(device),
+        lower_bound=lower_bound,
+    )
+    p["out"] = torch.full_like(p["q"], float("nan"))
+    p["initial_state"] = None
+    if initial is not None:
+        p["initial_state"] = (0.1 * torch.randn(n_seqs, heads, 128, 128, generator=gen)).to(device, initial)
+    p["final_state"] = None
+    if final is not None:
+        p["final_state"] = torch.full((n_seqs, heads, 128, 128), float("nan"), dtype=final, device=device)
+    p["cu_seqlens"] = None
+    if lens is not None:
+        bounds = [0]
+        for n in lens:
+            bounds.append(bounds[-1] + n)
+        p["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int64, device=device)
+    return p
 
 
 def rel_err(x: torch.Tensor, gold: torch.Tensor) -> float:
@@ -201,19 +232,7 @@ def initial_bf16_state(initial_state, N, H, device) -> torch.Tensor:
 
 
 def fwd(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    scale,
-    out,
-    A_log,
-    dt_bias,
-    lower_bound,
-    initial_state=None,
-    final_state=None,
-    cu_seqlens=None,
+    q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None, cu_seqlens=None
 ) -> None:
     """The forward after the precision ledger; writes ``out`` and ``final_state`` in place.
     Same signature, checks and in-place contract as :func:`flash_kda.fwd`."""
@@ -263,9 +282,7 @@ def gold(
         qn, kn = unit(q).reshape(B * T, H, D), unit(k).reshape(B * T, H, D)
         vv = v.to(f64).reshape(B * T, H, D)
         a = torch.exp(A_log.to(f64)).reshape(1, H, 1)
-        gate = lower_bound * torch.sigmoid(
-            a * (g.to(f64).reshape(B * T, H, D) + dt_bias.to(f64).reshape(1, H, D))
-        )
+        gate = lower_bound * torch.sigmoid(a * (g.to(f64).reshape(B * T, H, D) + dt_bias.to(f64).reshape(1, H, D)))
         alpha, b = torch.exp(gate), torch.sigmoid(beta.to(f64).reshape(B * T, H))
         if cu_seqlens is None:
             bounds = [i * T for i in range(B + 1)]
