@@ -1,16 +1,19 @@
 // SPDX-License-Identifier: MIT
-// api.cpp: the C ABI (flash_kda.h). Checks arguments (spec §1.5), finds the arch table
-// for the caller's compute capability, fills FwdParams and launches. Host-only; every
-// export is a noexcept shim that turns failures into a status and a thread-local message.
+// api.cpp: the C ABI (flash_kda.h). Checks arguments (docs/api.md), finds the arch table
+// for the caller's compute capability, plans the call (plan.h), fills FwdParams and
+// launches. Host-only; every export is a noexcept shim that turns failures into a status
+// and a thread-local message.
 #include <flash_kda/flash_kda.h>
 
 #include <cmath>
-#include <cstdio>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
 #include "arch/table.h"
+#include "kda/config.h"
 #include "kda/workspace.h"
+#include "plan.h"
 
 namespace flash_kda {
 
@@ -28,6 +31,9 @@ const ArchTable *const kTables[] = {
 #undef FLASH_KDA_ARCH_ENTRY
 constexpr int kNumTables = static_cast<int>(sizeof(kTables) / sizeof(kTables[0])) - 1;
 
+// The ABI 1 prefix of flash_kda_fwd_args: what an older caller passes.
+constexpr size_t kArgsV1Bytes = offsetof(flash_kda_fwd_args, q_strides);
+
 thread_local std::string g_last_error;
 
 // Records "<fn>: <message>" and returns status.
@@ -42,10 +48,6 @@ std::string arch_names() {
   return names.empty() ? std::string("none") : names;
 }
 
-std::string cc_name(int32_t cc) {
-  return "sm_" + std::to_string(cc);
-}
-
 flash_kda_status find_table(const char *fn, int32_t cc, const ArchTable *&table) {
   for (int i = 0; i < kNumTables; ++i) {
     if (kTables[i]->compute_capability == cc) {
@@ -54,7 +56,23 @@ flash_kda_status find_table(const char *fn, int32_t cc, const ArchTable *&table)
     }
   }
   return fail(FLASH_KDA_UNSUPPORTED_DEVICE, fn,
-              "no kernel for " + cc_name(cc) + " in this build (has " + arch_names() + ")");
+              "no kernel for sm_" + std::to_string(cc) + " in this build (has " + arch_names() +
+                  ")");
+}
+
+// A driver older than the runtime linked into the library cannot run its kernels: say so
+// before launching rather than fail at the first launch.
+flash_kda_status check_driver(const char *fn) {
+  static const int driver = [] {
+    int v = 0;
+    return cudaDriverGetVersion(&v) == cudaSuccess ? v : 0;
+  }();
+  if (driver / 1000 >= CUDART_VERSION / 1000) return FLASH_KDA_OK;
+  return fail(FLASH_KDA_UNSUPPORTED_DEVICE, fn,
+              "the CUDA driver supports CUDA " + std::to_string(driver / 1000) + "." +
+                  std::to_string(driver % 1000 / 10) + ", this library was built with CUDA " +
+                  std::to_string(CUDART_VERSION / 1000) + "." +
+                  std::to_string(CUDART_VERSION % 1000 / 10) + " and needs a driver of that major version");
 }
 
 flash_kda_status launch_result(const char *fn, const LaunchStatus &st) {
@@ -63,77 +81,146 @@ flash_kda_status launch_result(const char *fn, const LaunchStatus &st) {
               std::string(st.stage) + " failed: " + cudaGetErrorName(st.error));
 }
 
-bool aligned16(const void *p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+bool aligned(const void *p, uintptr_t bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
 }
 
-// Round-to-nearest-even fp32 -> bf16 (finite inputs), spec §3.2 step 6: sb = bf(fp32(scale)).
+// Round-to-nearest-even fp32 -> bf16 (finite inputs), design §3.2 step 6: sb = bf(fp32(scale)).
 uint32_t bf16_bits(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof(u));
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
-int32_t pick_block_v(int64_t pairs, int32_t num_sms) {
-  for (int32_t bv : {32, 64, 128})
-    if (pairs * (kHeadDim / bv) <= num_sms) return bv;
-  return 128;
+// The caller's struct, zero-extended to this header's layout (flash_kda.h: an older caller
+// passes only the ABI 1 prefix). "" or what is wrong.
+std::string read_args(const flash_kda_fwd_args *in, flash_kda_fwd_args &a) {
+  std::memset(&a, 0, sizeof(a));
+  if (in == nullptr) return "args must not be NULL";
+  if (in->struct_size < kArgsV1Bytes || in->struct_size > sizeof(flash_kda_fwd_args))
+    return "args->struct_size must be in [" + std::to_string(kArgsV1Bytes) + ", " +
+           std::to_string(sizeof(flash_kda_fwd_args)) + "], got " +
+           std::to_string(in->struct_size);
+  std::memcpy(&a, in, in->struct_size);
+  return "";
 }
 
-// The argument checks of flash_kda_fwd (spec §1.5); on success fills `p`.
-flash_kda_status check_fwd_args(const char *fn, const flash_kda_fwd_args &a, FwdParams &p) {
-  auto bad = [&](const std::string &msg) { return fail(FLASH_KDA_INVALID_ARGUMENT, fn, msg); };
-  if (a.head_dim != kHeadDim) return bad("head_dim must be 128, got " + std::to_string(a.head_dim));
-  if (a.batch < 1 || a.seqlen < 1 || a.heads < 1)
-    return bad("batch, seqlen and heads must be >= 1, got " + std::to_string(a.batch) + ", " +
-               std::to_string(a.seqlen) + ", " + std::to_string(a.heads));
-  if (a.heads > 65535) return bad("heads must be <= 65535, got " + std::to_string(a.heads));
-  const void *required[] = {a.q, a.k, a.v, a.g, a.beta, a.out, a.A_log, a.dt_bias, a.workspace};
-  const char *names[] = {"q", "k", "v", "g", "beta", "out", "A_log", "dt_bias", "workspace"};
-  for (int i = 0; i < 9; ++i) {
-    if (required[i] == nullptr) return bad(std::string(names[i]) + " must not be NULL");
-    if (!aligned16(required[i])) return bad(std::string(names[i]) + " must be 16-byte aligned");
-  }
-  const bool varlen = a.cu_seqlens != nullptr;
-  if (varlen && a.batch != 1)
-    return bad("batch must be 1 when cu_seqlens is given, got " + std::to_string(a.batch));
-  if (a.num_seqs < 1 || (!varlen && a.num_seqs != a.batch))
-    return bad("num_seqs must be batch (batched) or numel(cu_seqlens) - 1 >= 1, got " +
-               std::to_string(a.num_seqs));
-  const int32_t dtypes[2] = {a.initial_state_dtype, a.final_state_dtype};
-  const void *states[2] = {a.initial_state, a.final_state};
-  const char *state_names[2] = {"initial_state", "final_state"};
-  for (int i = 0; i < 2; ++i) {
-    if (dtypes[i] < FLASH_KDA_DTYPE_NONE || dtypes[i] > FLASH_KDA_DTYPE_FP32)
-      return bad(std::string(state_names[i]) + " dtype must be NONE, BF16 or FP32, got " +
-                 std::to_string(dtypes[i]));
-    if ((dtypes[i] == FLASH_KDA_DTYPE_NONE) != (states[i] == nullptr))
-      return bad(std::string(state_names[i]) + " pointer and dtype disagree (NULL iff NONE)");
-    if (states[i] != nullptr && !aligned16(states[i]))
-      return bad(std::string(state_names[i]) + " must be 16-byte aligned");
-  }
-  if (dtypes[0] != FLASH_KDA_DTYPE_NONE && dtypes[1] != FLASH_KDA_DTYPE_NONE &&
-      dtypes[0] != dtypes[1])
-    return bad("initial_state and final_state must have the same dtype");
-  if (!std::isfinite(a.scale)) return bad("scale must be finite");
-  if (!(a.lower_bound >= -5.0 && a.lower_bound < 0.0))
-    return bad("lower_bound must be in [-5, 0), got " + std::to_string(a.lower_bound));
-  if (a.block_v != 0 && a.block_v != 32 && a.block_v != 64 && a.block_v != 128)
-    return bad("block_v must be 0, 32, 64 or 128, got " + std::to_string(a.block_v));
-  if (a.block_v == 0 && a.num_sms < 1)
-    return bad("num_sms must be >= 1 when block_v is 0, got " + std::to_string(a.num_sms));
+ProblemSizes sizes_of(const flash_kda_fwd_args &a) {
+  return {a.batch, a.seqlen, a.heads, a.num_seqs, a.cu_seqlens != nullptr, a.checkpoint_every};
+}
 
-  const int64_t total = a.batch * a.seqlen;
-  if (total >= (int64_t{1} << 31))  // K2's tensor copies address tokens with int32
-    return bad("batch * seqlen must be below 2^31, got " + std::to_string(total));
-  const int64_t tiles = tiles_per_head(total, a.num_seqs);
-  if (total > (int64_t{1} << 40) / a.heads || tiles >= (int64_t{1} << 31))
-    return bad("problem too large: batch * seqlen * heads must stay below 2^40");
-  const int64_t need = workspace_bytes(total, a.heads, a.num_seqs);
-  if (a.workspace_bytes < need)
-    return bad("workspace must hold " + std::to_string(need) + " bytes, got " +
-               std::to_string(a.workspace_bytes));
+PlanRequest request_of(const flash_kda_fwd_args &a) {
+  return {a.mode, a.block_v, a.segment_chunks, a.num_sms};
+}
 
+// head_dim, sizes and the plan: everything flash_kda_fwd_plan needs. "" or what is wrong.
+std::string check_plan(const flash_kda_fwd_args &a, Plan &plan) {
+  if (a.head_dim != kHeadDim) return "head_dim must be 128, got " + std::to_string(a.head_dim);
+  std::string err = check_sizes(sizes_of(a));
+  return err.empty() ? make_plan(sizes_of(a), request_of(a), plan) : err;
+}
+
+// The strides of an activation (elements): zeros mean contiguous. Every stride of a
+// dimension longer than one must be positive and, for 16-byte vector loads and tensor
+// copies, a multiple of `multiple`.
+std::string check_strides(const char *name, const flash_kda_strides &in, const flash_kda_fwd_args &a,
+                          int64_t row, int64_t multiple, Strides &out) {
+  if (in.batch == 0 && in.token == 0 && in.head == 0) {
+    out = {a.seqlen * a.heads * row, a.heads * row, row};
+    return "";
+  }
+  out = {in.batch, in.token, in.head};
+  const int64_t strides[3] = {in.batch, in.token, in.head};
+  const int64_t dims[3] = {a.batch, a.seqlen, a.heads};
+  const int64_t limit = int64_t{1} << 39;  // tensor copies take byte strides below 2^40
+  for (int i = 0; i < 3; ++i) {
+    if (dims[i] == 1) continue;
+    if (strides[i] <= 0 || strides[i] % multiple != 0 || strides[i] >= limit)
+      return std::string(name) + " strides must be positive multiples of " +
+             std::to_string(multiple) + " below 2^39 elements, got (" + std::to_string(in.batch) +
+             ", " + std::to_string(in.token) + ", " + std::to_string(in.head) + ")";
+  }
+  return "";
+}
+
+std::string check_state(const char *name, const void *ptr, int32_t dtype) {
+  if (dtype != FLASH_KDA_DTYPE_NONE && dtype != FLASH_KDA_DTYPE_BF16 &&
+      dtype != FLASH_KDA_DTYPE_FP32)
+    return std::string(name) + " dtype must be NONE, BF16 or FP32, got " + std::to_string(dtype);
+  if ((dtype == FLASH_KDA_DTYPE_NONE) != (ptr == nullptr))
+    return std::string(name) + " pointer and dtype disagree (NULL iff NONE)";
+  if (ptr != nullptr && !aligned(ptr, 16)) return std::string(name) + " must be 16-byte aligned";
+  return "";
+}
+
+std::string check_index_dtype(const char *name, int32_t dtype, bool none_ok) {
+  if (dtype == FLASH_KDA_DTYPE_INT32 || dtype == FLASH_KDA_DTYPE_INT64 ||
+      (none_ok && dtype == FLASH_KDA_DTYPE_NONE))
+    return "";
+  return std::string(name) + " dtype must be INT32 or INT64, got " + std::to_string(dtype);
+}
+
+// Pointers, strides, states, pool, checkpoints and values (docs/api.md); fills the
+// arch-independent part of p. "" or what is wrong.
+std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p) {
+  const void *required[] = {a.q, a.k, a.v, a.g, a.out, a.A_log, a.dt_bias, a.workspace};
+  const char *names[] = {"q", "k", "v", "g", "out", "A_log", "dt_bias", "workspace"};
+  for (int i = 0; i < 8; ++i) {
+    if (required[i] == nullptr) return std::string(names[i]) + " must not be NULL";
+    if (!aligned(required[i], 16)) return std::string(names[i]) + " must be 16-byte aligned";
+  }
+  if (a.beta == nullptr) return "beta must not be NULL";
+  if (!aligned(a.beta, 2)) return "beta must be 2-byte aligned";
+  const flash_kda_strides *in[] = {&a.q_strides, &a.k_strides, &a.v_strides,
+                                   &a.g_strides, &a.out_strides};
+  Strides *out[] = {&p.q_strides, &p.k_strides, &p.v_strides, &p.g_strides, &p.out_strides};
+  const char *act[] = {"q", "k", "v", "g", "out"};
+  for (int i = 0; i < 5; ++i) {
+    std::string err = check_strides(act[i], *in[i], a, kHeadDim, 8, *out[i]);
+    if (!err.empty()) return err;
+  }
+  std::string err = check_strides("beta", a.beta_strides, a, 1, 1, p.beta_strides);
+  if (err.empty()) err = check_state("initial_state", a.initial_state, a.initial_state_dtype);
+  if (err.empty()) err = check_state("final_state", a.final_state, a.final_state_dtype);
+  if (err.empty()) err = check_state("checkpoints", a.checkpoints, a.checkpoints_dtype);
+  if (!err.empty()) return err;
+  if (a.initial_state_dtype != FLASH_KDA_DTYPE_NONE && a.final_state_dtype != FLASH_KDA_DTYPE_NONE &&
+      a.initial_state_dtype != a.final_state_dtype)
+    return "initial_state and final_state must have the same dtype";
+  if (a.cu_seqlens != nullptr) {
+    err = check_index_dtype("cu_seqlens", a.cu_seqlens_dtype, true);
+    if (err.empty() && !aligned(a.cu_seqlens, 8)) err = "cu_seqlens must be 8-byte aligned";
+    if (!err.empty()) return err;
+  }
+  if (a.state_indices != nullptr) {
+    err = check_index_dtype("state_indices", a.state_indices_dtype, false);
+    if (!err.empty()) return err;
+    if (!aligned(a.state_indices, 8)) return "state_indices must be 8-byte aligned";
+    if (a.state_pool_size < 1 || a.state_pool_size > kMaxSeqs)
+      return "state_pool_size must be in [1, 2^30] with state_indices, got " +
+             std::to_string(a.state_pool_size);
+  } else if (a.state_indices_dtype != FLASH_KDA_DTYPE_NONE) {
+    return "state_indices is NULL but state_indices_dtype is " +
+           std::to_string(a.state_indices_dtype);
+  }
+  if (a.checkpoints != nullptr && (a.checkpoint_every <= 0 || a.checkpoint_slots < 0 ||
+                                   a.checkpoint_slots > kMaxTokens))
+    return "checkpoints need checkpoint_every > 0 and checkpoint_slots in [0, 2^31), got " +
+           std::to_string(a.checkpoint_every) + " and " + std::to_string(a.checkpoint_slots);
+  const float scale = static_cast<float>(a.scale);
+  if (!std::isfinite(a.scale) || !std::isfinite(scale) || ((bf16_bits(scale) >> 7) & 0xffu) == 0xffu)
+    return "scale must be finite in bfloat16 (|scale| < 3.39e38), got " + std::to_string(a.scale);
+  if (!(a.lower_bound >= -5.0 && a.lower_bound <= 0.0))
+    return "lower_bound must be in [-5, 0], got " + std::to_string(a.lower_bound);
+  return "";
+}
+
+Dtype dtype_or(int32_t d, Dtype none) {
+  return d == FLASH_KDA_DTYPE_NONE ? none : static_cast<Dtype>(d);
+}
+
+// The pointers and sizes of a checked call, laid out by its plan.
+void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
   p.q = static_cast<const uint16_t *>(a.q);
   p.k = static_cast<const uint16_t *>(a.k);
   p.v = static_cast<const uint16_t *>(a.v);
@@ -144,22 +231,39 @@ flash_kda_status check_fwd_args(const char *fn, const flash_kda_fwd_args &a, Fwd
   p.dt_bias = a.dt_bias;
   p.initial_state = a.initial_state;
   p.final_state = a.final_state;
-  p.initial_dtype = a.initial_state_dtype;
-  p.final_dtype = a.final_state_dtype;
+  p.initial_dtype = static_cast<Dtype>(a.initial_state_dtype);
+  p.final_dtype = static_cast<Dtype>(a.final_state_dtype);
+  p.state_indices = a.state_indices;
+  p.index_dtype = dtype_or(a.state_indices_dtype, Dtype::kNone);
+  p.pool_size = a.state_indices != nullptr ? a.state_pool_size : a.num_seqs;
+  p.has_initial_state = a.has_initial_state;
+  p.checkpoints = a.checkpoints;
+  p.checkpoint_dtype = static_cast<Dtype>(a.checkpoints_dtype);
+  p.checkpoint_chunks = a.checkpoints != nullptr ? a.checkpoint_every / kChunk : 0;
+  p.checkpoint_slots = a.checkpoints != nullptr ? a.checkpoint_slots : 0;
   p.cu_seqlens = a.cu_seqlens;
-  p.records = static_cast<uint8_t *>(a.workspace);
-  p.tile_prefix =
-      reinterpret_cast<int32_t *>(p.records + prefix_offset(total, a.heads, a.num_seqs));
+  p.cu_seqlens_dtype = dtype_or(a.cu_seqlens_dtype, Dtype::kInt64);
+  p.batch = a.batch;
   p.seqlen = a.seqlen;
-  p.total_tokens = total;
+  p.total_tokens = a.batch * a.seqlen;
   p.heads = a.heads;
   p.num_seqs = a.num_seqs;
-  p.tiles_per_head = tiles;
-  p.prepare_tiles = varlen ? tiles : a.num_seqs * ceil_div(a.seqlen, kChunk);
-  p.gate_scale = static_cast<float>(a.lower_bound * 1.4426950408889634);  // spec §3.2 step 1
+  uint8_t *base = static_cast<uint8_t *>(a.workspace);
+  p.records = base;
+  p.tiles_per_head = tiles_per_head(p.total_tokens, a.num_seqs);
+  p.prepare_tiles = a.cu_seqlens != nullptr ? p.tiles_per_head
+                                            : a.num_seqs * ceil_div(a.seqlen, kChunk);
+  p.tile_prefix = reinterpret_cast<int32_t *>(base + plan.tile_prefix);
+  p.segment_prefix = reinterpret_cast<int32_t *>(base + plan.segment_prefix);
+  p.checkpoint_prefix = reinterpret_cast<int32_t *>(base + plan.checkpoint_prefix);
+  p.segment_chunks = plan.segment_chunks;
+  p.max_segments = plan.max_segments;
+  p.segment_states = reinterpret_cast<uint16_t *>(base + plan.segment_states);
+  p.segment_starts = reinterpret_cast<uint16_t *>(base + plan.segment_starts);
+  p.gate_scale = static_cast<float>(a.lower_bound * 1.4426950408889634);  // design §3.2 step 1
   p.scale_bf16 = bf16_bits(static_cast<float>(a.scale));
-  p.block_v = a.block_v != 0 ? a.block_v : pick_block_v(a.num_seqs * a.heads, a.num_sms);
-  return FLASH_KDA_OK;
+  p.chain_block_v = plan.block_v;
+  p.segment_block_v = plan.segment_block_v;
 }
 
 }  // namespace
@@ -195,31 +299,77 @@ flash_kda_status flash_kda_arch_info(int32_t index, flash_kda_arch_desc *info) n
   return FLASH_KDA_OK;
 }
 
+flash_kda_status flash_kda_cuda_versions(int32_t *runtime_version,
+                                         int32_t *driver_version) noexcept {
+  const char *fn = "flash_kda_cuda_versions";
+  if (runtime_version == nullptr || driver_version == nullptr)
+    return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "runtime_version and driver_version must not be NULL");
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+  *runtime_version = CUDART_VERSION;
+  *driver_version = driver;
+  return FLASH_KDA_OK;
+}
+
+int64_t flash_kda_record_bytes(void) noexcept {
+  return flash_kda::kRecordBytes;
+}
+
 int64_t flash_kda_workspace_size(int64_t total_tokens, int64_t heads, int64_t num_seqs) noexcept {
-  if (total_tokens < 0 || heads < 1 || num_seqs < 1) return -1;
-  if (total_tokens > (int64_t{1} << 40) / heads) return -1;
-  return flash_kda::workspace_bytes(total_tokens, heads, num_seqs);
+  return flash_kda::exact_workspace_bytes(total_tokens, heads, num_seqs);
 }
 
 int32_t flash_kda_pick_block_v(int64_t num_seqs, int64_t heads, int32_t num_sms) noexcept {
+  if (num_seqs < 1 || heads < 1 || num_seqs > flash_kda::kMaxSeqs || heads > flash_kda::kMaxHeads)
+    return -1;
   return flash_kda::pick_block_v(num_seqs * heads, num_sms);
+}
+
+flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
+                                    flash_kda_fwd_plan_info *out) noexcept {
+  const char *fn = "flash_kda_fwd_plan";
+  try {
+    if (out == nullptr || out->struct_size != sizeof(flash_kda_fwd_plan_info))
+      return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
+                  "plan must not be NULL and plan->struct_size must be " +
+                      std::to_string(sizeof(flash_kda_fwd_plan_info)));
+    flash_kda_fwd_args a;
+    std::string err = flash_kda::read_args(args, a);
+    flash_kda::Plan plan{};
+    if (err.empty()) err = flash_kda::check_plan(a, plan);
+    if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
+    out->block_v = plan.block_v;
+    out->segment_chunks = plan.segment_chunks;
+    out->segment_block_v = plan.segment_block_v;
+    out->max_segments = plan.max_segments;
+    out->workspace_bytes = plan.workspace_bytes;
+    return FLASH_KDA_OK;
+  } catch (...) {
+    return fail(FLASH_KDA_INTERNAL, fn, "unexpected C++ exception");
+  }
 }
 
 flash_kda_status flash_kda_fwd(int32_t compute_capability, const flash_kda_fwd_args *args,
                                void *stream) noexcept {
   const char *fn = "flash_kda_fwd";
   try {
-    if (args == nullptr) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "args must not be NULL");
-    if (args->struct_size < sizeof(flash_kda_fwd_args))
-      return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
-                  "args->struct_size must be >= " + std::to_string(sizeof(flash_kda_fwd_args)) +
-                      ", got " + std::to_string(args->struct_size));
+    flash_kda_fwd_args a;
+    std::string err = flash_kda::read_args(args, a);
+    if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
     const flash_kda::ArchTable *table = nullptr;
     flash_kda_status st = flash_kda::find_table(fn, compute_capability, table);
     if (st != FLASH_KDA_OK) return st;
+    flash_kda::Plan plan{};
     flash_kda::FwdParams params{};
-    st = flash_kda::check_fwd_args(fn, *args, params);
+    err = flash_kda::check_plan(a, plan);
+    if (err.empty()) err = flash_kda::check_tensors(a, params);
+    if (err.empty() && a.workspace_bytes < plan.workspace_bytes)
+      err = "workspace must hold " + std::to_string(plan.workspace_bytes) + " bytes, got " +
+            std::to_string(a.workspace_bytes);
+    if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
+    st = flash_kda::check_driver(fn);
     if (st != FLASH_KDA_OK) return st;
+    flash_kda::fill_params(a, plan, params);
     return flash_kda::launch_result(fn, table->fwd(params, static_cast<cudaStream_t>(stream)));
   } catch (...) {
     return fail(FLASH_KDA_INTERNAL, fn, "unexpected C++ exception");
@@ -236,9 +386,9 @@ flash_kda_status flash_kda_probe_unary_op(int32_t compute_capability, int32_t op
     if (op < FLASH_KDA_PROBE_EX2 || op > FLASH_KDA_PROBE_RSQRT)
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
                   "op must be EX2, SIGMOID or RSQRT, got " + std::to_string(op));
-    if (count < 0)
+    if (count < 0 || count > flash_kda::kMaxTokens * 128)
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
-                  "count must be >= 0, got " + std::to_string(count));
+                  "count must be in [0, 2^38), got " + std::to_string(count));
     if (count == 0) return FLASH_KDA_OK;
     if (x == nullptr || y == nullptr)
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "x and y must not be NULL");
@@ -265,7 +415,9 @@ flash_kda_status flash_kda_probe_mma_op(int32_t compute_capability, int32_t op, 
                   "need batch >= 1 and m, n, k positive multiples of 16, 8, 16; got " +
                       std::to_string(batch) + ", " + std::to_string(m) + ", " + std::to_string(n) +
                       ", " + std::to_string(k));
-    if (batch * (m / 16) * (n / 8) > (int64_t{1} << 31) * 4)
+    int64_t tiles = 0;
+    if (__builtin_mul_overflow(batch, (m / 16) * (n / 8), &tiles) || m > (int64_t{1} << 24) ||
+        n > (int64_t{1} << 24) || k > (int64_t{1} << 24) || tiles > (int64_t{1} << 33))
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "too many 16x8 tiles for one launch");
     if (a == nullptr || b == nullptr || c == nullptr)
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "a, b and c must not be NULL");

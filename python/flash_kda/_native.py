@@ -12,14 +12,15 @@ import os
 import threading
 from typing import NamedTuple, Optional
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIBRARY_NAME = "libflash_kda.so"
 LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
 
 FEATURE_FWD = 1
 FEATURE_PROBES = 2
 
-DTYPE_NONE, DTYPE_BF16, DTYPE_FP32 = 0, 1, 2
+DTYPE_NONE, DTYPE_BF16, DTYPE_FP32, DTYPE_INT32, DTYPE_INT64 = 0, 1, 2, 3, 4
+MODE_EXACT, MODE_AUTO = 0, 1
 PROBE_EX2, PROBE_SIGMOID, PROBE_RSQRT = 0, 1, 2
 PROBE_MMA_BF16_F32, PROBE_MMA_F16_F16 = 0, 1
 
@@ -44,6 +45,12 @@ class ArchInfo(NamedTuple):
 
 class _ArchDesc(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("compute_capability", _i32), ("features", _u32)]
+
+
+class Strides(ctypes.Structure):
+    """``flash_kda_strides``: element strides of [B, T, H, ...]; all zero = contiguous."""
+
+    _fields_ = [("batch", _i64), ("token", _i64), ("head", _i64)]
 
 
 class FwdArgs(ctypes.Structure):
@@ -76,6 +83,36 @@ class FwdArgs(ctypes.Structure):
         ("workspace_bytes", _i64),
         ("num_sms", _i32),
         ("reserved", _i32),
+        ("q_strides", Strides),
+        ("k_strides", Strides),
+        ("v_strides", Strides),
+        ("g_strides", Strides),
+        ("out_strides", Strides),
+        ("beta_strides", Strides),
+        ("cu_seqlens_dtype", _i32),
+        ("state_indices_dtype", _i32),
+        ("state_indices", _ptr),
+        ("state_pool_size", _i64),
+        ("has_initial_state", _ptr),
+        ("checkpoints", _ptr),
+        ("checkpoints_dtype", _i32),
+        ("checkpoint_every", _i32),
+        ("checkpoint_slots", _i64),
+        ("mode", _i32),
+        ("segment_chunks", _i32),
+    ]
+
+
+class FwdPlan(ctypes.Structure):
+    """``flash_kda_fwd_plan_info``: what ``flash_kda_fwd`` runs for some arguments."""
+
+    _fields_ = [
+        ("struct_size", _u32),
+        ("block_v", _i32),
+        ("segment_chunks", _i32),
+        ("segment_block_v", _i32),
+        ("max_segments", _i64),
+        ("workspace_bytes", _i64),
     ]
 
 
@@ -85,7 +122,10 @@ _EXPORTS = [
     ("flash_kda_last_error", ctypes.c_char_p, []),
     ("flash_kda_num_archs", _i32, []),
     ("flash_kda_arch_info", _i32, [_i32, ctypes.POINTER(_ArchDesc)]),
+    ("flash_kda_cuda_versions", _i32, [ctypes.POINTER(_i32), ctypes.POINTER(_i32)]),
+    ("flash_kda_record_bytes", _i64, []),
     ("flash_kda_workspace_size", _i64, [_i64, _i64, _i64]),
+    ("flash_kda_fwd_plan", _i32, [ctypes.POINTER(FwdArgs), ctypes.POINTER(FwdPlan)]),
     ("flash_kda_pick_block_v", _i32, [_i64, _i64, _i32]),
     ("flash_kda_fwd", _i32, [_i32, ctypes.POINTER(FwdArgs), _ptr]),
     ("flash_kda_probe_unary_op", _i32, [_i32, _i32, _ptr, _ptr, _i64, _ptr]),
@@ -139,6 +179,13 @@ class NativeLibrary:
 
     def pick_block_v(self, num_seqs: int, heads: int, num_sms: int) -> int:
         return self._lib.flash_kda_pick_block_v(num_seqs, heads, num_sms)
+
+    def plan(self, args: FwdArgs) -> FwdPlan:
+        """The plan of ``fwd`` for these arguments (sizes only are read)."""
+        args.struct_size = ctypes.sizeof(FwdArgs)
+        plan = FwdPlan(struct_size=ctypes.sizeof(FwdPlan))
+        self._check(self._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan)))
+        return plan
 
     def fwd(self, compute_capability: int, args: FwdArgs, stream: int) -> None:
         args.struct_size = ctypes.sizeof(FwdArgs)

@@ -119,17 +119,17 @@ def run_native(
     final_state=None,
     block_v: int = 0,
     workspace: Optional[torch.Tensor] = None,
+    exact: bool = True,
+    segment_chunks: int = 0,
 ) -> None:
     """Call the C ABI on the current stream of q's device. ``block_v`` 0 lets the library
-    pick; tests pass 32/64/128. ``workspace`` (uint8, on q's device) may be given to
-    inspect the records afterwards; by default it comes from PyTorch's allocator."""
+    pick; tests pass 32/64/128. ``exact`` selects the bit-exact mode, else the library may
+    split long sequences (``segment_chunks`` > 0 forces the segment length). ``workspace``
+    (uint8, on q's device) may be given to inspect the records afterwards; by default it
+    comes from PyTorch's allocator."""
     lib = _native.load()
     device = q.device
     props = torch.cuda.get_device_properties(device)
-    T_total = problem.batch * problem.seqlen
-    size = lib.workspace_size(T_total, problem.heads, problem.num_seqs)
-    if workspace is None:
-        workspace = torch.empty(size, dtype=torch.uint8, device=device)
     args = _native.FwdArgs(
         block_v=block_v,
         batch=problem.batch,
@@ -152,10 +152,16 @@ def run_native(
         initial_state_dtype=_dtype_code(initial_state),
         final_state_dtype=_dtype_code(final_state),
         cu_seqlens=_ptr(problem.cu_seqlens),
-        workspace=workspace.data_ptr(),
-        workspace_bytes=workspace.numel(),
+        cu_seqlens_dtype=_native.DTYPE_INT64,
         num_sms=props.multi_processor_count,
+        mode=_native.MODE_EXACT if exact else _native.MODE_AUTO,
+        segment_chunks=segment_chunks,
     )
+    size = lib.plan(args).workspace_bytes
+    if workspace is None:
+        workspace = torch.empty(size, dtype=torch.uint8, device=device)
+    args.workspace = workspace.data_ptr()
+    args.workspace_bytes = workspace.numel()
     with torch.cuda.device(device):
         lib.fwd(10 * props.major + props.minor, args, torch.cuda.current_stream(device).cuda_stream)
 

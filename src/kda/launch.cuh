@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// launch.cuh: the launch sequence of one forward (spec §4.1, §4.2) and the probe launches,
+// launch.cuh: the launch sequence of one forward (design §4.1, §4.2, §6.2) and the probe launches,
 // all on the caller's stream, no allocation, no synchronisation. Included once per arch
 // TU, inside that arch's namespace; FLASH_KDA_DEFINE_ARCH_TABLE then exports the table.
 #pragma once
@@ -15,6 +15,8 @@
 #include "arch/table.h"
 #include "kda/prepare.cuh"
 #include "kda/probes.cuh"
+#include "kda/combine.cuh"
+#include "kda/config.h"
 #include "kda/recurrence.cuh"
 
 namespace flash_kda::FLASH_KDA_ARCH {
@@ -39,76 +41,105 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// v as a 3-D tensor (128 columns, heads, tokens) for K2's tensor copies: one box is the
-// [16 tokens, block_v columns] tile of one head; tokens past the end read as zeros.
-inline cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
+// v as a 4-D tensor (128 columns, heads, tokens, batch) with the caller's strides, for
+// K2's tensor copies: one box is the [16 tokens, kBlockV columns] tile of one head; tokens
+// past the end of a batch row read as zeros.
+template <int kBlockV>
+cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
-  const cuuint64_t dims[3] = {kHeadDim, static_cast<cuuint64_t>(p.heads),
-                              static_cast<cuuint64_t>(p.total_tokens)};
-  const cuuint64_t strides[2] = {2 * kHeadDim, static_cast<cuuint64_t>(p.heads) * 2 * kHeadDim};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(p.block_v), 1, kChunk};
-  const cuuint32_t unit[3] = {1, 1, 1};
+  const Strides &s = p.v_strides;
+  const cuuint64_t dims[4] = {kHeadDim, static_cast<cuuint64_t>(p.heads),
+                              static_cast<cuuint64_t>(p.seqlen),
+                              static_cast<cuuint64_t>(p.batch)};
+  // Byte strides of dimensions 1..3; a dimension of extent 1 is never stepped, so any
+  // valid stride does (api.cpp accepts any value there).
+  auto bytes = [](int64_t elems, int64_t extent) {
+    return static_cast<cuuint64_t>(extent > 1 ? 2 * elems : 2 * kHeadDim);
+  };
+  const cuuint64_t strides[3] = {bytes(s.head, p.heads), bytes(s.token, p.seqlen),
+                                 bytes(s.batch, p.batch)};
+  const cuuint32_t box[4] = {kBlockV, 1, kChunk, 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
   const CUresult res =
-      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t *>(p.v), dims, strides,
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<uint16_t *>(p.v), dims, strides,
              box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// One pass of recurrence_kernel<kNB, kWarps> (grid: units x heads x column slices).
 template <int kNB, int kWarps>
-LaunchStatus launch_recurrence(FwdParams p, cudaStream_t stream) {
-  int device = 0, smem_optin = 0;
+LaunchStatus launch_recurrence(FwdParams p, ChainPass pass, cudaStream_t stream) {
+  constexpr int kBlockV = 8 * kNB * kWarps;
+  int device = 0, smem_optin = 0, smem_sm = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
-  p.stages = std::min(kMaxStages, (smem_optin - kBarrierBytes) / stage_bytes(p.block_v));
+  p.pass = pass;
+  p.block_v = kBlockV;
+  // As deep a ring as lets resident_ctas CTAs share an SM (1 KB per CTA is reserved).
+  constexpr int kResident = resident_ctas(kNB, kWarps);
+  const int per_cta = std::min(smem_optin, smem_sm / kResident - 1024);
+  p.stages = std::min(kMaxStages, (per_cta - kBarrierBytes) / stage_bytes(kBlockV));
   if (p.stages < 2)
     return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
-  const int smem = recurrence_smem_bytes(p.block_v, p.stages);
+  const int smem = recurrence_smem_bytes(kBlockV, p.stages);
   const cudaError_t attr = cudaFuncSetAttribute(recurrence_kernel<kNB, kWarps>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
   CUtensorMap value_map;
-  err = make_value_map(p, &value_map);
+  err = make_value_map<kBlockV>(p, &value_map);
   if (err != cudaSuccess) return {err, "recurrence_kernel tensor map of v"};
-  const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / p.block_v);
+  const int64_t units = pass == ChainPass::kWhole ? p.num_seqs : p.max_segments;
+  const int columns = pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
+  const int64_t ctas = units * p.heads * (columns / kBlockV);
   recurrence_kernel<kNB, kWarps>
       <<<static_cast<unsigned>(ctas), 32 * (kWarps + 1), smem, stream>>>(p, value_map);
   return launch_status("recurrence_kernel launch");
 }
 
-// Tile prefix (varlen) -> K1 over all chunks -> K2 over (sequence, head, slice).
-// K2 instantiations <kNB, kWarps> by block_v, chosen on the H200 with
-// benchmarks/bench_fwd.py --block-v (whole-forward medians, ms):
-//   32  -> <1, 4> latency schedule. T=8192: H=6 0.329, H=24 0.412.
-//   64  -> <1, 8> streamed. H=48 0.672 (<2, 4> latency schedule: 0.707; 8x1024 H=8:
-//          0.111 vs 0.118).
-//   128 -> <2, 8> streamed. H=96 1.064 (<4, 4>: 1.140, <1, 16>: 1.268); T=32768 H=96
-//          4.15 (4.40); varlen six sequences H=96 1.04 (1.10).
-// Three instantiations instead of the style's two: each width's best shape differs and
-// the benchmarks above show the gain.
+// The pass at the width the plan chose; the widths are config.h's instantiations.
+inline LaunchStatus launch_pass(const FwdParams &p, ChainPass pass, int block_v,
+                                cudaStream_t stream) {
+  constexpr RecurrenceShape s0 = kRecurrenceShapes[0], s1 = kRecurrenceShapes[1],
+                            s2 = kRecurrenceShapes[2];
+  static_assert(kNumRecurrenceShapes == 3, "one case per config.h instantiation");
+  switch (block_v) {
+    case s0.block_v:
+      return launch_recurrence<s0.nb, s0.warps>(p, pass, stream);
+    case s1.block_v:
+      return launch_recurrence<s1.nb, s1.warps>(p, pass, stream);
+    case s2.block_v:
+      return launch_recurrence<s2.nb, s2.warps>(p, pass, stream);
+    default:
+      return {cudaErrorInvalidValue, "recurrence_kernel block_v (not in config.h)"};
+  }
+}
+
+// Prefixes (varlen) -> K1 over all chunks -> K2: one pass over whole sequences, or the
+// segment pass, the combine and the rerun (design §4.1, §6.2).
 inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (p.cu_seqlens != nullptr) {
-    tile_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
-    const LaunchStatus st = launch_status("tile_prefix_kernel launch");
+    prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
+    const LaunchStatus st = launch_status("prefix_kernel launch");
     if (st.error != cudaSuccess) return st;
   }
   prepare_kernel<<<dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads)),
                    kPrepareThreads, 0, stream>>>(p);
-  const LaunchStatus st = launch_status("prepare_kernel launch");
+  LaunchStatus st = launch_status("prepare_kernel launch");
   if (st.error != cudaSuccess) return st;
-  switch (p.block_v) {
-    case 32:
-      return launch_recurrence<1, 4>(p, stream);
-    case 64:
-      return launch_recurrence<1, 8>(p, stream);
-    case 128:
-      return launch_recurrence<2, 8>(p, stream);
-    default:
-      return {cudaErrorInvalidValue, "recurrence_kernel block_v"};
-  }
+  if (p.segment_chunks == 0) return launch_pass(p, ChainPass::kWhole, p.chain_block_v, stream);
+  st = launch_pass(p, ChainPass::kSegment, p.segment_block_v, stream);
+  if (st.error != cudaSuccess) return st;
+  const int64_t combine_ctas = p.num_seqs * p.heads * kCombineCtasPerHead;
+  combine_kernel<<<static_cast<unsigned>(combine_ctas), kCombineThreads, 0, stream>>>(p);
+  st = launch_status("combine_kernel launch");
+  if (st.error != cudaSuccess) return st;
+  return launch_pass(p, ChainPass::kRerun, p.chain_block_v, stream);
 }
 
 inline LaunchStatus launch_probe_unary(int op, const float *x, float *y, int64_t count,

@@ -8,38 +8,86 @@
 
 namespace flash_kda {
 
+// Element types of state and index tensors; the values are flash_kda_dtype's.
+enum class Dtype : int32_t { kNone = 0, kBf16 = 1, kFp32 = 2, kInt32 = 3, kInt64 = 4 };
+
+// Element strides of an activation [B, T, H, 128] (last stride 1) or of beta [B, T, H].
+struct Strides {
+  int64_t batch;
+  int64_t token;
+  int64_t head;
+};
+
+// Which chunk chains one launch of the recurrence kernel runs (docs/design.md §5, §6).
+enum class ChainPass : int32_t {
+  kWhole = 0,    // one chain per (sequence, head): the exact path
+  kSegment = 1,  // §6 phase A: each segment but the last from zero (value columns) and
+                 // from the identity (transition columns); no output
+  kRerun = 2,    // §6 phase C: each segment from its combined start state, with output
+};
+
 struct FwdParams {
-  // Activations, token-major [total_tokens, heads, 128] bf16 (bit patterns).
+  // Activations [B, T, H, 128] bf16 (bit patterns) with their element strides.
   const uint16_t *q;
   const uint16_t *k;
   const uint16_t *v;
   const uint16_t *g;
-  const uint16_t *beta;  // [total_tokens, heads]
+  const uint16_t *beta;  // [B, T, H]
   uint16_t *out;
+  Strides q_strides, k_strides, v_strides, g_strides, beta_strides, out_strides;
   const float *A_log;    // [heads]
   const float *dt_bias;  // [heads, 128]
 
-  // States [num_seqs, heads, 128 (V), 128 (K)]; dtype 0 none, 1 bf16, 2 fp32.
+  // States [S, heads, 128 (V), 128 (K)], S = num_seqs, or pool_size with state_indices.
   const void *initial_state;
   void *final_state;
-  int32_t initial_dtype;
-  int32_t final_dtype;
+  Dtype initial_dtype;
+  Dtype final_dtype;
+  const void *state_indices;  // [num_seqs] slot per sequence (< 0: padding), or nullptr
+  Dtype index_dtype;
+  int64_t pool_size;
+  const uint8_t *has_initial_state;  // [num_seqs] or nullptr
 
-  const int64_t *cu_seqlens;  // [num_seqs + 1] or nullptr (batched)
-  uint8_t *records;           // [heads, tiles_per_head, kRecordBytes]
-  int32_t *tile_prefix;       // [num_seqs + 1], varlen only
+  // Checkpoints [checkpoint_slots, heads, 128, 128]: the state every checkpoint_chunks
+  // chunks of each sequence (flash_kda.h).
+  void *checkpoints;
+  Dtype checkpoint_dtype;
+  int32_t checkpoint_chunks;
+  int64_t checkpoint_slots;
 
-  int64_t seqlen;        // T of batched mode
+  const void *cu_seqlens;  // [num_seqs + 1] or nullptr (batched)
+  Dtype cu_seqlens_dtype;
+
+  int64_t batch;         // B
+  int64_t seqlen;        // T
   int64_t total_tokens;  // B * T
   int64_t heads;
   int64_t num_seqs;
+
+  // Workspace (workspace.h): records, then the prefix arrays, then the segment buffers.
+  uint8_t *records;        // [heads, tiles_per_head, kRecordBytes]
   int64_t tiles_per_head;  // record stride of one head
   int64_t prepare_tiles;   // K1 grid.x: exact in batched mode, upper bound in varlen
+  int32_t *tile_prefix;        // [num_seqs + 1], varlen only
+  int32_t *segment_prefix;     // [num_seqs + 1], varlen and segmented only
+  int32_t *checkpoint_prefix;  // [num_seqs + 1], varlen with checkpoints only
 
-  float gate_scale;     // c = fp32(lower_bound * log2 e), spec §3.2 step 1
-  uint32_t scale_bf16;  // sb = bf(fp32(scale)), spec §3.2 step 6
-  int32_t block_v;      // value columns per K2 CTA
-  int32_t stages;       // K2 ring depth, set at launch from the device's smem limit
+  // Sequence-parallel segments (docs/design.md §6); segment_chunks 0 = not segmented.
+  int32_t segment_chunks;
+  int64_t max_segments;
+  uint16_t *segment_states;  // [max_segments, heads, 256, 128] bf16: [S^ ; M^T] per segment
+  uint16_t *segment_starts;  // [max_segments, heads, 128, 128] bf16: start state per segment
+
+  float gate_scale;     // c = fp32(lower_bound * log2 e), design §3.2 step 1
+  uint32_t scale_bf16;  // sb = bf(fp32(scale)), design §3.2 step 6
+
+  int32_t chain_block_v;    // plan: width of the whole-sequence or rerun pass
+  int32_t segment_block_v;  // plan: width of the segment pass
+
+  // Set per recurrence launch by launch.cuh.
+  ChainPass pass;
+  int32_t block_v;  // value columns per recurrence CTA (the instantiation's kBlockV)
+  int32_t stages;   // ring depth, from the device's shared-memory limit
 };
 
 }  // namespace flash_kda

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// prepare.cuh: K1, the token-parallel half of the forward (spec §3.2, §4.4).
+// prepare.cuh: K1, the token-parallel half of the forward (design §3.2, §4.4).
 //
 // One CTA computes one 16-token chunk of one head and writes its record (workspace.h):
 // decayed keys/queries Kd, Qd, Kr, the chunk decay e, the inverse (I + L)^-1, the causal
@@ -46,16 +46,18 @@ __device__ __forceinline__ void load_chunk(const FwdParams &p, int64_t h, const 
   for (int idx = threadIdx.x; idx < 3 * kChunk * 16; idx += kPrepareThreads) {
     const int which = idx / (kChunk * 16), row = (idx / 16) % kChunk, vec = idx % 16;
     const uint16_t *src = which == kQ ? p.q : which == kK ? p.k : p.g;
+    const Strides &st = which == kQ ? p.q_strides : which == kK ? p.k_strides : p.g_strides;
     uint4 val = make_uint4(0, 0, 0, 0);
     if (row < ch.n) {
-      const uint16_t *rowp = src + ((ch.tok0 + row) * p.heads + h) * kHeadDim;
+      const uint16_t *rowp = src + token_offset(st, ch.b, ch.t0 + row, h);
       val = __ldg(reinterpret_cast<const uint4 *>(rowp) + vec);
     }
     reinterpret_cast<uint4 *>(sm.x[which][row])[vec] = val;
   }
   if (threadIdx.x < kChunk) {
     const int t = threadIdx.x;
-    const uint32_t raw = t < ch.n ? __ldg(p.beta + (ch.tok0 + t) * p.heads + h) : 0u;
+    const uint32_t raw =
+        t < ch.n ? __ldg(p.beta + token_offset(p.beta_strides, ch.b, ch.t0 + t, h)) : 0u;
     const float b = sigmoid_tanh(bf16_to_f32(raw));
     sm.beta_bf[t] = static_cast<uint16_t>(f32_to_bf16(b));
     sm.beta_h[t] = f16_to_f32(f32_to_f16(b));
@@ -152,7 +154,7 @@ __device__ __forceinline__ void chunk_scores(PrepareSmem &sm) {
   const bool is_l = warp < 2;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int kb = 0; kb < kHeadDim / 16; ++kb) {
+  for (int kb = 0; kb < kKBlocks; ++kb) {
     const uint4 av = a_frag(sm.x[is_l ? kKd : kQd], kb);
     const uint32_t a[4] = {av.x, av.y, av.z, av.w};
     // B^T rows j = 8 nb + g of Ki: words of row j at columns 16 kb + 2 cq and + 8.

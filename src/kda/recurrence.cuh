@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT
-// recurrence.cuh: K2, the serial chunk chain (spec §3.3, §4.5), split over value columns
-// (spec §5).
+// recurrence.cuh: K2, the serial chunk chain (design §3.3, §4.5), split over value columns
+// (design §5) and, in AUTO mode, over sequence segments (design §6).
 //
-// One CTA = one (sequence, head, slice of block_v value columns). Value columns evolve
-// independently given the chunk's record (spec §2.4), so slices need no communication.
+// One CTA = one chain task: (sequence or segment, head, slice of kBlockV value columns),
+// picked by the launch's ChainPass (chain_task). Value columns evolve independently given
+// the chunk's record (design §2.4), so slices need no communication; the segment pass
+// runs 256 "columns" per (segment, head): the 128 value columns from zero and the 128
+// columns of the transition M^T from the identity (design §6.1).
 // Threads: kWarps compute warps, each owning kNB blocks of 8 columns and keeping
 // its slice of the state S^T (128 x 8 kNB, bf16) in registers for the whole sequence,
 // plus one producer warp that streams records and value rows into a ring of up to
@@ -19,6 +22,7 @@
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
 #endif
 
+#include "kda/config.h"
 #include "kda/numerics.cuh"
 #include "kda/sequences.cuh"
 
@@ -58,42 +62,151 @@ struct RingPos {
   }
 };
 
-struct RecurrenceCta {
-  int64_t seq, head;
-  int col0;  // first value column of the CTA
-  SeqSpan span;
+// Where a chain's state comes from: zeros (block == nullptr), a [rows][128] V-first block
+// of bf16 or fp32, or the identity (transition columns: row 128 + k' holds column k' of
+// M, which starts as I).
+struct StateSource {
+  const void *block;
+  Dtype dtype;
+  bool identity;
 };
 
-__device__ __forceinline__ RecurrenceCta recurrence_cta(const FwdParams &p) {
-  const int slices = kHeadDim / p.block_v;
-  RecurrenceCta cta;
-  const int64_t pair = blockIdx.x / slices;
-  cta.col0 = static_cast<int>(blockIdx.x % slices) * p.block_v;
-  cta.head = pair % p.heads;
-  cta.seq = pair / p.heads;
-  cta.span = seq_span(p, cta.seq);
-  return cta;
+// Where a chain's final state goes: a [rows][128] V-first block, or nowhere.
+struct StateSink {
+  void *block;
+  Dtype dtype;
+};
+
+// Slot of sequence i in the state tensors; -1 for padding (nothing read or written).
+__device__ __forceinline__ int64_t state_slot(const FwdParams &p, int64_t i) {
+  if (p.state_indices == nullptr) return i;
+  const int64_t slot = load_index(p.state_indices, p.index_dtype, i);
+  return slot >= 0 && slot < p.pool_size ? slot : -1;
 }
 
-// Producer (one lane): per chunk, wait for a free stage, then two copies: the record (a
-// bulk copy) and the chunk's value rows [16, block_v] (a tensor copy; rows past the end of
-// v read as zeros, rows past the sequence are masked by the consumers). One value-row copy
-// per row (17 copies per chunk) left the consumers waiting for data a third of the time.
+__device__ __forceinline__ int64_t state_block_offset(const FwdParams &p, int64_t slot,
+                                                      int64_t head) {
+  return (slot * p.heads + head) * kHeadDim * kHeadDim;
+}
+
+// The element `offset` of a bf16 or fp32 tensor.
+__device__ __forceinline__ const void *element(const void *base, Dtype dtype, int64_t offset) {
+  return dtype == Dtype::kFp32 ? static_cast<const void *>(static_cast<const float *>(base) + offset)
+                               : static_cast<const void *>(static_cast<const uint16_t *>(base) +
+                                                           offset);
+}
+
+__device__ __forceinline__ void *element(void *base, Dtype dtype, int64_t offset) {
+  return const_cast<void *>(element(static_cast<const void *>(base), dtype, offset));
+}
+
+// The initial state of (sequence i, head): zero without one, for padding and where
+// has_initial_state is false (flash_kda.h).
+__device__ __forceinline__ StateSource initial_source(const FwdParams &p, int64_t i, int64_t head) {
+  const int64_t slot = state_slot(p, i);
+  if (p.initial_state == nullptr || slot < 0 ||
+      (p.has_initial_state != nullptr && p.has_initial_state[i] == 0))
+    return {nullptr, Dtype::kBf16, false};
+  return {element(p.initial_state, p.initial_dtype, state_block_offset(p, slot, head)),
+          p.initial_dtype, false};
+}
+
+__device__ __forceinline__ StateSink final_sink(const FwdParams &p, int64_t i, int64_t head) {
+  const int64_t slot = state_slot(p, i);
+  if (p.final_state == nullptr || slot < 0) return {nullptr, Dtype::kNone};
+  return {element(p.final_state, p.final_dtype, state_block_offset(p, slot, head)), p.final_dtype};
+}
+
+// The [256][128] bf16 block of segment s: rows 0..127 S^ (V-first), rows 128..255 M^T.
+__device__ __forceinline__ uint16_t *segment_state_block(const FwdParams &p, int64_t s,
+                                                         int64_t head) {
+  return p.segment_states + (s * p.heads + head) * 2 * kHeadDim * kHeadDim;
+}
+
+__device__ __forceinline__ uint16_t *segment_start_block(const FwdParams &p, int64_t s,
+                                                         int64_t head) {
+  return p.segment_starts + (s * p.heads + head) * kHeadDim * kHeadDim;
+}
+
+// What one CTA computes (chain_task).
+struct ChainTask {
+  bool valid;
+  int64_t seq, head;
+  int col0;  // first column of the slice: [0, 128) values, [128, 256) transition (kSegment)
+  SeqSpan span;
+  StateSource source;
+  StateSink sink;
+  bool output;            // write the output rows
+  int64_t checkpoint0;    // first checkpoint slot of the sequence, -1 for none
+};
+
+// The task of this CTA. Grid: units x heads x slices, units = sequences (kWhole) or
+// segments (kSegment, kRerun); slices = kColumns / block_v.
+template <int kBlockV>
+__device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
+  const int columns = p.pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
+  const int slices = columns / kBlockV;
+  const int64_t unit = blockIdx.x / slices;
+  ChainTask t;
+  t.col0 = static_cast<int>(blockIdx.x % slices) * kBlockV;
+  t.head = unit % p.heads;
+  t.output = p.pass != ChainPass::kSegment;
+  t.checkpoint0 = -1;
+  t.sink = {nullptr, Dtype::kNone};
+  if (p.pass == ChainPass::kWhole) {
+    t.seq = unit / p.heads;
+    t.valid = true;
+    t.span = seq_span(p, t.seq);
+    t.source = initial_source(p, t.seq, t.head);
+    t.sink = final_sink(p, t.seq, t.head);
+  } else {
+    const int64_t s = unit / p.heads;
+    SegmentRef seg;
+    t.valid = locate_segment(p, s, seg);
+    t.seq = seg.seq;
+    t.span = seg.span;
+    if (p.pass == ChainPass::kSegment) {  // design §6.2 phase A
+      const bool transition = t.col0 >= kHeadDim;
+      // The last segment's end state is never needed; segment 0 starts from the true
+      // initial state, so its transition is not needed either.
+      t.valid = t.valid && seg.index + 1 < seg.count && !(transition && seg.index == 0);
+      t.source = transition ? StateSource{nullptr, Dtype::kBf16, true}
+                 : seg.index == 0 ? initial_source(p, t.seq, t.head)
+                                  : StateSource{nullptr, Dtype::kBf16, false};
+      t.sink = {segment_state_block(p, s, t.head), Dtype::kBf16};
+    } else {  // phase C
+      t.source = {segment_start_block(p, s, t.head), Dtype::kBf16, false};
+      if (seg.index + 1 == seg.count) t.sink = final_sink(p, t.seq, t.head);
+    }
+  }
+  if (t.valid && t.output && p.checkpoints != nullptr) t.checkpoint0 = first_checkpoint(p, t.seq);
+  return t;
+}
+
+// Producer (one lane): per chunk, wait for a free stage, then the record (a bulk copy)
+// and, unless the slice is a transition slice (v = 0), the chunk's value rows
+// [16, kBlockV] (a tensor copy; rows past the end of v read as zeros, rows past the
+// sequence are masked by the consumers). One value-row copy per row (17 copies per
+// chunk) left the consumers waiting for data a third of the time.
+template <int kBlockV>
 __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtensorMap *value_map,
-                                               const RecurrenceCta &cta, uint8_t *stages,
+                                               const ChainTask &t, uint8_t *stages,
                                                uint64_t *full, uint64_t *empty) {
-  const uint32_t value_bytes = kChunk * value_row_stride(p.block_v);
+  const bool values = t.col0 < kHeadDim;
+  const uint32_t bytes = kRecordBytes + (values ? kChunk * value_row_stride(kBlockV) : 0);
   const uint8_t *records =
-      p.records + (cta.head * p.tiles_per_head + cta.span.first_tile) * kRecordBytes;
+      p.records + (t.head * p.tiles_per_head + t.span.first_tile) * kRecordBytes;
   RingPos pos{0, 0};
-  for (int64_t c = 0; c < cta.span.num_chunks; ++c, pos.advance(p.stages)) {
+  for (int64_t c = 0; c < t.span.num_chunks; ++c, pos.advance(p.stages)) {
     const int s = pos.stage;
     barrier_wait(&empty[s], pos.phase ^ 1u);  // the first round passes at once
-    uint8_t *stage = stages + s * stage_bytes(p.block_v);
-    TxBarrier::arrive_and_expect_tx(&full[s], kRecordBytes + value_bytes);
+    uint8_t *stage = stages + s * stage_bytes(kBlockV);
+    TxBarrier::arrive_and_expect_tx(&full[s], bytes);
     bulk_copy_g2s(stage, records + c * kRecordBytes, kRecordBytes, &full[s]);
-    tensor_copy_g2s(stage + kRecordBytes, value_map, cta.col0, static_cast<int32_t>(cta.head),
-                    static_cast<int32_t>(cta.span.bos + c * kChunk), &full[s]);
+    if (values)
+      tensor_copy_g2s(stage + kRecordBytes, value_map, t.col0, static_cast<int32_t>(t.head),
+                      static_cast<int32_t>(t.span.t0 + c * kChunk), static_cast<int32_t>(t.span.b),
+                      &full[s]);
   }
 }
 
@@ -102,66 +215,63 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtenso
 // same values as B fragments of Pk / Pq: sb[kb][nb][r] = movmatrix transpose of st.
 template <int kNB>
 struct StateSlice {
-  uint32_t st[kHeadDim / 16][kNB][2];
-  uint32_t sb[kHeadDim / 16][kNB][2];
+  uint32_t st[kKBlocks][kNB][2];
+  uint32_t sb[kKBlocks][kNB][2];
 };
 
-__device__ __forceinline__ int64_t state_index(const FwdParams &p, const RecurrenceCta &cta, int v,
-                                               int k) {
-  return ((cta.seq * p.heads + cta.head) * kHeadDim + v) * kHeadDim + k;  // V-first
-}
-
-// Calls fn(mb, nb, r, i0, i1) for each bf16 pair of the lane's state slice: the pair
-// S^T[16 mb + g + 8 r][v, v + 1] with v = col + 8 nb + 2 cq, at V-first offsets i0, i1.
+// Calls fn(mb, nb, r, v, k) for each bf16 pair of the lane's state slice: the pair
+// S^T[k][v, v + 1] with k = 16 mb + g + 8 r, v = col + 8 nb + 2 cq (a row of a V-first
+// block, whose element (v, k) is at v * 128 + k).
 template <int kNB, typename Fn>
-__device__ __forceinline__ void for_each_state_pair(const FwdParams &p, const RecurrenceCta &cta,
-                                                    int col, Fn fn) {
+__device__ __forceinline__ void for_each_state_pair(int col, Fn fn) {
   const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
 #pragma unroll
-  for (int mb = 0; mb < kHeadDim / 16; ++mb) {
+  for (int mb = 0; mb < kKBlocks; ++mb) {
 #pragma unroll
     for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int k = 16 * mb + g + 8 * r, v = col + 8 * nb + 2 * cq;
-        fn(mb, nb, r, state_index(p, cta, v, k), state_index(p, cta, v + 1, k));
-      }
+      for (int r = 0; r < 2; ++r) fn(mb, nb, r, col + 8 * nb + 2 * cq, 16 * mb + g + 8 * r);
     }
   }
 }
 
-// Initial state: zeros, bf16 as is, or fp32 rounded bf(x) (spec §1.4).
+// Initial state: zeros, bf16 as is, fp32 rounded bf(x) (design §1.4), or the identity.
 template <int kNB>
-__device__ __forceinline__ void load_state(const FwdParams &p, const RecurrenceCta &cta, int col,
-                                           StateSlice<kNB> &s) {
-  for_each_state_pair<kNB>(p, cta, col, [&](int mb, int nb, int r, int64_t i0, int64_t i1) {
+__device__ __forceinline__ void load_state(const StateSource &src, int col, StateSlice<kNB> &s) {
+  for_each_state_pair<kNB>(col, [&](int mb, int nb, int r, int v, int k) {
     uint32_t pair = 0;
-    if (p.initial_dtype == 1) {
-      const uint16_t *src = static_cast<const uint16_t *>(p.initial_state);
-      pair = src[i0] | (static_cast<uint32_t>(src[i1]) << 16);
-    } else if (p.initial_dtype == 2) {
-      const float *src = static_cast<const float *>(p.initial_state);
-      pair = pack_bf16x2(src[i0], src[i1]);
+    const int64_t i0 = int64_t{v} * kHeadDim + k, i1 = i0 + kHeadDim;
+    if (src.identity) {
+      constexpr uint32_t kOne = 0x3f80u;  // bf16 1.0
+      pair = (v - kHeadDim == k ? kOne : 0u) | (v + 1 - kHeadDim == k ? kOne << 16 : 0u);
+    } else if (src.block != nullptr && src.dtype == Dtype::kBf16) {
+      const uint16_t *b = static_cast<const uint16_t *>(src.block);
+      pair = b[i0] | (static_cast<uint32_t>(b[i1]) << 16);
+    } else if (src.block != nullptr) {
+      const float *b = static_cast<const float *>(src.block);
+      pair = pack_bf16x2(b[i0], b[i1]);
     }
     s.st[mb][nb][r] = pair;
     s.sb[mb][nb][r] = movmatrix_trans(pair);
   });
 }
 
-// Final state: bf16 as is, or fp32 as the exact widening f(S) (spec §1.4).
+// A state: bf16 as is, or fp32 as the exact widening f(S) (design §1.4). Also writes
+// checkpoints.
 template <int kNB>
-__device__ __forceinline__ void store_state(const FwdParams &p, const RecurrenceCta &cta, int col,
-                                            const StateSlice<kNB> &s) {
-  for_each_state_pair<kNB>(p, cta, col, [&](int mb, int nb, int r, int64_t i0, int64_t i1) {
+__device__ __forceinline__ void store_state(const StateSink &dst, int col, const StateSlice<kNB> &s) {
+  if (dst.block == nullptr) return;
+  for_each_state_pair<kNB>(col, [&](int mb, int nb, int r, int v, int k) {
     const uint32_t pair = s.st[mb][nb][r];
-    if (p.final_dtype == 1) {
-      uint16_t *dst = static_cast<uint16_t *>(p.final_state);
-      dst[i0] = static_cast<uint16_t>(lo16(pair));
-      dst[i1] = static_cast<uint16_t>(hi16(pair));
-    } else if (p.final_dtype == 2) {
-      float *dst = static_cast<float *>(p.final_state);
-      dst[i0] = bf16_to_f32(lo16(pair));
-      dst[i1] = bf16_to_f32(hi16(pair));
+    const int64_t i0 = int64_t{v} * kHeadDim + k, i1 = i0 + kHeadDim;
+    if (dst.dtype == Dtype::kBf16) {
+      uint16_t *b = static_cast<uint16_t *>(dst.block);
+      b[i0] = static_cast<uint16_t>(lo16(pair));
+      b[i1] = static_cast<uint16_t>(hi16(pair));
+    } else {
+      float *b = static_cast<float *>(dst.block);
+      b[i0] = bf16_to_f32(lo16(pair));
+      b[i1] = bf16_to_f32(hi16(pair));
     }
   });
 }
@@ -179,15 +289,15 @@ __device__ __forceinline__ Frag lds_frag(const uint8_t *stage, int offset) {
 // A fragments of Kd and Qd (spec §3.3 step 2), the head of a link. They do not depend on
 // the state, so the latency-bound schedule loads them one chunk ahead.
 struct ScoreFrags {
-  Frag kd[kHeadDim / 16];
-  Frag qd[kHeadDim / 16];
+  Frag kd[kKBlocks];
+  Frag qd[kKBlocks];
 };
 
 __device__ __forceinline__ void load_score_frags(const uint8_t *stage, ScoreFrags &f) {
 #pragma unroll
-  for (int kb = 0; kb < kHeadDim / 16; ++kb) {
-    f.kd[kb] = lds_frag(stage, kOffKd + kb * 512);
-    f.qd[kb] = lds_frag(stage, kOffQd + kb * 512);
+  for (int kb = 0; kb < kKBlocks; ++kb) {
+    f.kd[kb] = lds_frag(stage, kOffKd + kb * kTileBytes);
+    f.qd[kb] = lds_frag(stage, kOffQd + kb * kTileBytes);
   }
 }
 
@@ -244,7 +354,7 @@ __device__ __forceinline__ void chunk_projections(KdOf kd, QdOf qd, After after,
 #pragma unroll
     for (int i = 0; i < 4; ++i) pk[nb][i] = pq[nb][i] = 0.f;
 #pragma unroll
-  for (int kb = 0; kb < kHeadDim / 16; ++kb) {
+  for (int kb = 0; kb < kKBlocks; ++kb) {
     const Frag a_k = kd(kb), a_q = qd(kb);
 #pragma unroll
     for (int nb = 0; nb < kNB; ++nb) {
@@ -297,6 +407,7 @@ __device__ __forceinline__ void output_scores(const Frag &mqk, const uint32_t (&
 template <int kNB>
 __device__ __forceinline__ void store_output(const float (&pq)[kNB][4], const float (&mu)[kNB][4],
                                              int n, uint16_t *out_row0, int64_t row_pitch) {
+  if (out_row0 == nullptr) return;
   const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb) {
@@ -321,7 +432,7 @@ template <int kNB, typename KrtOf>
 __device__ __forceinline__ void update_state(KrtOf krt, const float (&e)[16],
                                              const uint32_t (&ub)[kNB][2], StateSlice<kNB> &s) {
 #pragma unroll
-  for (int mb = 0; mb < kHeadDim / 16; ++mb) {
+  for (int mb = 0; mb < kKBlocks; ++mb) {
     const Frag a = krt(mb);
 #pragma unroll
     for (int nb = 0; nb < kNB; ++nb) {
@@ -340,14 +451,45 @@ __device__ __forceinline__ void update_state(KrtOf krt, const float (&e)[16],
   }
 }
 
+// Checkpoint slots of a chain's sequence (flash_kda.h): slot first + m holds the state
+// after (m + 1) every_chunks chunks; none when base is nullptr.
+struct CheckpointSink {
+  void *base;  // [slots, heads, 128, 128]
+  Dtype dtype;
+  int64_t first, slots, head, heads;
+  int32_t every_chunks;
+};
+
 // What one compute warp needs to run its chain.
 struct WarpChain {
   const uint8_t *stages;
   uint64_t *full, *empty;
   int num_stages, stage_bytes, row_stride, vcol;
-  uint16_t *out;  // (token 0, head, first column of the warp)
-  int64_t row_pitch;
+  bool values;         // false for transition slices: v = 0 (design §6.1)
+  uint16_t *out;       // (first token of the span, head, first column of the warp), or
+                       // nullptr: no output (segment pass)
+  int64_t row_pitch;   // out's token stride
+  int col;             // first state row (augmented column) of the warp
+  CheckpointSink checkpoints;
 };
+
+// After chunk c of the span: the checkpoint, if the chain has just completed one.
+template <int kNB>
+__device__ __forceinline__ void maybe_checkpoint(const WarpChain &w, const SeqSpan &span,
+                                                 int64_t c, int n, const StateSlice<kNB> &state) {
+  const CheckpointSink &k = w.checkpoints;
+  if (k.base == nullptr || n != kChunk) return;
+  const int64_t done = span.chunk0 + c + 1;  // chunks of the sequence behind this state
+  if (done % k.every_chunks != 0) return;
+  const int64_t slot = k.first + done / k.every_chunks - 1;
+  if (slot >= k.slots) return;  // inconsistent cu_seqlens: never write past the buffer
+  const int64_t offset = (slot * k.heads + k.head) * kHeadDim * kHeadDim;
+  store_state(StateSink{element(k.base, k.dtype, offset), k.dtype}, w.col, state);
+}
+
+__device__ __forceinline__ uint16_t *output_rows(const WarpChain &w, int64_t c) {
+  return w.out == nullptr ? nullptr : w.out + c * kChunk * w.row_pitch;
+}
 
 __device__ __forceinline__ const uint8_t *stage_of(const WarpChain &w, RingPos pos) {
   return w.stages + pos.stage * w.stage_bytes;
@@ -387,10 +529,10 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
     const uint8_t *stage = stage_of(w, pos);
     const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
     LinkInputs<kNB> in;
-    load_link_inputs(stage, n, w.vcol, w.row_stride, in);
-    Frag krt[kHeadDim / 16];
+    load_link_inputs(stage, w.values ? n : 0, w.vcol, w.row_stride, in);
+    Frag krt[kKBlocks];
 #pragma unroll
-    for (int mb = 0; mb < kHeadDim / 16; ++mb) krt[mb] = lds_frag(stage, kOffKrT + mb * 512);
+    for (int mb = 0; mb < kKBlocks; ++mb) krt[mb] = lds_frag(stage, kOffKrT + mb * kTileBytes);
     release_chunk(w, pos);
 
     const bool has_next = c + 1 < span.num_chunks;
@@ -398,8 +540,8 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
     auto prefetch = [&](int kb) {
       if (!has_next) return;
       if (kb == 0) wait_chunk(w, next_pos);
-      frags.kd[kb] = lds_frag(next, kOffKd + kb * 512);
-      frags.qd[kb] = lds_frag(next, kOffQd + kb * 512);
+      frags.kd[kb] = lds_frag(next, kOffKd + kb * kTileBytes);
+      frags.qd[kb] = lds_frag(next, kOffQd + kb * kTileBytes);
     };
     float pk[kNB][4], pq[kNB][4];
     chunk_projections([&](int kb) { return frags.kd[kb]; }, [&](int kb) { return frags.qd[kb]; },
@@ -409,7 +551,8 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
     float mu[kNB][4];
     output_scores(in.mqk, ub, mu);
     update_state([&](int mb) { return krt[mb]; }, in.e, ub, state);
-    store_output(pq, mu, n, w.out + (span.bos + c * kChunk) * w.row_pitch, w.row_pitch);
+    store_output(pq, mu, n, output_rows(w, c), w.row_pitch);
+    maybe_checkpoint(w, span, c, n, state);
   }
 }
 
@@ -425,32 +568,35 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
     const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
     wait_chunk(w, pos);
     LinkInputs<kNB> in;
-    load_link_inputs(stage, n, w.vcol, w.row_stride, in);
+    load_link_inputs(stage, w.values ? n : 0, w.vcol, w.row_stride, in);
     float pk[kNB][4], pq[kNB][4];
-    chunk_projections([&](int kb) { return lds_frag(stage, kOffKd + kb * 512); },
-                      [&](int kb) { return lds_frag(stage, kOffQd + kb * 512); }, [](int) {}, state,
+    chunk_projections([&](int kb) { return lds_frag(stage, kOffKd + kb * kTileBytes); },
+                      [&](int kb) { return lds_frag(stage, kOffQd + kb * kTileBytes); }, [](int) {}, state,
                       pk, pq);
     uint32_t ub[kNB][2];
     solve_u(in, pk, ub);
     float mu[kNB][4];
     output_scores(in.mqk, ub, mu);
-    update_state([&](int mb) { return lds_frag(stage, kOffKrT + mb * 512); }, in.e, ub, state);
+    update_state([&](int mb) { return lds_frag(stage, kOffKrT + mb * kTileBytes); }, in.e, ub, state);
     release_chunk(w, pos);
-    store_output(pq, mu, n, w.out + (span.bos + c * kChunk) * w.row_pitch, w.row_pitch);
+    store_output(pq, mu, n, output_rows(w, c), w.row_pitch);
+    maybe_checkpoint(w, span, c, n, state);
   }
 }
 
 // kWarps compute warps of kNB blocks of 8 value columns, plus the producer warp;
-// launch.cuh lists the instantiations.
+// config.h lists the instantiations, launch.cuh launches them.
 template <int kNB, int kWarps>
-__global__ void __launch_bounds__(32 * (kWarps + 1), 1)
+__global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps))
     recurrence_kernel(const FwdParams p, const __grid_constant__ CUtensorMap value_map) {
+  constexpr int kBlockV = 8 * kNB * kWarps;
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t *full = reinterpret_cast<uint64_t *>(smem);
   uint64_t *empty = full + kMaxStages;
   uint8_t *stages = smem + kBarrierBytes;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const RecurrenceCta cta = recurrence_cta(p);
+  const ChainTask task = chain_task<kBlockV>(p);
+  if (!task.valid) return;  // CTA-uniform: the excess of an upper-bound grid
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
@@ -462,29 +608,37 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), 1)
   __syncthreads();
 
   if (warp == kWarps) {  // producer warp; no CTA-wide barrier follows
-    if (lane == 0) produce_chunks(p, &value_map, cta, stages, full, empty);
+    if (lane == 0) produce_chunks<kBlockV>(p, &value_map, task, stages, full, empty);
     return;
   }
 
   const int vcol = warp * 8 * kNB;  // first value column of this warp within the slice
   StateSlice<kNB> state;
-  load_state(p, cta, cta.col0 + vcol, state);
+  load_state(task.source, task.col0 + vcol, state);
+  uint16_t *out = nullptr;
+  if (task.output)
+    out = p.out + token_offset(p.out_strides, task.span.b, task.span.t0, task.head) + task.col0 +
+          vcol;
   const WarpChain w{stages,
                     full,
                     empty,
                     p.stages,
-                    stage_bytes(p.block_v),
-                    value_row_stride(p.block_v),
+                    stage_bytes(kBlockV),
+                    value_row_stride(kBlockV),
                     vcol,
-                    p.out + cta.head * kHeadDim + cta.col0 + vcol,
-                    p.heads * kHeadDim};
-  if (cta.span.num_chunks > 0) {
+                    task.col0 < kHeadDim,
+                    out,
+                    p.out_strides.token,
+                    task.col0 + vcol,
+                    {task.checkpoint0 >= 0 ? p.checkpoints : nullptr, p.checkpoint_dtype,
+                     task.checkpoint0, p.checkpoint_slots, task.head, p.heads, p.checkpoint_chunks}};
+  if (task.span.num_chunks > 0) {
     if constexpr (prefetched_schedule(kNB, kWarps))
-      run_chain_prefetched(w, cta.span, state);
+      run_chain_prefetched(w, task.span, state);
     else
-      run_chain_streamed(w, cta.span, state);
+      run_chain_streamed(w, task.span, state);
   }
-  store_state(p, cta, cta.col0 + vcol, state);
+  store_state(task.sink, task.col0 + vcol, state);
 }
 
 }  // namespace flash_kda::FLASH_KDA_ARCH

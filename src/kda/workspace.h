@@ -23,16 +23,28 @@ namespace flash_kda {
 constexpr int kChunk = 16;     // tokens per chunk (spec §0)
 constexpr int kHeadDim = 128;  // K = V = D (spec §0)
 
-constexpr int kTileElems = 16 * 16;                       // one 16x16 operand tile
-constexpr int kOpBytes = kHeadDim / 16 * kTileElems * 2;  // 8 bf16 tiles = 4096 B
+constexpr int kTileElems = 16 * 16;     // one 16x16 operand tile
+constexpr int kTileBytes = kTileElems * 2;  // bf16: 512 B, one lane's 16 B times 32 lanes
+constexpr int kKBlocks = kHeadDim / 16;     // 16-wide blocks of the head dimension
+constexpr int kOpBytes = kKBlocks * kTileBytes;  // 8 bf16 tiles = 4096 B
 constexpr int kOffKd = 0;
 constexpr int kOffQd = kOffKd + kOpBytes;
 constexpr int kOffKrT = kOffQd + kOpBytes;
 constexpr int kOffInv = kOffKrT + kOpBytes;
-constexpr int kOffMqk = kOffInv + kTileElems * 2;
-constexpr int kOffDecay = kOffMqk + kTileElems * 2;
+constexpr int kOffMqk = kOffInv + kTileBytes;
+constexpr int kOffDecay = kOffMqk + kTileBytes;
 constexpr int kOffBeta = kOffDecay + kHeadDim * 4;
-constexpr int kRecordBytes = 13952;  // kOffBeta + 32 rounded up to 128
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+constexpr int64_t round_up(int64_t a, int64_t b) {
+  return ceil_div(a, b) * b;
+}
+
+// Records stay 128-byte aligned (bulk copies want 16, L2 sectors 32, lines 128): 13,952 B.
+constexpr int kRecordBytes = static_cast<int>(round_up(kOffBeta + kChunk * 2, 128));
 
 static_assert(kOffBeta + kChunk * 2 <= kRecordBytes, "record overflow");
 static_assert(kRecordBytes % 128 == 0, "records must keep 128-byte alignment");
@@ -52,23 +64,10 @@ constexpr int decay_index(int k) {
   return ((k % 8) * 8 + k / 16) * 2 + (k / 8) % 2;
 }
 
-constexpr int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
 // Records per head: an upper bound on the chunks of any split of total_tokens into
-// num_seqs sequences (spec §1.6).
+// num_seqs sequences (design §1.6).
 constexpr int64_t tiles_per_head(int64_t total_tokens, int64_t num_seqs) {
   return ceil_div(total_tokens, kChunk) + num_seqs;
-}
-
-// The int32 tile prefix of varlen mode follows the records.
-constexpr int64_t prefix_offset(int64_t total_tokens, int64_t heads, int64_t num_seqs) {
-  return heads * tiles_per_head(total_tokens, num_seqs) * kRecordBytes;
-}
-
-constexpr int64_t workspace_bytes(int64_t total_tokens, int64_t heads, int64_t num_seqs) {
-  return prefix_offset(total_tokens, heads, num_seqs) + ceil_div(4 * (num_seqs + 1), 128) * 128;
 }
 
 }  // namespace flash_kda

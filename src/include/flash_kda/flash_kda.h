@@ -30,7 +30,7 @@
 #define FLASH_KDA_NOEXCEPT
 #endif
 
-#define FLASH_KDA_ABI_VERSION 1
+#define FLASH_KDA_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,11 +44,25 @@ typedef enum flash_kda_status {
   FLASH_KDA_INTERNAL = 4
 } flash_kda_status;
 
+/* Element types of tensors passed by pointer (append-only). */
 typedef enum flash_kda_dtype {
   FLASH_KDA_DTYPE_NONE = 0,
   FLASH_KDA_DTYPE_BF16 = 1,
-  FLASH_KDA_DTYPE_FP32 = 2
+  FLASH_KDA_DTYPE_FP32 = 2,
+  FLASH_KDA_DTYPE_INT32 = 3,
+  FLASH_KDA_DTYPE_INT64 = 4
 } flash_kda_dtype;
+
+/* How the forward may split the serial chunk chain (flash_kda_fwd_args.mode). */
+typedef enum flash_kda_mode {
+  /* One chain per (sequence, head): out and final_state are bitwise equal to the
+   * precision ledger (docs/design.md §3), i.e. to FlashKDA. The ABI 1 behaviour. */
+  FLASH_KDA_MODE_EXACT = 0,
+  /* The library may split long sequences into segments whose start states it combines
+   * in fp32 (docs/design.md §6) when its cost model predicts
+   * that is faster; deterministic, within the accuracy contract, not bit-exact. */
+  FLASH_KDA_MODE_AUTO = 1
+} flash_kda_mode;
 
 /* Bits of flash_kda_arch_desc.features. */
 #define FLASH_KDA_FEATURE_FWD 1u    /* the KDA forward (prepare + recurrence) */
@@ -60,15 +74,30 @@ typedef struct flash_kda_arch_desc {
   uint32_t features;          /* FLASH_KDA_FEATURE_* */
 } flash_kda_arch_desc;
 
+/* Element strides of an activation [B, T, H, 128] (the last dimension has stride 1) or of
+ * beta [B, T, H]. All three zero means contiguous. Activation strides must be multiples
+ * of 8 elements (16 bytes); beta's are any positive values. */
+typedef struct flash_kda_strides {
+  int64_t batch;
+  int64_t token;
+  int64_t head;
+} flash_kda_strides;
+
 /*
- * Arguments of one forward call (spec section 1). Activations are contiguous
- * token-major [B, T, H, 128] bf16; beta [B, T, H] bf16; A_log [H] fp32;
- * dt_bias [H, 128] fp32; states [N, H, 128 (V), 128 (K)] bf16 or fp32 (V-first);
- * cu_seqlens [N + 1] int64 on the device, or NULL for batched mode (N = B).
- * Every device pointer must be 16-byte aligned.
+ * Arguments of one forward call (docs/api.md). Activations q, k, v, g, out are bf16
+ * [B, T, H, 128] with the strides below; beta bf16 [B, T, H]; A_log fp32 [H]; dt_bias
+ * fp32 [H, 128] contiguous. States are contiguous bf16 or fp32 [S, H, 128 (V), 128 (K)]
+ * (V-first) with S = num_seqs, or S = state_pool_size when state_indices is given.
+ * cu_seqlens [N + 1] (int64 or int32, on the device) or NULL for batched mode (N = B).
+ * Every tensor pointer must be 16-byte aligned (beta: 2-byte).
+ *
+ * Fields after `reserved` are ABI 2. A caller built against an older header passes a
+ * smaller struct_size: the library reads only that prefix and takes the later fields
+ * as zero (contiguous strides, no pool, no checkpoints, exact mode), never reading past
+ * struct_size bytes.
  */
 typedef struct flash_kda_fwd_args {
-  uint32_t struct_size; /* sizeof(flash_kda_fwd_args) */
+  uint32_t struct_size; /* sizeof(flash_kda_fwd_args) of the caller's header */
   int32_t block_v;      /* value columns per recurrence CTA: 0 = pick, or 32 / 64 / 128 */
   int64_t batch;        /* B */
   int64_t seqlen;       /* T */
@@ -84,17 +113,54 @@ typedef struct flash_kda_fwd_args {
   const float *A_log;
   const float *dt_bias;
   double scale;
-  double lower_bound;
+  double lower_bound; /* in [-5, 0] */
   const void *initial_state;
-  void *final_state;
-  int32_t initial_state_dtype; /* flash_kda_dtype */
-  int32_t final_state_dtype;   /* flash_kda_dtype */
-  const int64_t *cu_seqlens;
+  void *final_state; /* may be initial_state itself (in place) */
+  int32_t initial_state_dtype; /* flash_kda_dtype: NONE, BF16 or FP32 */
+  int32_t final_state_dtype;   /* flash_kda_dtype: NONE, BF16 or FP32 */
+  const void *cu_seqlens;      /* int64 (ABI 1) or int32, see cu_seqlens_dtype */
   void *workspace;
   int64_t workspace_bytes;
-  int32_t num_sms; /* multiprocessors of the device, for the choice of block_v */
+  int32_t num_sms; /* multiprocessors of the device, for the plan */
   int32_t reserved;
+  /* ---- ABI 2 ---- */
+  flash_kda_strides q_strides;
+  flash_kda_strides k_strides;
+  flash_kda_strides v_strides;
+  flash_kda_strides g_strides;
+  flash_kda_strides out_strides;
+  flash_kda_strides beta_strides;
+  int32_t cu_seqlens_dtype;    /* NONE (= INT64), INT64 or INT32 */
+  int32_t state_indices_dtype; /* NONE (no pool), INT32 or INT64 */
+  /* [N] pool slot of each sequence: it reads initial_state[slot] and writes
+   * final_state[slot]; a negative slot is padding (starts from zero, writes no state).
+   * Slots >= state_pool_size are treated as padding too (they cannot be checked on the
+   * host without a synchronisation). Non-negative slots must be distinct. */
+  const void *state_indices;
+  int64_t state_pool_size;          /* S of the pool tensors when state_indices is given */
+  const uint8_t *has_initial_state; /* [N] bool or NULL: 0 starts that sequence from zero */
+  /* State after every checkpoint_every tokens of each sequence, V-first like final_state:
+   * sequence i owns slots [first_i, first_i + floor(len_i / checkpoint_every)), first_i
+   * the sum of floor(len_j / checkpoint_every) over j < i; slot first_i + m holds the state
+   * after (m + 1) * checkpoint_every tokens. Slots >= checkpoint_slots are not written. */
+  void *checkpoints;
+  int32_t checkpoints_dtype; /* NONE, BF16 or FP32 */
+  int32_t checkpoint_every;  /* tokens, a positive multiple of 16, when checkpoints != NULL */
+  int64_t checkpoint_slots;  /* first dimension of checkpoints [slots, H, 128, 128] */
+  int32_t mode;              /* flash_kda_mode */
+  int32_t segment_chunks;    /* AUTO mode: 0 = the library picks; > 0 forces 16-token chunks
+                              * per segment (diagnostics and tests) */
 } flash_kda_fwd_args;
+
+/* What flash_kda_fwd will run for some arguments (flash_kda_fwd_plan). */
+typedef struct flash_kda_fwd_plan_info {
+  uint32_t struct_size;    /* sizeof(flash_kda_fwd_plan_info) */
+  int32_t block_v;         /* value columns per CTA of the chunk chain */
+  int32_t segment_chunks;  /* 0: one chain per sequence (bit-exact); else chunks per segment */
+  int32_t segment_block_v; /* value columns per CTA of the segment pass (segmented only) */
+  int64_t max_segments;    /* segments the grids are sized for (0 when not segmented) */
+  int64_t workspace_bytes; /* bytes flash_kda_fwd needs in args->workspace */
+} flash_kda_fwd_plan_info;
 
 /* Single-instruction probes: the reference calls them to reproduce the exact
  * approximate instructions the kernels use (spec section 3.7). */
@@ -118,13 +184,29 @@ FLASH_KDA_API int32_t flash_kda_num_archs(void) FLASH_KDA_NOEXCEPT;
 FLASH_KDA_API flash_kda_status flash_kda_arch_info(int32_t index,
                                                    flash_kda_arch_desc *info) FLASH_KDA_NOEXCEPT;
 
-/* Bytes of workspace for one forward call; pure, -1 on invalid sizes. */
+/* CUDA versions as 1000 * major + 10 * minor: the runtime the library was built with
+ * (linked statically) and the driver's (0 when no driver is installed). A driver whose
+ * major version is below the runtime's cannot run the kernels. */
+FLASH_KDA_API flash_kda_status flash_kda_cuda_versions(int32_t *runtime_version,
+                                                       int32_t *driver_version) FLASH_KDA_NOEXCEPT;
+
+/* Bytes of one (head, chunk) record that K1 writes and K2 reads (docs/design.md §4.3). */
+FLASH_KDA_API int64_t flash_kda_record_bytes(void) FLASH_KDA_NOEXCEPT;
+
+/* Bytes of workspace of an exact-mode call with total_tokens = B * T, heads and num_seqs
+ * (FlashKDA's get_workspace_size); pure, -1 on invalid or too large sizes. */
 FLASH_KDA_API int64_t flash_kda_workspace_size(int64_t total_tokens, int64_t heads,
                                                int64_t num_seqs) FLASH_KDA_NOEXCEPT;
 
 /* block_v the forward picks for N * H (sequence, head) pairs on num_sms multiprocessors. */
 FLASH_KDA_API int32_t flash_kda_pick_block_v(int64_t num_seqs, int64_t heads,
                                              int32_t num_sms) FLASH_KDA_NOEXCEPT;
+
+/* The plan of flash_kda_fwd for these arguments: only sizes, mode, block_v, num_sms,
+ * checkpoint_every and segment_chunks are read (no pointer), so a caller can size the
+ * workspace first. Pure; the same arguments always give the same plan. */
+FLASH_KDA_API flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
+                                                  flash_kda_fwd_plan_info *plan) FLASH_KDA_NOEXCEPT;
 
 /* The forward on `stream` with the kernels of the table for `compute_capability`. */
 FLASH_KDA_API flash_kda_status flash_kda_fwd(int32_t compute_capability,

@@ -1,0 +1,198 @@
+// SPDX-License-Identifier: MIT
+// plan.cpp: size limits, the cost model and the workspace layout (plan.h). Host-only.
+#include "plan.h"
+
+#include <flash_kda/flash_kda.h>
+
+#include <algorithm>
+
+#include "kda/config.h"
+#include "kda/workspace.h"
+
+namespace flash_kda {
+namespace {
+
+// a * b for a, b >= 0, or -1 when the product exceeds `limit`.
+int64_t mul_within(int64_t a, int64_t b, int64_t limit) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r) || r > limit) return -1;
+  return r;
+}
+
+// a + b for a, b >= 0, or -1 when either is -1 or the sum exceeds `limit`.
+int64_t add_within(int64_t a, int64_t b, int64_t limit) {
+  if (a < 0 || b < 0 || a > limit - b) return -1;
+  return a + b;
+}
+
+std::string str(int64_t x) {
+  return std::to_string(x);
+}
+
+// ---------------------------------------------------------------- cost model
+// Microseconds, H200-calibrated (config.h and benchmarks/NOTES.md). Only the ratio of the
+// two paths matters: both run the same K1, which is left out.
+
+constexpr double kLaunchUs = 3.0;        // one more kernel launch on the stream
+constexpr double kShareSlowdown = 1.25;  // a link's latency with two CTAs on one SM
+constexpr double kCombineStepUs = 1.0;   // one start-state step of combine_kernel
+constexpr int64_t kMinSegments = 3;      // two segments cost as much as one chain (§6.4)
+
+// A pass of `ctas` CTAs of width s running `links` chunk links each.
+double pass_us(int64_t ctas, int64_t links, const RecurrenceShape &s, int32_t num_sms) {
+  const int64_t slots = int64_t{num_sms} * s.resident;
+  const double waves = static_cast<double>(ceil_div(ctas, slots));
+  const double share = ctas > num_sms ? kShareSlowdown : 1.0;
+  return waves * static_cast<double>(links) * s.link_us * share;
+}
+
+// The fastest width for a pass that covers `columns` value columns (over all chains).
+double best_pass_us(int64_t columns, int64_t links, int32_t num_sms, int32_t &block_v) {
+  double best = -1.0;
+  for (const RecurrenceShape &s : kRecurrenceShapes) {
+    const double t = pass_us(ceil_div(columns, s.block_v), links, s, num_sms);
+    if (best < 0 || t < best) {
+      best = t;
+      block_v = s.block_v;
+    }
+  }
+  return best;
+}
+
+// Predicted recurrence time with segments of L chunks, chains of `chunks` chunks.
+double segmented_us(int64_t pairs, int64_t chunks, int64_t L, int32_t num_sms, int32_t &bv_a,
+                    int32_t &bv_c) {
+  const int64_t P = std::max<int64_t>(ceil_div(chunks, L), 2);
+  // Phase A: value columns of segments 0..P-2, transition columns of segments 1..P-2.
+  const int64_t columns_a = pairs * kHeadDim * ((P - 1) + (P - 2));
+  const double a = best_pass_us(columns_a, L, num_sms, bv_a);
+  const double combine = static_cast<double>(P - 2) * kCombineStepUs;
+  const double c = best_pass_us(pairs * P * kHeadDim, L, num_sms, bv_c);
+  return a + combine + c + 2 * kLaunchUs;
+}
+
+int32_t width_for(int64_t columns, int32_t num_sms) {
+  for (const RecurrenceShape &s : kRecurrenceShapes)
+    if (ceil_div(columns, s.block_v) <= num_sms) return s.block_v;
+  return kRecurrenceShapes[kNumRecurrenceShapes - 1].block_v;
+}
+
+// ---------------------------------------------------------------- layout
+
+int64_t prefix_bytes(int64_t num_seqs) {
+  return round_up(4 * (num_seqs + 1), 128);
+}
+
+// Fills the offsets of plan from max_segments; false when over kMaxWorkspace.
+bool lay_out(int64_t total, int64_t heads, int64_t num_seqs, Plan &plan) {
+  const int64_t tiles = tiles_per_head(total, num_seqs);
+  const int64_t records = mul_within(mul_within(heads, tiles, kMaxWorkspace), kRecordBytes,
+                                     kMaxWorkspace);
+  const int64_t prefix = prefix_bytes(num_seqs);
+  plan.tile_prefix = records;
+  plan.segment_prefix = add_within(records, prefix, kMaxWorkspace);
+  plan.checkpoint_prefix = add_within(plan.segment_prefix, prefix, kMaxWorkspace);
+  plan.segment_states = add_within(plan.checkpoint_prefix, prefix, kMaxWorkspace);
+  const int64_t seg_heads = mul_within(plan.max_segments, heads, kMaxWorkspace);
+  const int64_t states =
+      mul_within(seg_heads, 2 * kHeadDim * kHeadDim * int64_t{sizeof(uint16_t)}, kMaxWorkspace);
+  plan.segment_starts = add_within(plan.segment_states, states, kMaxWorkspace);
+  const int64_t starts =
+      mul_within(seg_heads, kHeadDim * kHeadDim * int64_t{sizeof(uint16_t)}, kMaxWorkspace);
+  plan.workspace_bytes = add_within(plan.segment_starts, starts, kMaxWorkspace);
+  return plan.workspace_bytes >= 0;
+}
+
+}  // namespace
+
+int32_t pick_block_v(int64_t pairs, int32_t num_sms) {
+  return width_for(mul_within(std::max<int64_t>(pairs, 0), kHeadDim, kMaxWorkspace), num_sms);
+}
+
+std::string check_sizes(const ProblemSizes &z) {
+  if (z.batch < 1 || z.seqlen < 1 || z.heads < 1)
+    return "batch, seqlen and heads must be >= 1, got " + str(z.batch) + ", " + str(z.seqlen) +
+           ", " + str(z.heads);
+  if (z.heads > kMaxHeads) return "heads must be <= " + str(kMaxHeads) + ", got " + str(z.heads);
+  if (mul_within(z.batch, z.seqlen, kMaxTokens) < 0)
+    return "batch * seqlen must be at most 2^31 - 1, got batch " + str(z.batch) + " and seqlen " +
+           str(z.seqlen);
+  if (z.varlen && z.batch != 1)
+    return "batch must be 1 when cu_seqlens is given, got " + str(z.batch);
+  if (z.num_seqs < 1 || z.num_seqs > kMaxSeqs || (!z.varlen && z.num_seqs != z.batch))
+    return "num_seqs must be batch (batched) or numel(cu_seqlens) - 1 in [1, 2^30], got " +
+           str(z.num_seqs);
+  if (z.checkpoint_every < 0 || z.checkpoint_every % kChunk != 0)
+    return "checkpoint_every must be a positive multiple of 16 (or 0 for none), got " +
+           str(z.checkpoint_every);
+  return "";
+}
+
+int64_t exact_workspace_bytes(int64_t total_tokens, int64_t heads, int64_t num_seqs) {
+  if (total_tokens < 0 || total_tokens > kMaxTokens || heads < 1 || heads > kMaxHeads ||
+      num_seqs < 1 || num_seqs > kMaxSeqs)
+    return -1;
+  Plan plan{};
+  return lay_out(total_tokens, heads, num_seqs, plan) ? plan.workspace_bytes : -1;
+}
+
+std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
+  plan = Plan{};
+  if (r.block_v != 0 && recurrence_shape(r.block_v) == nullptr)
+    return "block_v must be 0, 32, 64 or 128, got " + str(r.block_v);
+  if (r.block_v == 0 && r.num_sms < 1)
+    return "num_sms must be >= 1 when block_v is 0, got " + str(r.num_sms);
+  if (r.mode != FLASH_KDA_MODE_EXACT && r.mode != FLASH_KDA_MODE_AUTO)
+    return "mode must be EXACT (0) or AUTO (1), got " + str(r.mode);
+  if (r.segment_chunks < 0)
+    return "segment_chunks must be >= 0, got " + str(r.segment_chunks);
+  if (r.segment_chunks > 0 && r.mode != FLASH_KDA_MODE_AUTO)
+    return "segment_chunks needs mode AUTO, got mode " + str(r.mode);
+  const int64_t total = z.batch * z.seqlen;
+  const int64_t pairs = z.num_seqs * z.heads;
+  const int64_t tiles = tiles_per_head(total, z.num_seqs);
+  plan.block_v = r.block_v != 0 ? r.block_v : pick_block_v(pairs, r.num_sms);
+
+  // Chunks of a typical sequence: exact when batched, the mean in varlen mode (the
+  // lengths live on the device; reading them would synchronise).
+  const int64_t chunks = z.varlen ? ceil_div(ceil_div(total, kChunk), z.num_seqs)
+                                  : ceil_div(z.seqlen, kChunk);
+  int64_t L = r.segment_chunks;
+  int32_t bv_a = plan.block_v, bv_c = plan.block_v;
+  if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && r.num_sms > 0) {
+    double best = best_pass_us(pairs * kHeadDim, chunks, r.num_sms, bv_c);
+    bv_c = plan.block_v;
+    for (int64_t cand = 8; ceil_div(chunks, cand) >= kMinSegments; cand *= 2) {
+      int32_t a = 0, c = 0;
+      const double t = segmented_us(pairs, chunks, cand, r.num_sms, a, c);
+      if (t < best) {
+        best = t;
+        L = cand;
+        bv_a = a;
+        bv_c = c;
+      }
+    }
+  }
+  if (L > 0 && r.segment_chunks > 0 && r.block_v == 0)
+    segmented_us(pairs, chunks, L, r.num_sms, bv_a, bv_c);
+  if (L > 0) {
+    plan.segment_chunks = static_cast<int32_t>(std::min<int64_t>(L, int64_t{1} << 30));
+    plan.max_segments = z.varlen ? ceil_div(tiles, L) + z.num_seqs
+                                 : z.num_seqs * ceil_div(ceil_div(z.seqlen, kChunk), L);
+    plan.segment_block_v = r.block_v != 0 ? r.block_v : bv_a;
+    plan.block_v = r.block_v != 0 ? r.block_v : bv_c;
+  }
+  // Grid sizes: one CTA per (sequence or segment, head, column slice), grid.x < 2^31.
+  const int64_t units = plan.segment_chunks > 0 ? plan.max_segments : z.num_seqs;
+  const int32_t narrowest = std::min(plan.block_v, plan.segment_chunks > 0 ? plan.segment_block_v
+                                                                           : plan.block_v);
+  if (mul_within(mul_within(units, z.heads, kMaxTokens), 2 * kHeadDim / narrowest, kMaxTokens) < 0)
+    return "too many chains for one launch: " + str(units) + " sequences or segments times " +
+           str(z.heads) + " heads";
+  if (!lay_out(total, z.heads, z.num_seqs, plan))
+    return "the workspace would exceed 2^50 bytes (batch * seqlen " + str(total) + ", heads " +
+           str(z.heads) + ", num_seqs " + str(z.num_seqs) + ")";
+  return "";
+}
+
+}  // namespace flash_kda

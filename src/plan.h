@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: MIT
+// plan.h: the host-side plan of one forward: size limits checked without overflow, the
+// cost model that picks the column split and the sequence segments (docs/design.md §5,
+// §6), and the workspace layout. Pure functions of the sizes: no device query, no CUDA.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace flash_kda {
+
+// Upper bounds of the C ABI, each set by the narrowest index that carries it.
+constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 1;  // B * T: int32 tensor-copy coordinates
+constexpr int64_t kMaxHeads = 65535;                    // H: K1's grid.y
+constexpr int64_t kMaxSeqs = int64_t{1} << 30;          // N: int32 record/segment prefixes
+constexpr int64_t kMaxWorkspace = int64_t{1} << 50;     // bytes: far beyond any device
+
+// The sizes a plan depends on (from flash_kda_fwd_args).
+struct ProblemSizes {
+  int64_t batch, seqlen, heads, num_seqs;
+  bool varlen;
+  int32_t checkpoint_every;  // tokens, 0 = none
+};
+
+struct Plan {
+  int32_t block_v;          // recurrence CTA width of the whole-sequence or rerun pass
+  int32_t segment_chunks;   // 0 = one chain per sequence; else chunks per segment
+  int32_t segment_block_v;  // CTA width of the segment pass
+  int64_t max_segments;     // segments the grids are sized for
+  // Workspace layout, byte offsets from its base (each 128-byte aligned).
+  int64_t tile_prefix, segment_prefix, checkpoint_prefix, segment_states, segment_starts;
+  int64_t workspace_bytes;
+};
+
+// The caller's choices that a plan honours.
+struct PlanRequest {
+  int32_t mode;            // flash_kda_mode
+  int32_t block_v;         // 0 = pick
+  int32_t segment_chunks;  // 0 = pick (AUTO mode)
+  int32_t num_sms;
+};
+
+// "" when the sizes are within the limits, else what is wrong ("batch * seqlen must be
+// ..."); never overflows, whatever the inputs.
+std::string check_sizes(const ProblemSizes &sizes);
+
+// Fills plan for valid sizes (check_sizes(sizes) == ""); "" or the reason it cannot.
+std::string make_plan(const ProblemSizes &sizes, const PlanRequest &request, Plan &plan);
+
+// Workspace bytes of an exact-mode call, -1 when the sizes are out of range.
+int64_t exact_workspace_bytes(int64_t total_tokens, int64_t heads, int64_t num_seqs);
+
+// The narrowest recurrence width whose CTAs fit one wave for `pairs` (sequence, head)
+// chains on num_sms multiprocessors (design §5).
+int32_t pick_block_v(int64_t pairs, int32_t num_sms);
+
+}  // namespace flash_kda
