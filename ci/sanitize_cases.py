@@ -10,8 +10,8 @@ import sys
 import torch
 
 sys.path.insert(0, "tests")
-from conftest import FWD_ARGS, call, make_problem
-from flash_kda import _validate, dispatch
+from conftest import FWD_ARGS, make_problem
+from flash_kda import dispatch
 
 CASES = [
     dict(batch=2, seqlen=37, heads=2, initial=torch.float32, final=torch.float32),
@@ -22,7 +22,8 @@ for block_v in (32, 64, 128):
     for case in CASES:
         args = dict(case)
         p = make_problem(args.pop("batch"), args.pop("seqlen"), args.pop("heads"), device="cuda", **args)
-        problem = call(_validate.check_fwd, p)
-        dispatch.run_native(problem, *[p[n] for n in FWD_ARGS[:-1]], block_v=block_v)
+        for exact, segment_chunks in ((True, 0), (False, 1)):
+            native = dispatch.validated(*[p[n] for n in FWD_ARGS], exact=exact)
+            dispatch.run_native(native, block_v=block_v, segment_chunks=segment_chunks)
         torch.cuda.synchronize()
         print(f"block_v={block_v} {case}: out finite {bool(torch.isfinite(p['out']).all())}")

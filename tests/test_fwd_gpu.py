@@ -33,9 +33,9 @@ def native_gpu():
 
 
 def run_native(p, block_v=0, workspace=None):
-    problem = call(_validate.check_fwd, p)
-    args = [p[name] for name in FWD_ARGS[:-1]]
-    dispatch.run_native(problem, *args, block_v=block_v, workspace=workspace)
+    """The exact-mode native forward on problem p, block_v forced (0: the library's pick)."""
+    native = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=True)
+    dispatch.run_native(native, block_v=block_v, workspace=workspace)
 
 
 def reference_outputs(p):

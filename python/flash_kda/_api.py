@@ -9,7 +9,21 @@ _RECORD_BYTES = 13952
 
 
 def fwd(
-    q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None, cu_seqlens=None
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale,
+    out,
+    A_log,
+    dt_bias,
+    lower_bound,
+    initial_state=None,
+    final_state=None,
+    cu_seqlens=None,
+    *,
+    exact=None,
 ) -> None:
     r"""Kimi Delta Attention forward (prefill); writes ``out`` and ``final_state`` in place.
 
@@ -66,7 +80,9 @@ def fwd(
     Nothing is written when an argument is rejected. The call is asynchronous on the
     current CUDA stream and can be captured in a CUDA graph (native path).
     """
-    dispatch.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens)
+    dispatch.fwd(
+        q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens, exact
+    )
 
 
 def get_workspace_size(T_total: int, H: int, N: int = 1) -> int:

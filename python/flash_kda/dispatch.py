@@ -10,7 +10,7 @@ once at INFO on the ``flash_kda`` logger, and runs the path.
 import logging
 import os
 from collections.abc import Sequence
-from typing import Callable, Optional, Union
+from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 
@@ -103,34 +103,32 @@ def _ptr(t) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
-def run_native(
-    problem: _validate.Problem,
-    q,
-    k,
-    v,
-    g,
-    beta,
-    scale,
-    out,
-    A_log,
-    dt_bias,
-    lower_bound,
-    initial_state=None,
-    final_state=None,
-    block_v: int = 0,
-    workspace: Optional[torch.Tensor] = None,
-    exact: bool = True,
-    segment_chunks: int = 0,
-) -> None:
-    """Call the C ABI on the current stream of q's device. ``block_v`` 0 lets the library
-    pick; tests pass 32/64/128. ``exact`` selects the bit-exact mode, else the library may
-    split long sequences (``segment_chunks`` > 0 forces the segment length). ``workspace``
-    (uint8, on q's device) may be given to inspect the records afterwards; by default it
-    comes from PyTorch's allocator."""
-    lib = _native.load()
-    device = q.device
-    props = torch.cuda.get_device_properties(device)
-    args = _native.FwdArgs(
+class NativeCall(NamedTuple):
+    """A validated call for the native path: its sizes, its 13 arguments and the mode."""
+
+    problem: _validate.Problem
+    args: tuple
+    exact: bool
+
+
+def validated(*args, exact: bool = True) -> NativeCall:
+    """Validate the 13 fwd arguments for :func:`run_native` (tests and benchmarks)."""
+    return NativeCall(_validate.check_fwd(*args), args, exact)
+
+
+_props = {}
+
+
+def _device_props(device):
+    if device not in _props:
+        _props[device] = torch.cuda.get_device_properties(device)
+    return _props[device]
+
+
+def _fwd_args(call: NativeCall, block_v: int, segment_chunks: int) -> _native.FwdArgs:
+    problem = call.problem
+    q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state = call.args[:12]
+    return _native.FwdArgs(
         block_v=block_v,
         batch=problem.batch,
         seqlen=problem.seqlen,
@@ -153,10 +151,28 @@ def run_native(
         final_state_dtype=_dtype_code(final_state),
         cu_seqlens=_ptr(problem.cu_seqlens),
         cu_seqlens_dtype=_native.DTYPE_INT64,
-        num_sms=props.multi_processor_count,
-        mode=_native.MODE_EXACT if exact else _native.MODE_AUTO,
+        num_sms=_device_props(q.device).multi_processor_count,
+        mode=_native.MODE_EXACT if call.exact else _native.MODE_AUTO,
         segment_chunks=segment_chunks,
     )
+
+
+def plan_of(call: NativeCall, block_v: int = 0, segment_chunks: int = 0) -> _native.FwdPlan:
+    """The library's plan for a validated call."""
+    return _native.load().plan(_fwd_args(call, block_v, segment_chunks))
+
+
+def run_native(
+    call: NativeCall, *, block_v: int = 0, segment_chunks: int = 0, workspace: Optional[torch.Tensor] = None
+) -> None:
+    """Call the C ABI on the current stream of q's device. ``block_v`` 0 lets the library
+    pick; tests pass 32/64/128. ``segment_chunks`` > 0 forces the segment length of the
+    automatic mode. ``workspace`` (uint8, on q's device) may be given to inspect the
+    records afterwards; by default it comes from PyTorch's allocator."""
+    lib = _native.load()
+    device = call.args[0].device
+    props = _device_props(device)
+    args = _fwd_args(call, block_v, segment_chunks)
     size = lib.plan(args).workspace_bytes
     if workspace is None:
         workspace = torch.empty(size, dtype=torch.uint8, device=device)
@@ -167,7 +183,20 @@ def run_native(
 
 
 def fwd(
-    q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None, cu_seqlens=None
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale,
+    out,
+    A_log,
+    dt_bias,
+    lower_bound,
+    initial_state=None,
+    final_state=None,
+    cu_seqlens=None,
+    exact=None,
 ) -> None:
     """See :func:`flash_kda.fwd`."""
     problem = _validate.check_fwd(
@@ -176,7 +205,9 @@ def fwd(
     path, reason = explain(q.device)
     _log_once(q.device, path, reason)
     if path == NATIVE:
-        run_native(problem, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state)
+        args = (q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens)
+        exact = os.environ.get("FLASH_KDA_EXACT") == "1" if exact is None else bool(exact)
+        run_native(NativeCall(problem, args, exact))
     elif path == FLA:
         fallback.fla_fwd(
             q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, problem.cu_seqlens

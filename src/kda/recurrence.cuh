@@ -162,14 +162,16 @@ __device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
   } else {
     const int64_t s = unit / p.heads;
     SegmentRef seg;
-    t.valid = locate_segment(p, s, seg);
+    const bool transition = t.col0 >= kHeadDim;
+    // In the segment pass, the last segment's end state is never needed; segment 0 starts
+    // from the true initial state, so its transition is not needed either.
+    t.valid = locate_segment(p, s, seg) &&
+              (p.pass == ChainPass::kRerun ||
+               (seg.index + 1 < seg.count && !(transition && seg.index == 0)));
+    if (!t.valid) return t;
     t.seq = seg.seq;
     t.span = seg.span;
     if (p.pass == ChainPass::kSegment) {  // design §6.2 phase A
-      const bool transition = t.col0 >= kHeadDim;
-      // The last segment's end state is never needed; segment 0 starts from the true
-      // initial state, so its transition is not needed either.
-      t.valid = t.valid && seg.index + 1 < seg.count && !(transition && seg.index == 0);
       t.source = transition ? StateSource{nullptr, Dtype::kBf16, true}
                  : seg.index == 0 ? initial_source(p, t.seq, t.head)
                                   : StateSource{nullptr, Dtype::kBf16, false};
