@@ -211,7 +211,7 @@ def environment():
         flash_kda=flash_kda.__version__,
         fla=version("fla-core"),
         triton=version("triton"),
-        git=sha or os.environ.get("GIT_SHA"),
+        git=os.environ.get("GIT_SHA") or sha,  # the device's copy of the tree may carry an older .git
     )
 
 
