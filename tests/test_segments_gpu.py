@@ -112,8 +112,11 @@ def test_segmented_graph_replay_equals_eager():
 # ------------------------------------------------------------------ the acceptance matrix
 
 
-def long_problem(lens, heads, state, initial, seed):
-    """Random inputs made on the GPU (1M-token problems would take minutes on the CPU)."""
+def long_problem(lens, heads, state, initial, seed, memory="short"):
+    """Random inputs made on the GPU (1M-token problems would take minutes on the CPU).
+    memory="long" shifts the gate pre-activations by -6, so that a channel decays by about
+    6e-4 a token instead of about 2.5 and the state remembers ~100 chunks: start states
+    then carry across several segments and the combine matters."""
     gen = torch.Generator(device=DEV).manual_seed(seed)
     T, N = sum(lens), len(lens)
 
@@ -124,7 +127,7 @@ def long_problem(lens, heads, state, initial, seed):
         q=randn(1, T, heads, 128),
         k=randn(1, T, heads, 128),
         v=randn(1, T, heads, 128),
-        g=randn(1, T, heads, 128),
+        g=randn(1, T, heads, 128) - (6.0 if memory == "long" else 0.0),
         beta=randn(1, T, heads),
         scale=128**-0.5,
         A_log=torch.rand(heads, generator=gen, device=DEV),
@@ -143,6 +146,14 @@ def long_problem(lens, heads, state, initial, seed):
 def matrix():
     cases = []
     for T in (8192, 65536, 1048576):
+        for heads in (1, 6):
+            for layout in ("batched", "varlen"):
+                if T == 1048576 and (heads, layout) != (1, "batched"):
+                    continue
+                marks = [pytest.mark.slow] if T == 1048576 else []
+                name = f"T{T}-H{heads}-{layout}-float32-init-longmemory"
+                cases.append(pytest.param(T, heads, layout, torch.float32, True, "long", id=name, marks=marks))
+    for T in (8192, 65536, 1048576):
         for heads in (1, 2, 6):
             for layout in ("batched", "varlen"):
                 for state, initial in ((torch.float32, True), (torch.bfloat16, False), (torch.bfloat16, True)):
@@ -150,14 +161,14 @@ def matrix():
                         continue  # the gold takes seconds per case at 1M tokens
                     marks = [pytest.mark.slow] if T == 1048576 else []
                     name = f"T{T}-H{heads}-{layout}-{str(state)[6:]}-{'init' if initial else 'noinit'}"
-                    cases.append(pytest.param(T, heads, layout, state, initial, id=name, marks=marks))
+                    cases.append(pytest.param(T, heads, layout, state, initial, "short", id=name, marks=marks))
     return cases
 
 
-@pytest.mark.parametrize("T,heads,layout,state,initial", matrix())
-def test_automatic_path_accuracy(T, heads, layout, state, initial):
+@pytest.mark.parametrize("T,heads,layout,state,initial,memory", matrix())
+def test_automatic_path_accuracy(T, heads, layout, state, initial, memory):
     lens = [T] if layout == "batched" else [T * 5 // 8, T - T * 5 // 8 - 16, 16]
-    p = long_problem(lens, heads, state, initial, seed=T + heads)
+    p = long_problem(lens, heads, state, initial, seed=T + heads, memory=memory)
     plan = plan_of(p)
     auto = outputs(p, exact=False)
     exact = outputs(p, exact=True)

@@ -142,18 +142,18 @@ struct ChainTask {
 
 // The task of this CTA. Grid: units x heads x slices, units = sequences (kWhole) or
 // segments (kSegment, kRerun); slices = kColumns / block_v.
-template <int kBlockV>
+template <int kBlockV, bool kGeneral>
 __device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
-  const int columns = p.pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
+  const int columns = kGeneral && p.pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
   const int slices = columns / kBlockV;
   const int64_t unit = blockIdx.x / slices;
   ChainTask t;
   t.col0 = static_cast<int>(blockIdx.x % slices) * kBlockV;
   t.head = unit % p.heads;
-  t.output = p.pass != ChainPass::kSegment;
+  t.output = !kGeneral || p.pass != ChainPass::kSegment;
   t.checkpoint0 = -1;
   t.sink = {nullptr, Dtype::kNone};
-  if (p.pass == ChainPass::kWhole) {
+  if (!kGeneral || p.pass == ChainPass::kWhole) {
     t.seq = unit / p.heads;
     t.valid = true;
     t.span = seq_span(p, t.seq);
@@ -181,7 +181,8 @@ __device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
       if (seg.index + 1 == seg.count) t.sink = final_sink(p, t.seq, t.head);
     }
   }
-  if (t.valid && t.output && p.checkpoints != nullptr) t.checkpoint0 = first_checkpoint(p, t.seq);
+  if (kGeneral && t.valid && t.output && p.checkpoints != nullptr)
+    t.checkpoint0 = first_checkpoint(p, t.seq);
   return t;
 }
 
@@ -492,9 +493,13 @@ __device__ __forceinline__ void maybe_checkpoint(const WarpChain &w, const SeqSp
 // and writes the checkpoints between runs: the link loops themselves carry no checkpoint
 // code (inside the loop it grew the <1, 4> link from 296 to 519 instructions, and the
 // chain 10% slower at H = 6).
-template <int kNB, typename Links>
+template <bool kGeneral, int kNB, typename Links>
 __device__ __forceinline__ void run_in_intervals(const WarpChain &w, const SeqSpan &span,
                                                  StateSlice<kNB> &state, Links links) {
+  if constexpr (!kGeneral) {
+    links(0, span.num_chunks);
+    return;
+  }
   const bool checkpoints = w.checkpoints.base != nullptr;
   for (int64_t c = 0; c < span.num_chunks;) {
     int64_t end = span.num_chunks;
@@ -508,8 +513,19 @@ __device__ __forceinline__ void run_in_intervals(const WarpChain &w, const SeqSp
   }
 }
 
+// Output rows of chunk c, nullptr when the pass writes none.
+template <bool kGeneral>
 __device__ __forceinline__ uint16_t *output_rows(const WarpChain &w, int64_t c) {
-  return w.out == nullptr ? nullptr : w.out + c * kChunk * w.row_pitch;
+  if constexpr (kGeneral)
+    if (w.out == nullptr) return nullptr;
+  return w.out + c * kChunk * w.row_pitch;
+}
+
+// Rows of chunk c whose values are read (transition slices read none, design §6.1).
+template <bool kGeneral>
+__device__ __forceinline__ int value_rows(const WarpChain &w, int n) {
+  if constexpr (kGeneral) return w.values ? n : 0;
+  return n;
 }
 
 __device__ __forceinline__ const uint8_t *stage_of(const WarpChain &w, RingPos pos) {
@@ -538,7 +554,7 @@ __host__ __device__ constexpr bool prefetched_schedule(int nb, int warps) {
 // next link's fragments replace the consumed ones k-block by k-block, so that no
 // shared-memory traffic delays the movmatrix steps after the chain (ncu, H200: the
 // movmatrix behind a burst of 16 fragment loads was the second largest stall).
-template <int kNB>
+template <bool kGeneral, int kNB>
 __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const SeqSpan &span,
                                                      StateSlice<kNB> &state) {
   ScoreFrags frags;
@@ -546,12 +562,12 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
   next_pos.advance(w.num_stages);
   wait_chunk(w, pos);
   load_score_frags(stage_of(w, pos), frags);
-  run_in_intervals(w, span, state, [&](int64_t c0, int64_t c1) {
+  run_in_intervals<kGeneral>(w, span, state, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c, pos = next_pos, next_pos.advance(w.num_stages)) {
       const uint8_t *stage = stage_of(w, pos);
       const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
       LinkInputs<kNB> in;
-      load_link_inputs(stage, w.values ? n : 0, w.vcol, w.row_stride, in);
+      load_link_inputs(stage, value_rows<kGeneral>(w, n), w.vcol, w.row_stride, in);
       Frag krt[kKBlocks];
 #pragma unroll
       for (int mb = 0; mb < kKBlocks; ++mb) krt[mb] = lds_frag(stage, kOffKrT + mb * kTileBytes);
@@ -573,7 +589,7 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
       float mu[kNB][4];
       output_scores(in.mqk, ub, mu);
       update_state([&](int mb) { return krt[mb]; }, in.e, ub, state);
-      store_output(pq, mu, n, output_rows(w, c), w.row_pitch);
+      store_output(pq, mu, n, output_rows<kGeneral>(w, c), w.row_pitch);
     }
   });
 }
@@ -581,17 +597,17 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
 // Streamed schedule (when registers are short, or many heads fill the GPU). Operand fragments
 // are read from shared memory where they are used, which keeps the wide state slice in
 // registers without spilling; the stage is released at the end of the link.
-template <int kNB>
+template <bool kGeneral, int kNB>
 __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const SeqSpan &span,
                                                    StateSlice<kNB> &state) {
   RingPos pos{0, 0};
-  run_in_intervals(w, span, state, [&](int64_t c0, int64_t c1) {
+  run_in_intervals<kGeneral>(w, span, state, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c, pos.advance(w.num_stages)) {
       const uint8_t *stage = stage_of(w, pos);
       const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
       wait_chunk(w, pos);
       LinkInputs<kNB> in;
-      load_link_inputs(stage, w.values ? n : 0, w.vcol, w.row_stride, in);
+      load_link_inputs(stage, value_rows<kGeneral>(w, n), w.vcol, w.row_stride, in);
       float pk[kNB][4], pq[kNB][4];
       chunk_projections([&](int kb) { return lds_frag(stage, kOffKd + kb * kTileBytes); },
                         [&](int kb) { return lds_frag(stage, kOffQd + kb * kTileBytes); },
@@ -603,15 +619,20 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
       update_state([&](int mb) { return lds_frag(stage, kOffKrT + mb * kTileBytes); }, in.e, ub,
                    state);
       release_chunk(w, pos);
-      store_output(pq, mu, n, output_rows(w, c), w.row_pitch);
+      store_output(pq, mu, n, output_rows<kGeneral>(w, c), w.row_pitch);
     }
   });
 }
 
 // kWarps compute warps of kNB blocks of 8 value columns, plus the producer warp;
-// config.h lists the instantiations, launch.cuh launches them.
-template <int kNB, int kWarps>
-__global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps))
+// config.h lists the widths, launch.cuh launches them. kGeneral = false is the exact
+// path's whole-sequence pass without checkpoints, compiled without the branches of the
+// other passes: with them its chain ran 10% slower at H = 6 on the H200 (212 registers
+// instead of 197, a different link schedule), although the link had the same
+// instructions. It runs one CTA per SM (its grid is at most one wave); the general
+// kernel runs resident_ctas (config.h), as the segment passes fill the GPU.
+template <int kNB, int kWarps, bool kGeneral>
+__global__ void __launch_bounds__(32 * (kWarps + 1), kGeneral ? resident_ctas(kNB, kWarps) : 1)
     recurrence_kernel(const FwdParams p, const __grid_constant__ CUtensorMap value_map) {
   constexpr int kBlockV = 8 * kNB * kWarps;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -619,7 +640,7 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps))
   uint64_t *empty = full + kMaxStages;
   uint8_t *stages = smem + kBarrierBytes;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const ChainTask task = chain_task<kBlockV>(p);
+  const ChainTask task = chain_task<kBlockV, kGeneral>(p);
   if (!task.valid) return;  // CTA-uniform: the excess of an upper-bound grid
 
   if (threadIdx.x == 0) {
@@ -658,9 +679,9 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps))
                      task.checkpoint0, p.checkpoint_slots, task.head, p.heads, p.checkpoint_chunks}};
   if (task.span.num_chunks > 0) {
     if constexpr (prefetched_schedule(kNB, kWarps))
-      run_chain_prefetched(w, task.span, state);
+      run_chain_prefetched<kGeneral>(w, task.span, state);
     else
-      run_chain_streamed(w, task.span, state);
+      run_chain_streamed<kGeneral>(w, task.span, state);
   }
   store_state(task.sink, task.col0 + vcol, state);
 }
