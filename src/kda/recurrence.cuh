@@ -410,7 +410,6 @@ __device__ __forceinline__ void output_scores(const Frag &mqk, const uint32_t (&
 template <int kNB>
 __device__ __forceinline__ void store_output(const float (&pq)[kNB][4], const float (&mu)[kNB][4],
                                              int n, uint16_t *out_row0, int64_t row_pitch) {
-  if (out_row0 == nullptr) return;
   const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb) {
@@ -513,12 +512,14 @@ __device__ __forceinline__ void run_in_intervals(const WarpChain &w, const SeqSp
   }
 }
 
-// Output rows of chunk c, nullptr when the pass writes none.
-template <bool kGeneral>
-__device__ __forceinline__ uint16_t *output_rows(const WarpChain &w, int64_t c) {
+// Steps 5, 8 for chunk c, unless the pass writes no output (the segment pass).
+template <bool kGeneral, int kNB>
+__device__ __forceinline__ void store_chunk_output(const WarpChain &w, int64_t c, int n,
+                                                   const float (&pq)[kNB][4],
+                                                   const float (&mu)[kNB][4]) {
   if constexpr (kGeneral)
-    if (w.out == nullptr) return nullptr;
-  return w.out + c * kChunk * w.row_pitch;
+    if (w.out == nullptr) return;
+  store_output(pq, mu, n, w.out + c * kChunk * w.row_pitch, w.row_pitch);
 }
 
 // Rows of chunk c whose values are read (transition slices read none, design §6.1).
@@ -589,7 +590,7 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
       float mu[kNB][4];
       output_scores(in.mqk, ub, mu);
       update_state([&](int mb) { return krt[mb]; }, in.e, ub, state);
-      store_output(pq, mu, n, output_rows<kGeneral>(w, c), w.row_pitch);
+      store_chunk_output<kGeneral>(w, c, n, pq, mu);
     }
   });
 }
@@ -619,7 +620,7 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
       update_state([&](int mb) { return lds_frag(stage, kOffKrT + mb * kTileBytes); }, in.e, ub,
                    state);
       release_chunk(w, pos);
-      store_output(pq, mu, n, output_rows<kGeneral>(w, c), w.row_pitch);
+      store_chunk_output<kGeneral>(w, c, n, pq, mu);
     }
   });
 }
