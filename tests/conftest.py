@@ -32,14 +32,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-from flash_kda.reference import FWD_ARGS, GOLD_ARGS, rel_err  # noqa: E402, F401 (re-exported)
+from flash_kda import _validate  # noqa: E402
+from flash_kda.reference import FWD_ARGS, FWD_KEYWORDS, GOLD_ARGS, rel_err  # noqa: E402, F401 (re-exported)
 from flash_kda.reference import random_problem as make_problem  # noqa: E402, F401 (re-exported)
 
 
 def call(fn, p, **overrides):
-    """fn(*the 13 fwd arguments of problem p, with overrides)."""
+    """fn(*the positional fwd arguments of problem p, **its keyword ones), with overrides."""
     q = dict(p, **overrides)
-    return fn(*[q[name] for name in FWD_ARGS])
+    return fn(*[q[name] for name in FWD_ARGS], **{name: q[name] for name in FWD_KEYWORDS if name in q})
+
+
+def check(p, **overrides) -> _validate.FwdCall:
+    """The validated call of problem p (with overrides)."""
+    return call(_validate.check_fwd, p, **overrides)
 
 
 def gold_of(p):

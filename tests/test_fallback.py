@@ -9,7 +9,7 @@ import types
 import flash_kda
 import pytest
 import torch
-from conftest import call, gold_of, make_problem, rel_err
+from conftest import call, check, gold_of, make_problem, rel_err
 from flash_kda import dispatch, fallback, reference
 
 
@@ -42,7 +42,7 @@ def fake_fla(monkeypatch):
 
 def test_fla_path_calls_the_undispatched_implementation(fake_fla):
     p = make_problem(2, 20, 3, initial=torch.bfloat16, final=torch.bfloat16)
-    call(fallback.fla_fwd, p)
+    fallback.fla_fwd(check(p))
     assert fake_fla["dispatcher"] == 0 and len(fake_fla["impl"]) == 1
     kw = fake_fla["impl"][0]
     for flag in (
@@ -67,14 +67,14 @@ def test_fla_path_unavailable_is_reported(monkeypatch):
     try:
         assert not fallback.fla_available()
         with pytest.raises(RuntimeError, match="fla cannot be imported"):
-            call(fallback.fla_fwd, make_problem(1, 4, 1))
+            fallback.fla_fwd(check(make_problem(1, 4, 1)))
     finally:
         fallback.fla_chunk_kda.cache_clear()
 
 
 def test_torch_path_writes_in_place_and_matches_gold():
     p = make_problem(1, 0, 2, lens=[33, 0, 20], initial=torch.float32, final=torch.float32, seed=3)
-    call(fallback.torch_fwd, p)
+    fallback.torch_fwd(check(p))
     gold_out, gold_state = gold_of(p)
     assert rel_err(p["out"], gold_out) < 1e-2
     assert rel_err(p["final_state"], gold_state) < 1e-2
@@ -141,11 +141,11 @@ def test_fla_path_on_unsupported_gpu_does_not_recurse(monkeypatch):
     if not fallback.fla_available():
         pytest.skip("fla is not importable here")
     monkeypatch.delenv("FLA_FLASH_KDA", raising=False)
-    monkeypatch.setattr(flash_kda._native, "compiled_archs", lambda: [])
+    monkeypatch.setattr(dispatch, "device_facts", lambda index: (75, 132))  # no table for sm_75
     assert flash_kda.backend_for("cuda") == "fla"
     entered = []
-    real = dispatch.fwd
-    monkeypatch.setattr(dispatch, "fwd", lambda *a: (entered.append(1), real(*a))[1])
+    real = dispatch.run
+    monkeypatch.setattr(dispatch, "run", lambda c: (entered.append(1), real(c))[1])
     p = gpu_case(GPU_CASES[0], torch.float32, seed=23)
     call(flash_kda.fwd, p)
     assert len(entered) == 1

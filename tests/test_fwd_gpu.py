@@ -7,17 +7,17 @@ import flash_kda
 import pytest
 import torch
 from conftest import (
-    FWD_ARGS,
     STATE_VARIANTS,
     assert_bitwise,
     call,
+    check,
     clone_outputs,
     gold_of,
     make_problem,
     rel_err,
     state_id,
 )
-from flash_kda import _validate, dispatch, reference
+from flash_kda import dispatch, reference
 from flash_kda._numerics import Ops
 
 pytestmark = pytest.mark.gpu
@@ -33,9 +33,7 @@ def native_gpu():
 
 
 def run_native(p, block_v=0, workspace=None):
-    problem = call(_validate.check_fwd, p)
-    args = [p[name] for name in FWD_ARGS[:-1]]
-    dispatch.run_native(problem, *args, block_v=block_v, workspace=workspace)
+    dispatch.run_native(check(p, exact=True), block_v=block_v, workspace=workspace)
 
 
 def reference_outputs(p):
@@ -111,7 +109,7 @@ def test_accuracy_against_gold(case):
         p = make_problem(1, 8192, 2, initial=torch.float32, final=torch.float32, device=DEV, seed=7)
     else:
         p = make_problem(1, 0, 4, lens=VARLEN[0][0], initial=torch.float32, final=torch.float32, device=DEV, seed=8)
-    flash_kda.fwd(*[p[name] for name in FWD_ARGS])
+    call(flash_kda.fwd, p)
     gold_out, gold_state = gold_of(p)
     e_out, e_state = rel_err(p["out"], gold_out), rel_err(p["final_state"], gold_state)
     print(f"{case}: out {e_out:.5f} final_state {e_state:.5f}")
@@ -146,14 +144,14 @@ def test_deterministic_and_graph_replay(block_v):
 
 def decode_records(workspace, heads, tiles_per_head, num_tiles):
     """The K1 records of the first num_tiles chunks of every head -> reference layouts."""
-    from flash_kda._api import _RECORD_BYTES
+    from flash_kda._sizes import RECORD_BYTES
 
     i = torch.arange(16).repeat_interleave(16)
     j = torch.arange(16).repeat(16)
     frag = (((i % 8) * 4 + (j % 8) // 2) * 8 + ((i // 8) + 2 * (j // 8)) * 2 + j % 2).to(workspace.device)
     k = torch.arange(128)
     decay_idx = (((k % 8) * 8 + k // 16) * 2 + (k // 8) % 2).to(workspace.device)
-    rec = workspace[: heads * tiles_per_head * _RECORD_BYTES].view(heads, tiles_per_head, _RECORD_BYTES)
+    rec = workspace[: heads * tiles_per_head * RECORD_BYTES].view(heads, tiles_per_head, RECORD_BYTES)
     rec = rec[:, :num_tiles].transpose(0, 1)  # [chunks, H, bytes]
 
     def tiles(offset):  # 8 A tiles in fragment order -> [chunks, H, 8, 16, 16] row-major
@@ -181,7 +179,7 @@ def decode_records(workspace, heads, tiles_per_head, num_tiles):
 def test_records_equal_reference_k1(lens):
     heads = 3
     p = make_problem(2, 50, heads, lens=lens, device=DEV, seed=5)
-    problem = call(_validate.check_fwd, p)
+    problem = check(p, exact=True)
     total, n_seqs = problem.batch * problem.seqlen, problem.num_seqs
     workspace = torch.zeros(flash_kda.get_workspace_size(total, heads, n_seqs), dtype=torch.uint8, device=DEV)
     run_native(p, workspace=workspace)

@@ -7,7 +7,7 @@ import re
 
 import flash_kda
 import pytest
-from flash_kda import _api, _native
+from flash_kda import _native, _sizes
 
 KNOWN = {"sm_90a": 90, "sm_100a": 100, "sm_103a": 103, "sm_110a": 110, "sm_120a": 120, "sm_121a": 121}
 
@@ -38,11 +38,11 @@ def test_workspace_size_agrees_with_python_formula(lib, total, heads, seqs, monk
     monkeypatch.setattr(_native, "load", lambda: None)  # the formula used without a library
     assert flash_kda.get_workspace_size(total, heads, seqs) == from_lib
     tiles = -(-total // 16) + seqs
-    assert from_lib >= heads * tiles * _api._RECORD_BYTES
+    assert from_lib >= heads * tiles * _sizes.RECORD_BYTES
 
 
 def test_workspace_size_rejects_bad_sizes(lib):
-    with pytest.raises(ValueError, match="H >= 1"):
+    with pytest.raises(ValueError, match=re.escape("H must be in [1, 65535], got 0")):
         flash_kda.get_workspace_size(10, 0)
     assert lib._lib.flash_kda_workspace_size(-1, 1, 1) == -1
 
@@ -102,12 +102,12 @@ BAD_ARGS = [
         "initial_state and final_state must have the same dtype",
     ),
     (dict(final_state_dtype=7, final_state=0xC000), "final_state dtype must be NONE, BF16 or FP32, got 7"),
-    (dict(lower_bound=0.0), "lower_bound must be in [-5, 0)"),
+    (dict(lower_bound=0.5), "lower_bound must be in [-5, 0], got 0.5"),
     (dict(scale=float("inf")), "scale must be finite"),
     (dict(block_v=48), "block_v must be 0, 32, 64 or 128, got 48"),
     (dict(num_sms=0), "num_sms must be >= 1"),
     (dict(workspace_bytes=100), "workspace must hold"),
-    (dict(batch=1 << 20, seqlen=1 << 12, num_seqs=1 << 20), "batch * seqlen must be below 2^31"),
+    (dict(batch=1 << 20, seqlen=1 << 12, num_seqs=1 << 20), "batch * seqlen must be at most 2^31 - 1"),
 ]
 
 
@@ -125,8 +125,8 @@ def test_invalid_arguments_are_rejected_before_launch(lib, overrides, message):
 def test_short_args_struct_is_rejected(lib):
     args = valid_args()
     status = lib._lib.flash_kda_fwd(lib.archs[0].compute_capability, ctypes.byref(args), None)
-    assert status == 1  # struct_size 0 < sizeof: INVALID_ARGUMENT
-    assert "struct_size must be >=" in lib._lib.flash_kda_last_error().decode()
+    assert status == 1  # struct_size 0 < the ABI 1 prefix: INVALID_ARGUMENT
+    assert "struct_size must be in [" in lib._lib.flash_kda_last_error().decode()
 
 
 def test_probe_arguments_are_checked(lib):

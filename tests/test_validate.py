@@ -47,6 +47,13 @@ def transposed(x):
     return x.transpose(1, 2).contiguous().transpose(1, 2)
 
 
+def padded_rows(x, row):
+    """x's values in a buffer whose rows of 128 are ``row`` elements apart."""
+    buf = torch.full((*x.shape[:-1], row), float("nan"), dtype=x.dtype)
+    buf[..., :128] = x
+    return buf[..., :128]
+
+
 # (id, overrides as a function of p, exception, message)
 CASES = [
     ("q-list", lambda p: dict(q=p["q"].tolist()), TypeError, "q must be a torch.Tensor, got list"),
@@ -81,13 +88,18 @@ CASES = [
         ValueError,
         "beta must have shape [B, T, H] = [1, 4, 2], got [1, 4]",
     ),
-    ("A_log-bf16", lambda p: dict(A_log=p["A_log"].to(bf16)), TypeError, "A_log must be float32, got torch.bfloat16"),
+    (
+        "A_log-fp64",
+        lambda p: dict(A_log=p["A_log"].double()),
+        TypeError,
+        "A_log must be bfloat16, float16 or float32, got torch.float64",
+    ),
     ("A_log-shape", lambda p: dict(A_log=torch.zeros(H + 1)), ValueError, "A_log must have shape [H] = [2], got [3]"),
     (
         "dt_bias-fp64",
         lambda p: dict(dt_bias=p["dt_bias"].double()),
         TypeError,
-        "dt_bias must be float32, got torch.float64",
+        "dt_bias must be bfloat16, float16 or float32, got torch.float64",
     ),
     (
         "dt_bias-shape",
@@ -102,10 +114,11 @@ CASES = [
         "dt_bias must have shape [H, D] = [2, 128] (or [H * D]), got [128]",
     ),
     (
-        "q-noncontiguous",
-        lambda p: dict(q=transposed(p["q"])),
+        "q-head-stride-132",
+        lambda p: dict(q=padded_rows(p["q"], 132)),
         ValueError,
-        "q must be contiguous, got strides (1024, 128, 512, 1) for shape [1, 4, 2, 128]",
+        "q must have strides (batch, token, head, 1) with each stride of a dimension longer than 1 a positive "
+        "multiple of 8 elements below 2**39, got strides (1056, 264, 132, 1) for shape [1, 4, 2, 128]",
     ),
     (
         "q-misaligned",
@@ -122,9 +135,9 @@ CASES = [
             f"lower_bound-{lb}",
             lambda p, lb=lb: dict(lower_bound=lb),
             ValueError,
-            f"lower_bound must be in [-5, 0), got {lb}",
+            f"lower_bound must be in [-5, 0], got {lb}",
         )
-        for lb in (0.0, -5.5, 1.0)
+        for lb in (-5.5, 1.0, 1e-300)
     ],
     ("lower_bound--inf", lambda p: dict(lower_bound=float("-inf")), ValueError, "lower_bound must be finite, got -inf"),
     (
@@ -210,9 +223,10 @@ def test_cu_seqlens_needs_batch_one():
 
 def test_test_helpers_build_what_they_claim(p):
     """The layout cases above test what they say: right shape, only the layout is wrong."""
-    t, m = transposed(p["q"]), misaligned(p["q"])
-    assert t.shape == m.shape == p["q"].shape and torch.equal(t, p["q"]) and torch.equal(m, p["q"])
-    assert not t.is_contiguous() and m.is_contiguous() and m.data_ptr() % 16 != 0
+    t, m, r = transposed(p["q"]), misaligned(p["q"]), padded_rows(p["q"], 132)
+    assert t.shape == m.shape == r.shape == p["q"].shape
+    assert torch.equal(t, p["q"]) and torch.equal(m, p["q"]) and torch.equal(r, p["q"])
+    assert not t.is_contiguous() and m.is_contiguous() and m.data_ptr() % 16 != 0 and r.stride(2) == 132
 
 
 def run(p, **overrides):
@@ -236,6 +250,12 @@ def test_int32_cu_seqlens_is_accepted():
     assert torch.equal(out, out32) and torch.equal(final, final32)
 
 
-@pytest.mark.parametrize("lower_bound", [-5.0, -1e-6])
+@pytest.mark.parametrize("lower_bound", [-5.0, -1e-6, 0.0, -0.0])
 def test_lower_bound_edges_are_accepted(p, lower_bound):
     run(p, lower_bound=lower_bound)
+
+
+def test_transposed_but_valid_q_is_accepted(p):
+    out, final = run(p)
+    out_t, final_t = run(p, q=transposed(p["q"]))
+    assert torch.equal(out, out_t) and torch.equal(final, final_t)

@@ -29,7 +29,7 @@ _OLD_DRIVER = "CUDA driver "
 _logged = set()
 
 
-def _cuda_version(v: int) -> str:
+def cuda_version_text(v: int) -> str:
     return f"{v // 1000}.{v % 1000 // 10}"
 
 
@@ -64,7 +64,7 @@ def choose_path(
         why = f"no kernel for sm_{compute_capability} in this build (has {have})"
     elif driver // 1000 < runtime // 1000:
         why = (
-            f"{_OLD_DRIVER}{_cuda_version(driver)} is older than the CUDA {_cuda_version(runtime)} runtime "
+            f"{_OLD_DRIVER}{cuda_version_text(driver)} is older than the CUDA {cuda_version_text(runtime)} runtime "
             "this library was built with"
         )
     else:
