@@ -74,3 +74,30 @@ def test_unknown_command_is_a_usage_error():
 def test_bench_needs_a_gpu():
     res = run("bench")
     assert res.returncode == 2 and "bench needs a CUDA GPU" in res.stderr
+
+
+def test_info_shows_the_library_cuda_versions_and_build_info(tmp_path):
+    """Both CUDA versions the library reports, and CMake's _build_info when it exists
+    (simulated here: a checkout has none)."""
+    import os
+
+    from flash_kda import _native
+
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys, types\n"
+        "m = types.ModuleType('flash_kda._build_info')\n"
+        "m.PRODUCT_ARCHS = ['90a', '100a']\n"
+        "m.BUILT_ARCHS = ['90a']\n"
+        "m.NVCC_VERSION = '12.9.86'\n"
+        "sys.modules['flash_kda._build_info'] = m\n"
+    )
+    path = str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    res = run("info", env_extra={"PYTHONPATH": path})
+    assert res.returncode == 0, res.stderr
+    assert "build       built arches 90a; product arches 90a, 100a; nvcc 12.9.86" in res.stdout
+    lib = _native.load()
+    if lib is not None:
+        runtime, driver = lib.cuda_versions()
+        seen = f"{driver // 1000}.{driver % 1000 // 10}" if driver else "none"
+        expected = f"lib CUDA    CUDA runtime {runtime // 1000}.{runtime % 1000 // 10} (built with), driver {seen}"
+        assert expected in res.stdout, res.stdout
