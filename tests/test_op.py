@@ -10,14 +10,7 @@ import sys
 import flash_kda
 import pytest
 import torch
-from conftest import (
-    assert_bitwise,
-    call,
-    fused_projection_views,
-    make_problem,
-    nan_like,
-    pooled_problem,
-)
+from conftest import assert_bitwise, call, fused_projection_views, make_problem, nan_like, pooled_problem
 from flash_kda import _op, dispatch
 
 bf16, fp32 = torch.bfloat16, torch.float32
