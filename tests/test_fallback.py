@@ -3,13 +3,15 @@
 Both keep native's in-place contract."""
 
 import functools
+import logging
+import re
 import sys
 import types
 
 import flash_kda
 import pytest
 import torch
-from conftest import call, check, gold_of, make_problem, rel_err
+from conftest import call, check, gold_of, make_problem, pooled_problem, rel_err
 from flash_kda import dispatch, fallback, reference
 
 
@@ -179,3 +181,77 @@ def test_fla_chunk_kda_routes_to_native(monkeypatch):
         )
     call(flash_kda.fwd, p)
     assert torch.equal(o, p["out"]) and torch.equal(ht, p["final_state"])
+
+
+# ------------------------------------------------------------------ hardening (CPU)
+
+GARBAGE_CU = [
+    ([1, 10, 20], "cu_seqlens must start at 0, got cu_seqlens[0] = 1"),
+    ([0, 12, 5], "cu_seqlens must be non-decreasing, got cu_seqlens[2] = 5 < cu_seqlens[1] = 12"),
+    ([0, 10, 21], "cu_seqlens must end at most at T = 20, got cu_seqlens[-1] = 21"),
+    ([0, 10, 2**62], "cu_seqlens must end at most at T = 20, got cu_seqlens[-1] = 4611686018427387904"),
+    ([0, -3, 20], "cu_seqlens must be non-decreasing, got cu_seqlens[1] = -3 < cu_seqlens[0] = 0"),
+]
+
+
+def unchecked(p, bounds):
+    """p's validated call (two sequences) with cu_seqlens replaced by contents nobody has
+    read yet, as a device tensor's would be."""
+    return check(p)._replace(cu_seqlens=torch.tensor(bounds), seq_bounds=None)
+
+
+@pytest.mark.parametrize("bounds,message", GARBAGE_CU, ids=["start", "decreasing", "past-end", "2^62", "negative"])
+def test_torch_path_checks_device_cu_seqlens(bounds, message):
+    p = make_problem(1, 0, 1, lens=[10, 10], final=torch.float32)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        fallback.torch_fwd(unchecked(p, bounds))
+    assert torch.isnan(p["out"]).all() and torch.isnan(p["final_state"]).all()
+
+
+@pytest.mark.parametrize("bounds,message", GARBAGE_CU, ids=["start", "decreasing", "past-end", "2^62", "negative"])
+def test_fla_path_checks_device_cu_seqlens(fake_fla, bounds, message):
+    p = make_problem(1, 0, 1, lens=[10, 10])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        fallback.fla_fwd(unchecked(p, bounds))
+    assert fake_fla["impl"] == [] and torch.isnan(p["out"]).all()
+
+
+def test_torch_path_checks_device_pool_indices():
+    p = pooled_problem(2, 16, 1, [0, 1], 2, in_place=True)
+    pool = p["final_state"].clone()
+    bad = check(p)._replace(state_indices=torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="ssm_state_indices must not repeat a slot"):
+        fallback.torch_fwd(bad)
+    assert torch.equal(p["final_state"], pool) and torch.isnan(p["out"]).all()
+
+
+def test_fla_path_writes_only_rows_inside_sequences(fake_fla):
+    p = make_problem(1, 0, 2, lens=[7, 20], final=torch.float32)
+    p = dict(p, **{n: torch.cat([p[n], p[n][:, :5]], 1) for n in ("q", "k", "v", "g", "beta")})
+    p["out"] = torch.full_like(p["q"], float("nan"))  # T = 32, sequences end at 27
+    fallback.fla_fwd(check(p))
+    assert torch.all(p["out"][0, :27] == 0.5) and torch.isnan(p["out"][0, 27:]).all()
+
+
+def test_fla_path_gathers_and_scatters_pools(fake_fla):
+    p = pooled_problem(1, 0, 1, [2, -1, 0], 4, lens=[5, 6, 7], has_initial=[True, True, False], in_place=True)
+    pool = p["initial_state"].clone()
+    fallback.fla_fwd(check(p))
+    start = fake_fla["impl"][0]["initial_state"]
+    assert torch.equal(start[0], pool[2]) and not start[1:].any()  # padding and has_initial_state False: zero
+    assert torch.all(p["final_state"][[2, 0]] == 0.25)  # the fake's final state, scattered
+    assert torch.equal(p["final_state"][[1, 3]], pool[[1, 3]])  # no sequence owns these
+
+
+def test_fla_path_sends_checkpointed_calls_to_torch(fake_fla, monkeypatch, caplog):
+    monkeypatch.setattr(
+        dispatch, "explain", lambda device: ("fla", "no kernel for sm_89 in this build; using fla Triton")
+    )
+    monkeypatch.setattr(dispatch, "_logged", set())
+    p = make_problem(1, 0, 1, lens=[20, 13], final=torch.float32)
+    checkpoints = torch.full((1, 1, 128, 128), float("nan"))
+    with caplog.at_level(logging.INFO, logger="flash_kda"):
+        call(flash_kda.fwd, p, checkpoint_every=16, checkpoints=checkpoints)
+    assert fake_fla["impl"] == [] and not torch.isnan(checkpoints).any()
+    assert "fla's Triton forward cannot write checkpoints; using PyTorch for this call" in caplog.text
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
