@@ -3,8 +3,9 @@
 
 import torch
 
-from . import _native, _op, _validate, dispatch
+from . import _native, _op, _scalars, _validate, dispatch
 
+_WHERE = "flash_kda.fwd"
 _REQUIRED = ("q", "k", "v", "g", "beta", "out", "A_log", "dt_bias")
 
 
@@ -142,9 +143,9 @@ def fwd(
     tensors.update(final_state=final_state, cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices)
     tensors.update(has_initial_state=has_initial_state, checkpoints=checkpoints)
     _check_traceable(tensors, dict(out=out, final_state=final_state, checkpoints=checkpoints))
-    scale, lower_bound = _validate.as_real("scale", scale), _validate.as_real("lower_bound", lower_bound)
+    scale, lower_bound = _scalars.as_real(_WHERE, "scale", scale), _scalars.as_real(_WHERE, "lower_bound", lower_bound)
     if checkpoint_every is not None:
-        checkpoint_every = _validate.as_count("checkpoint_every", checkpoint_every)
+        checkpoint_every = _scalars.as_count(_WHERE, "checkpoint_every", checkpoint_every)
         if not 0 < checkpoint_every < 2**31:
             raise ValueError(
                 f"flash_kda.fwd: checkpoint_every must be a positive multiple of 16 below 2**31, got {checkpoint_every}"

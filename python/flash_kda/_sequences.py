@@ -7,10 +7,11 @@ they are on the CPU, and the fallback paths check them after the synchronisation
 make anyway. Every check raises ``ValueError`` naming the argument and the bad entry.
 """
 
-import operator
 from typing import NamedTuple, Optional
 
 import torch
+
+from . import _scalars
 
 _WHERE = "flash_kda.fwd"
 
@@ -80,12 +81,7 @@ def checkpoint_firsts(lengths: list[int], every: int) -> list[int]:
 
 
 def _count(name: str, x, low: int) -> int:
-    if isinstance(x, bool):
-        raise TypeError(f"flash_kda.checkpoint_layout: {name} must be an int, got bool")
-    try:
-        value = operator.index(x)
-    except TypeError:
-        raise TypeError(f"flash_kda.checkpoint_layout: {name} must be an int, got {type(x).__name__}") from None
+    value = _scalars.as_count("flash_kda.checkpoint_layout", name, x)
     if value < low:
         raise ValueError(f"flash_kda.checkpoint_layout: {name} must be >= {low}, got {value}")
     return value

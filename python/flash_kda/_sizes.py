@@ -1,9 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Workspace sizes (spec section 1.6), from the library or, without it, the same formula."""
 
-import operator
-
-from . import _native
+from . import _native, _scalars
 
 # Bytes of one (head, chunk) record, mirrored from src/kda/workspace.h for when the library
 # is absent (tests/test_native.py checks it against flash_kda_record_bytes()).
@@ -26,12 +24,7 @@ def _exact_bytes(total: int, heads: int, num_seqs: int) -> int:
 
 
 def _argument(name: str, x) -> int:
-    if isinstance(x, bool):
-        raise TypeError(f"{_WHERE}: {name} must be an int, got bool")
-    try:
-        value = operator.index(x)
-    except TypeError:
-        raise TypeError(f"{_WHERE}: {name} must be an int, got {type(x).__name__}") from None
+    value = _scalars.as_count(_WHERE, name, x)
     low, high = _BOUNDS[name]
     if not low <= value <= high:
         raise ValueError(f"{_WHERE}: {name} must be in [{low}, {high}], got {value}")

@@ -9,14 +9,12 @@ expected and what was given.
 """
 
 import math
-import numbers
-import operator
 import os
 from typing import NamedTuple, Optional
 
 import torch
 
-from . import _layout, _sequences
+from . import _layout, _scalars, _sequences
 
 HEAD_DIM = 128
 MAX_TOKENS = 2**31  # the C ABI's bound on B * T (int32 token coordinates)
@@ -86,19 +84,8 @@ def _expect_shape(name: str, x: torch.Tensor, shape: list[int], form: str) -> No
         raise ValueError(f"{_WHERE}: {name} must have shape {form} = {shape}, got {_shape(x)}")
 
 
-def as_real(name: str, x) -> float:
-    """``x`` as a float: a real number, not bool (``TypeError``), that fits a float64
-    (``ValueError``). Traceable: used by the public wrapper too."""
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{_WHERE}: {name} must be a real number, got {type(x).__name__}")
-    try:
-        return float(x)
-    except OverflowError:
-        raise ValueError(f"{_WHERE}: {name} must be finite, got a value beyond the float64 range") from None
-
-
 def _finite(name: str, x) -> float:
-    value = as_real(name, x)
+    value = _scalars.as_real(_WHERE, name, x)
     if not math.isfinite(value):
         raise ValueError(f"{_WHERE}: {name} must be finite, got {value}")
     return value
@@ -117,16 +104,6 @@ def _lower_bound(x) -> float:
     if not -5.0 <= value <= 0.0:
         raise ValueError(f"{_WHERE}: lower_bound must be in [-5, 0], got {value}")
     return value
-
-
-def as_count(name: str, x) -> int:
-    """A Python int (``operator.index``), not bool: ``TypeError`` otherwise."""
-    if isinstance(x, bool):
-        raise TypeError(f"{_WHERE}: {name} must be an int, got bool")
-    try:
-        return operator.index(x)
-    except TypeError:
-        raise TypeError(f"{_WHERE}: {name} must be an int, got {type(x).__name__}") from None
 
 
 def resolve_exact(exact) -> bool:
@@ -249,7 +226,7 @@ def _checkpoints(every, checkpoints, H: int, state_dtype) -> int:
         raise ValueError(f"{_WHERE}: checkpoint_every and checkpoints must be given together")
     if every is None:
         return 0
-    every = as_count("checkpoint_every", every)
+    every = _scalars.as_count(_WHERE, "checkpoint_every", every)
     if every < 16 or every % 16 or every >= MAX_TOKENS:
         raise ValueError(f"{_WHERE}: checkpoint_every must be a positive multiple of 16 below 2**31, got {every}")
     if checkpoints.dim() != 4 or _shape(checkpoints)[1:] != [H, HEAD_DIM, HEAD_DIM]:
@@ -281,26 +258,9 @@ def _activations(q, k, v, g, beta, out) -> tuple[int, int, int]:
     return B, T, H
 
 
-def check_fwd(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    scale,
-    out,
-    A_log,
-    dt_bias,
-    lower_bound,
-    initial_state=None,
-    final_state=None,
-    cu_seqlens=None,
-    ssm_state_indices=None,
-    has_initial_state=None,
-    checkpoint_every=None,
-    checkpoints=None,
-    exact=None,
-) -> FwdCall:
+def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
+              cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None, checkpoints=None,
+              exact=None) -> FwdCall:  # fmt: skip
     """Validate one ``fwd`` call (arguments as :func:`flash_kda.fwd`); return it as a
     :class:`FwdCall`. Reads no device memory (index tensors on the CPU are read). Raises
     ``TypeError``, ``ValueError`` or ``RuntimeError`` (grad) before anything is written."""
