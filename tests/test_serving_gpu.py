@@ -249,11 +249,11 @@ def test_fla_kda_model_cast_to_bf16_prefills_natively(monkeypatch, native_calls)
     ids = torch.randint(0, 1000, (2, 200), device=DEV)  # > 64 tokens: fla's chunk mode
     monkeypatch.delenv("FLA_FLASH_KDA", raising=False)
     with torch.no_grad():
-        native = model(ids).logits.float()
+        native = model(ids, use_cache=False).logits.float()
     assert len(native_calls) == config.num_hidden_layers
     monkeypatch.setenv("FLA_FLASH_KDA", "0")
     with torch.no_grad():
-        triton = model(ids).logits.float()
+        triton = model(ids, use_cache=False).logits.float()
     assert len(native_calls) == config.num_hidden_layers, "FLA_FLASH_KDA=0 must keep fla off flash_kda"
     err = rel_err(native, triton.double())
     print(f"logits relative error native vs Triton: {err:.4f}")

@@ -277,7 +277,7 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
     inputs = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state)
     inputs.update(ssm_state_indices=ssm_state_indices, has_initial_state=has_initial_state)
     outputs = dict(out=out, final_state=final_state, checkpoints=checkpoints)
-    refuse_grad(inputs)
+    refuse_grad(dict(inputs, **outputs))
     _same_device(dict(inputs, **outputs), q.device)
     scale, lower_bound = _scale(scale), _lower_bound(lower_bound)
     mode = resolve_exact(exact)
