@@ -1,18 +1,17 @@
 # SPDX-License-Identifier: MIT
-"""Time flash_kda's native forward against fla's Triton chunk_kda on the same inputs.
+"""Time flash_kda's forward (automatic and exact paths) against the hardware floor and
+fla's Triton chunk_kda on the same inputs.
 
     python benchmarks/bench_fwd.py --out benchmarks/results/h200.json [--fla T8192-N1-H96 ...]
+    python benchmarks/bench_fwd.py --out sweep.json --sweep T8192-N1-H6 ...   (cost-model data)
 
-Medians of ``triton.testing.do_bench`` (CUDA events, warm-up, L2 flushed between runs),
-bf16 state in and out for flash_kda; fla's ``chunk_kda`` gets the same tensors with the
-FlashKDA flags (``use_gate_in_kernel``, ``use_qk_l2norm_in_kernel``,
-``use_beta_sigmoid_in_kernel``, ``safe_gate``, ``lower_bound=-5``, ``state_v_first``),
-``FLA_FLASH_KDA=0`` so that it runs its own kernels, and an fp32 initial state (fla's
-requirement). fla autotunes each new shape on its first call (minutes), so it is timed
-only for the shapes named by ``--fla``. The floor column is the hardware bound: the larger
-of 1,290 bytes per token per head at the measured copy bandwidth and 118 kFLOP per token
-per head at the measured bf16 matrix rate (spec section 7).
-Benchmarks never assert correctness; the tests do.
+Medians of ``triton.testing.do_bench`` (CUDA events, warm-up, L2 flushed between runs) of
+eager calls, and of CUDA-graph replays of the same call (what a serving engine runs: no
+Python in the timed region). bf16 state in and out. The floor column is the hardware
+bound: the larger of 1,290 bytes per token per head at the measured copy bandwidth and
+118 kFLOP per token per head at the measured bf16 matrix rate (design section 7). fla
+autotunes each new shape on its first call (minutes), so it is timed only for the shapes
+named by ``--fla``. Benchmarks never assert correctness; the tests do.
 """
 
 import argparse
@@ -26,8 +25,8 @@ import torch
 BYTES_PER_TOKEN_HEAD = 1290
 FLOPS_PER_TOKEN_HEAD = 118_000
 
-# (id, lens of the sequences, heads)
-SHAPES = [
+# (id, lens of the sequences, heads): the issue's table, then the plot's H sweeps.
+TABLE = [
     ("T8192-N1-H96", [8192], 96),
     ("T8192-N1-H48", [8192], 48),
     ("T8192-N1-H24", [8192], 24),
@@ -35,10 +34,16 @@ SHAPES = [
     ("T8192-N1-H6", [8192], 6),
     ("T32768-N1-H96", [32768], 96),
     ("T32768-N1-H6", [32768], 6),
+    ("T131072-N1-H4", [131072], 4),
+    ("T1048576-N1-H1", [1048576], 1),
     ("varlen6-H96", [1300, 547, 2048, 963, 271, 3063], 96),
     ("8x1024-H8", [1024] * 8, 8),
     ("64x512-H8", [512] * 64, 8),
 ]
+PLOT_HEADS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96)
+PLOT = [(f"T{T}-N1-H{h}", [T], h) for T in (8192, 32768) for h in PLOT_HEADS]
+SHAPES = {s: (lens, h) for s, lens, h in TABLE + PLOT}
+SWEEP_SEGMENTS = (0, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def _copy_ms(do_bench, nbytes):
@@ -60,6 +65,8 @@ def measure_ceilings(do_bench):
 
 
 def make_inputs(lens, heads, seed=0):
+    """Random inputs on the GPU (reference.random_problem draws on the CPU, which takes
+    minutes for the 1M-token rows); varlen when the lengths differ."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     T = sum(lens)
     batched = len(set(lens)) == 1
@@ -79,37 +86,41 @@ def make_inputs(lens, heads, seed=0):
         A_log=torch.rand(heads, generator=gen, device="cuda"),
         dt_bias=torch.rand(heads, 128, generator=gen, device="cuda"),
         initial_state=0.1 * randn(N, heads, 128, 128),
+        cu_seqlens=None,
     )
-    p["cu_seqlens"] = None
     if not batched:
-        bounds = [0]
-        for n in lens:
-            bounds.append(bounds[-1] + n)
-        p["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int64, device="cuda")
+        p["cu_seqlens"] = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda")
     return p
 
 
-def native_runner(p, block_v=0):
-    """A closure running flash_kda.fwd on problem p (bf16 state in and out); a non-zero
-    block_v forces that column split (dispatch.run_native)."""
+def runner(p, exact, **hook):
+    """A closure running one forward on problem p (bf16 state in and out). Without hook
+    arguments it is the public flash_kda.fwd; with them (block_v, segment_chunks) the
+    library's plan is overridden through the test hook."""
     import flash_kda
-    from flash_kda import _validate, dispatch
+    from flash_kda import dispatch
 
     out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
     args = (p["q"], p["k"], p["v"], p["g"], p["beta"], 128**-0.5, out, p["A_log"], p["dt_bias"], -5.0)
-    args += (p["initial_state"], final)
-
-    def run():
-        if block_v:
-            dispatch.run_native(_validate.check_fwd(*args, p["cu_seqlens"]), *args, block_v=block_v)
-        else:
-            flash_kda.fwd(*args, p["cu_seqlens"])
-
-    return run
+    args += (p["initial_state"], final, p["cu_seqlens"])
+    if not hook:
+        return lambda: flash_kda.fwd(*args, exact=exact)
+    call = dispatch.validated(*args, exact=exact)
+    return lambda: dispatch.run_native(call, **hook)
 
 
-def time_native(p, do_bench, block_v=0):
-    return do_bench(native_runner(p, block_v), warmup=25, rep=200, return_mode="median")
+def graphed(fn):
+    """fn captured in a CUDA graph (after a warm-up run); returns the replay."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def time_ms(do_bench, fn):
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
 def time_fla(p, do_bench):
@@ -139,9 +150,36 @@ def time_fla(p, do_bench):
             )
 
     try:
-        return do_bench(run, warmup=25, rep=200, return_mode="median")
+        return time_ms(do_bench, run)
     finally:
         os.environ.pop("FLA_FLASH_KDA", None)
+
+
+def plan_of(p, exact):
+    """The library's plan (block_v, segment_chunks, segment_block_v) for problem p."""
+    from flash_kda import dispatch
+
+    plan = dispatch.plan_of(dispatch.validated(*_plan_args(p), exact=exact))
+    return dict(block_v=plan.block_v, segment_chunks=plan.segment_chunks, segment_block_v=plan.segment_block_v)
+
+
+def _plan_args(p):
+    out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
+    return (
+        p["q"],
+        p["k"],
+        p["v"],
+        p["g"],
+        p["beta"],
+        128**-0.5,
+        out,
+        p["A_log"],
+        p["dt_bias"],
+        -5.0,
+        p["initial_state"],
+        final,
+        p["cu_seqlens"],
+    )
 
 
 def environment():
@@ -173,30 +211,136 @@ def environment():
         flash_kda=flash_kda.__version__,
         fla=version("fla-core"),
         triton=version("triton"),
-        git=sha or os.environ.get("GIT_SHA"),
+        git=os.environ.get("GIT_SHA") or sha,  # the device's copy of the tree may carry an older .git
     )
+
+
+def floor_ms(lens, heads, env):
+    tokens = sum(lens)
+    bw, rate = env["copy_tb_s"] * 1e12, env["matmul_tflop_s"] * 1e12
+    return 1e3 * max(BYTES_PER_TOKEN_HEAD * tokens * heads / bw, FLOPS_PER_TOKEN_HEAD * tokens * heads / rate)
+
+
+def bench_shape(shape, do_bench, env, with_fla):
+    lens, heads = SHAPES[shape]
+    p = make_inputs(lens, heads)
+    r = dict(shape=shape, lens=lens if len(lens) <= 8 else f"{len(lens)}x{lens[0]}", heads=heads)
+    r["plan"] = plan_of(p, exact=False)
+    for path, exact in (("auto", False), ("exact", True)):
+        fn = runner(p, exact)
+        r[f"{path}_ms"] = time_ms(do_bench, fn)
+        r[f"{path}_graph_ms"] = time_ms(do_bench, graphed(fn))
+    r["floor_ms"] = floor_ms(lens, heads, env)
+    if with_fla:
+        r["fla_ms"] = time_fla(p, do_bench)
+    del p
+    torch.cuda.empty_cache()
+    return r
+
+
+POOLS = [
+    ("16x1024-H8-pool256", [1024] * 16, 8, 256),
+    ("varlen8-H8-pool64", [1500, 700, 2048, 333, 1024, 900, 60, 1600], 8, 64),
+]
+
+
+def bench_pool(shape, lens, heads, slots, do_bench):
+    """A pooled call (initial_state and final_state one fp32 pool [slots, H, 128, 128],
+    written in place through ssm_state_indices) against the same sequences with contiguous
+    states, and against gathering the states, calling, and scattering them back."""
+    import flash_kda
+
+    p = make_inputs(lens, heads)
+    N = len(lens)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    pool = 0.1 * torch.randn(slots, heads, 128, 128, generator=gen, device="cuda")
+    idx = torch.randperm(slots, generator=gen, device="cuda")[:N]
+    init = pool[idx].contiguous()
+    final, out = torch.empty_like(init), torch.empty_like(p["v"])
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], 128**-0.5, out, p["A_log"], p["dt_bias"], -5.0)
+    cu = p["cu_seqlens"]
+
+    def contiguous():
+        flash_kda.fwd(*args, init, final, cu)
+
+    def pooled():
+        flash_kda.fwd(*args, pool, pool, cu, ssm_state_indices=idx)
+
+    def gather_call_scatter():
+        states = pool[idx]
+        flash_kda.fwd(*args, states, final, cu)
+        pool[idx] = final
+
+    r = dict(shape=shape, lens=lens, heads=heads, slots=slots)
+    for name, fn in (("contiguous", contiguous), ("pooled", pooled), ("gather_scatter", gather_call_scatter)):
+        r[f"{name}_ms"] = time_ms(do_bench, fn)
+        r[f"{name}_graph_ms"] = time_ms(do_bench, graphed(fn))
+    torch.cuda.empty_cache()
+    return r
+
+
+def sweep_shape(shape, do_bench):
+    """Graph-replay time for each forced segment length and width: the cost model's data."""
+    lens, heads = SHAPES[shape]
+    p = make_inputs(lens, heads)
+    rows = []
+    for L in SWEEP_SEGMENTS:
+        for bv in (0, 32, 64, 128):
+            hook = dict(block_v=bv, segment_chunks=L)
+            try:
+                ms = time_ms(do_bench, graphed(runner(p, exact=L == 0, **hook)))
+            except RuntimeError as err:  # e.g. a workspace too large for the GPU
+                ms = None
+                print(f"{shape} L={L} bv={bv}: {err}", flush=True)
+            rows.append(dict(shape=shape, segment_chunks=L, block_v=bv, graph_ms=ms))
+            print(json.dumps(rows[-1]), flush=True)
+    del p
+    torch.cuda.empty_cache()
+    return rows
 
 
 def markdown(results, env, command):
     lines = [
-        f"# flash_kda forward vs fla Triton chunk_kda on {env['gpu']}",
+        f"# flash_kda forward on {env['gpu']}",
         "",
         f"`{command}`",
         "",
         f"GPU {env['gpu']} ({env['sms']} SMs), torch {env['torch']}, CUDA {env['cuda']}, "
         f"fla {env['fla']}, triton {env['triton']}, git {env['git']}. Measured copy bandwidth "
-        f"{env['copy_tb_s']:.2f} TB/s, bf16 matmul {env['matmul_tflop_s']:.0f} TFLOP/s.",
+        f"{env['copy_tb_s']:.2f} TB/s, bf16 matmul {env['matmul_tflop_s']:.0f} TFLOP/s. Times in ms: "
+        "medians of eager calls and of CUDA-graph replays; `auto` is the default path, `exact` "
+        "the bit-exact one (FLASH_KDA_EXACT=1); plan = segment chunks / block_v of the auto path.",
         "",
-        "| shape | heads | block_v | native ms | fla ms | native / fla | floor ms | native / floor |",
-        "|---|---|---|---|---|---|---|---|",
+        "| shape | H | plan | auto | auto graph | exact | exact graph | floor | auto graph / floor | fla |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        plan = r["plan"]
+        plan_s = f"L={plan['segment_chunks']} bv={plan['segment_block_v']}/{plan['block_v']}"
+        if not plan["segment_chunks"]:
+            plan_s = f"whole bv={plan['block_v']}"
         fla = f"{r['fla_ms']:.3f}" if r.get("fla_ms") else "-"
-        ratio = f"{r['native_ms'] / r['fla_ms']:.2f}" if r.get("fla_ms") else "-"
         lines.append(
-            f"| {r['shape']} | {r['heads']} | {r['block_v']} | {r['native_ms']:.3f} | {fla} | "
-            f"{ratio} | {r['floor_ms']:.3f} | {r['native_ms'] / r['floor_ms']:.1f} |"
+            f"| {r['shape']} | {r['heads']} | {plan_s} | {r['auto_ms']:.3f} | {r['auto_graph_ms']:.3f} | "
+            f"{r['exact_ms']:.3f} | {r['exact_graph_ms']:.3f} | {r['floor_ms']:.3f} | "
+            f"{r['auto_graph_ms'] / r['floor_ms']:.1f} | {fla} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def pool_markdown(pools):
+    if not pools:
+        return ""
+    lines = [
+        "",
+        "State pools (fp32 pool, states read and written in place through ssm_state_indices; ms, eager / graph):",
+        "",
+        "| shape | contiguous states | pooled in place | gather + call + scatter |",
+        "|---|---|---|---|",
+    ]
+    for r in pools:
+        cells = [f"{r[f'{n}_ms']:.3f} / {r[f'{n}_graph_ms']:.3f}" for n in ("contiguous", "pooled", "gather_scatter")]
+        lines.append(f"| {r['shape']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -204,50 +348,42 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="results JSON; the markdown table goes beside it")
     parser.add_argument("--fla", nargs="*", default=[], help="shape ids to time with fla too")
-    parser.add_argument("--shapes", nargs="*", default=None, help="only these shape ids")
-    parser.add_argument(
-        "--block-v", type=int, nargs="*", default=[], help="also time these forced block_v values (diagnostics)"
-    )
+    parser.add_argument("--shapes", nargs="*", default=None, help="only these shape ids (default: the table)")
+    parser.add_argument("--plot", action="store_true", help="also the H sweeps at T=8192 and T=32768")
+    parser.add_argument("--sweep", nargs="*", default=[], help="shape ids for the segment-length sweep")
+    parser.add_argument("--pools", action="store_true", help="also the state-pool rows")
     args = parser.parse_args()
-    import flash_kda
-    from flash_kda import _native
     from triton.testing import do_bench
 
     bw, rate = measure_ceilings(do_bench)
     env = environment()
     env.update(copy_tb_s=bw / 1e12, matmul_tflop_s=rate / 1e12)
-    lib = _native.load()
-    results = []
-    for shape, lens, heads in SHAPES:
-        if args.shapes and shape not in args.shapes:
-            continue
-        p = make_inputs(lens, heads)
-        tokens = sum(lens)
-        floor = max(BYTES_PER_TOKEN_HEAD * tokens * heads / bw, FLOPS_PER_TOKEN_HEAD * tokens * heads / rate)
-        r = dict(
-            shape=shape,
-            lens=lens,
-            heads=heads,
-            native_ms=time_native(p, do_bench),
-            block_v=lib.pick_block_v(len(lens), heads, env["sms"]),
-            floor_ms=floor * 1e3,
-            path=flash_kda.backend_for("cuda"),
-        )
-        if shape in args.fla:
-            r["fla_ms"] = time_fla(p, do_bench)
-        for bv in args.block_v:
-            r[f"native_bv{bv}_ms"] = time_native(p, do_bench, bv)
-        results.append(r)
-        print(json.dumps(r), flush=True)
-        del p
-        torch.cuda.empty_cache()
     command = "python " + " ".join(sys.argv)
+    data = dict(environment=env, command=command, results=[], sweep=[], pools=[])
+    if args.sweep:
+        for shape in args.sweep:
+            data["sweep"] += sweep_shape(shape, do_bench)
+    else:
+        shapes = args.shapes or [s for s, _, _ in TABLE]
+        if args.plot:
+            shapes += [s for s, _, _ in PLOT if s not in shapes]
+        for shape in shapes:
+            data["results"].append(bench_shape(shape, do_bench, env, shape in args.fla))
+            print(json.dumps(data["results"][-1]), flush=True)
+            with open(args.out, "w") as f:  # keep what was measured if the run is cut short
+                json.dump(data, f, indent=1)
+        if args.pools:
+            for shape, lens, heads, slots in POOLS:
+                data["pools"].append(bench_pool(shape, lens, heads, slots, do_bench))
+                print(json.dumps(data["pools"][-1]), flush=True)
     with open(args.out, "w") as f:
-        json.dump(dict(environment=env, command=command, results=results), f, indent=1)
-    table = markdown(results, env, command)
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(table)
-    print(table)
+        json.dump(data, f, indent=1)
+    if data["results"]:
+        table = markdown([r for r in data["results"] if r["shape"] in {s for s, _, _ in TABLE}], env, command)
+        table += pool_markdown(data["pools"])
+        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+            f.write(table)
+        print(table)
 
 
 if __name__ == "__main__":

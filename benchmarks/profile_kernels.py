@@ -1,22 +1,23 @@
 # SPDX-License-Identifier: MIT
-"""Per-kernel GPU time of one native forward (prefix, K1 prepare, K2 recurrence), from
-the PyTorch profiler (CUPTI sees the library's launches too). Diagnostics, not a table:
+"""Per-kernel GPU time of one native forward (prefix, K1 prepare, the recurrence passes,
+combine), from the PyTorch profiler (CUPTI sees the library's launches too). Diagnostics,
+not a table:
 
-    python benchmarks/profile_kernels.py T8192-N1-H96 T8192-N1-H6
+    python benchmarks/profile_kernels.py [--exact] T8192-N1-H96 T8192-N1-H6
     ncu --clock-control none -k regex:recurrence python benchmarks/profile_kernels.py --once T8192-N1-H6
 
 ``--once`` runs each shape's forward once without the profiler (for ncu).
 """
 
-import sys
+import argparse
 
 import torch
-from bench_fwd import SHAPES, make_inputs, native_runner
+from bench_fwd import SHAPES, make_inputs, runner
 
 
-def profile(shape_id, repeats=10, once=False):
-    lens, heads = next((l, h) for s, l, h in SHAPES if s == shape_id)
-    run = native_runner(make_inputs(lens, heads))
+def profile(shape_id, exact, repeats=10, once=False):
+    lens, heads = SHAPES[shape_id]
+    run = runner(make_inputs(lens, heads), exact)
     run()
     torch.cuda.synchronize()
     if once:
@@ -29,11 +30,20 @@ def profile(shape_id, repeats=10, once=False):
     for e in prof.key_averages():
         if e.device_time_total > 0 and e.count >= repeats:
             name = e.key.split("(")[0].replace("void flash_kda::sm90a::", "")
-            rows.append((name[:48], e.device_time_total / e.count))
-    print(f"{shape_id}: " + ", ".join(f"{n} {t:.1f} us" for n, t in sorted(rows, key=lambda r: -r[1])))
+            rows.append((name[:40], e.device_time_total / repeats, e.count // repeats))
+    mode = "exact" if exact else "auto"
+    print(f"{shape_id} {mode}: " + ", ".join(f"{n} x{c} {t:.1f} us" for n, t, c in sorted(rows, key=lambda r: -r[1])))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("shapes", nargs="+")
+    parser.add_argument("--exact", action="store_true", help="the exact path (default: automatic)")
+    parser.add_argument("--once", action="store_true", help="one forward per shape, no profiler (for ncu)")
+    args = parser.parse_args()
+    for shape in args.shapes:
+        profile(shape, args.exact, once=args.once)
 
 
 if __name__ == "__main__":
-    once = "--once" in sys.argv
-    for shape in (a for a in sys.argv[1:] if a != "--once"):
-        profile(shape, once=once)
+    main()

@@ -1,32 +1,46 @@
 # SPDX-License-Identifier: MIT
-# flash_kda_resolve_archs(<out-var>): turn FLASH_KDA_CUDA_ARCHS into the arches to build.
+# flash_kda_resolve_archs(<archs-var> <request-var>): turn FLASH_KDA_CUDA_ARCHS into the
+# arches to build, and give the request itself, normalized (lower case, no spaces).
 #
 #   FLASH_KDA_CUDA_ARCHS=auto        the visible GPUs' arches (nvidia-smi); with no GPU
 #                                    visible, says so and builds `all`
 #   FLASH_KDA_CUDA_ARCHS=all         every arch of the product this nvcc can build
 #   FLASH_KDA_CUDA_ARCHS=90a,100a    exactly those (an `sm_` prefix is accepted)
 #
-# Example: FLASH_KDA_CUDA_ARCHS=all with nvcc 13.0 -> "90a;100a;103a;110a;120a;121a";
-# with nvcc 12.8 -> "90a;100a;120a". The value comes from the CMake variable (what
-# scikit-build-core passes) or else the environment; unset means auto.
+# Example: FLASH_KDA_CUDA_ARCHS=all with nvcc 13.0 -> archs "90a;100a;103a;110a;120a;121a"
+# and request "all"; with nvcc 12.8 -> archs "90a;100a;120a". The value comes from the
+# CMake variable (what scikit-build-core passes) or else the environment; unset means auto.
 
-# The product's arches, each with the first nvcc that can build it.
-set(_FLASH_KDA_ARCHS 90a 100a 103a 110a 120a 121a)
-set(_FLASH_KDA_MIN_NVCC_90a 12.0)
-set(_FLASH_KDA_MIN_NVCC_100a 12.8)
-set(_FLASH_KDA_MIN_NVCC_103a 12.9)
-set(_FLASH_KDA_MIN_NVCC_110a 13.0)
-set(_FLASH_KDA_MIN_NVCC_120a 12.8)
-set(_FLASH_KDA_MIN_NVCC_121a 12.9)
+# The product's arches: the one list every other file derives from (the arch TUs, the
+# wheel's flash_kda/_build_info.py, wheels/check_wheel.py, the tests). Each row: the arch,
+# the first nvcc that can build it, and the compute capability (10 * major + minor) whose
+# GPUs run its kernels. `cmake -P cmake/FlashKdaArchs.cmake` prints the table. Example:
+# _flash_kda_product_arch(90a 12.0 90) appends 90a to _FLASH_KDA_ARCHS and sets
+# _FLASH_KDA_MIN_NVCC_90a=12.0, _FLASH_KDA_CC_90a=90. A macro: the rows set file scope.
+macro(_flash_kda_product_arch arch min_nvcc cc)
+  list(APPEND _FLASH_KDA_ARCHS ${arch})
+  set(_FLASH_KDA_MIN_NVCC_${arch} ${min_nvcc})
+  set(_FLASH_KDA_CC_${arch} ${cc})
+endmacro()
+set(_FLASH_KDA_ARCHS "")
+#                       arch  min nvcc  compute capability
+_flash_kda_product_arch(90a   12.0      90)   # H100, H200, GH200
+_flash_kda_product_arch(100a  12.8      100)  # B200, GB200
+_flash_kda_product_arch(103a  12.9      103)  # B300, GB300
+_flash_kda_product_arch(110a  13.0      110)  # Jetson Thor
+_flash_kda_product_arch(120a  12.8      120)  # RTX 50xx, RTX PRO Blackwell
+_flash_kda_product_arch(121a  12.9      121)  # DGX Spark
 
-# "9.0" -> "90a" when the product has that arch, else "".
+# "9.0" -> "90a": the product arch for that compute capability, else "".
 function(_flash_kda_arch_of_capability cap out)
   string(REPLACE "." "" digits "${cap}")
-  set(arch "${digits}a")
-  if(NOT arch IN_LIST _FLASH_KDA_ARCHS)
-    set(arch "")
-  endif()
-  set(${out} "${arch}" PARENT_SCOPE)
+  set(found "")
+  foreach(arch IN LISTS _FLASH_KDA_ARCHS)
+    if("${_FLASH_KDA_CC_${arch}}" STREQUAL "${digits}")
+      set(found ${arch})
+    endif()
+  endforeach()
+  set(${out} "${found}" PARENT_SCOPE)
 endfunction()
 
 function(_flash_kda_nvcc_supports arch out)
@@ -71,7 +85,7 @@ function(_flash_kda_visible_archs out seen)
   set(${seen} "${caps}" PARENT_SCOPE)
 endfunction()
 
-function(flash_kda_resolve_archs out)
+function(flash_kda_resolve_archs out out_request)
   set(request "${FLASH_KDA_CUDA_ARCHS}")
   if(request STREQUAL "")
     set(request "$ENV{FLASH_KDA_CUDA_ARCHS}")
@@ -122,4 +136,15 @@ function(flash_kda_resolve_archs out)
   message(STATUS "flash-kda: building kernels for ${archs} (FLASH_KDA_CUDA_ARCHS=${request}, "
                  "nvcc ${CMAKE_CUDA_COMPILER_VERSION})")
   set(${out} "${archs}" PARENT_SCOPE)
+  set(${out_request} "${request}" PARENT_SCOPE)
 endfunction()
+
+# `cmake -P cmake/FlashKdaArchs.cmake` prints the product table on stdout, a header line
+# then one row per arch, e.g. "90a 12.0 90" (tests/test_build.py reads it).
+if(CMAKE_SCRIPT_MODE_FILE STREQUAL CMAKE_CURRENT_LIST_FILE)
+  set(table "arch min_nvcc compute_capability")
+  foreach(arch IN LISTS _FLASH_KDA_ARCHS)
+    string(APPEND table "\n${arch} ${_FLASH_KDA_MIN_NVCC_${arch}} ${_FLASH_KDA_CC_${arch}}")
+  endforeach()
+  execute_process(COMMAND "${CMAKE_COMMAND}" -E echo "${table}")
+endif()

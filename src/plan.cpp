@@ -30,27 +30,34 @@ std::string str(int64_t x) {
 }
 
 // ---------------------------------------------------------------- cost model
-// Microseconds, H200-calibrated (config.h and benchmarks/NOTES.md). Only the ratio of the
-// two paths matters: both run the same K1, which is left out.
+// Microseconds on the H200 (config.h; fitted to the segment-length sweep in
+// benchmarks/results/h200-sweep.json). Only the ratio of the two paths matters: both run
+// the same K1, which is left out.
 
-constexpr double kLaunchUs = 3.0;        // one more kernel launch on the stream
-constexpr double kShareSlowdown = 1.25;  // a link's latency with two CTAs on one SM
-constexpr double kCombineStepUs = 1.0;   // one start-state step of combine_kernel
+constexpr double kLaunchUs = 5.0;        // one more kernel launch on the stream
+constexpr double kCombineBaseUs = 1.2;   // one start-state step of combine_kernel ...
+constexpr double kCombinePairUs = 0.19;  // ... plus this per (sequence, head)
+constexpr double kMargin = 0.9;          // segments only when predicted 10% faster
 constexpr int64_t kMinSegments = 3;      // two segments cost as much as one chain (§6.4)
 
-// A pass of `ctas` CTAs of width s running `links` chunk links each.
-double pass_us(int64_t ctas, int64_t links, const RecurrenceShape &s, int32_t num_sms) {
-  const int64_t slots = int64_t{num_sms} * s.resident;
-  const double waves = static_cast<double>(ceil_div(ctas, slots));
-  const double share = ctas > num_sms ? kShareSlowdown : 1.0;
-  return waves * static_cast<double>(links) * s.link_us * share;
+double waves(int64_t ctas, int64_t slots) {
+  return static_cast<double>(ceil_div(ctas, slots));
 }
 
-// The fastest width for a pass that covers `columns` value columns (over all chains).
+// The whole-sequence pass: one CTA per SM, chains of `chunks` links.
+double whole_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms) {
+  const RecurrenceShape &s = *recurrence_shape(block_v);
+  return waves(pairs * (kHeadDim / block_v), num_sms) * static_cast<double>(chunks) * s.whole_link_us;
+}
+
+// The fastest width for a segment pass that covers `columns` value columns in chains of
+// `links` links.
 double best_pass_us(int64_t columns, int64_t links, int32_t num_sms, int32_t &block_v) {
   double best = -1.0;
   for (const RecurrenceShape &s : kRecurrenceShapes) {
-    const double t = pass_us(ceil_div(columns, s.block_v), links, s, num_sms);
+    if (s.pass_link_us <= 0) continue;
+    const double t = waves(ceil_div(columns, s.block_v), int64_t{num_sms} * s.resident) *
+                     static_cast<double>(links) * s.pass_link_us;
     if (best < 0 || t < best) {
       best = t;
       block_v = s.block_v;
@@ -66,7 +73,8 @@ double segmented_us(int64_t pairs, int64_t chunks, int64_t L, int32_t num_sms, i
   // Phase A: value columns of segments 0..P-2, transition columns of segments 1..P-2.
   const int64_t columns_a = pairs * kHeadDim * ((P - 1) + (P - 2));
   const double a = best_pass_us(columns_a, L, num_sms, bv_a);
-  const double combine = static_cast<double>(P - 2) * kCombineStepUs;
+  const double step = kCombineBaseUs + kCombinePairUs * static_cast<double>(pairs);
+  const double combine = static_cast<double>(P - 2) * step;
   const double c = best_pass_us(pairs * P * kHeadDim, L, num_sms, bv_c);
   return a + combine + c + 2 * kLaunchUs;
 }
@@ -160,8 +168,7 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
   int64_t L = r.segment_chunks;
   int32_t bv_a = plan.block_v, bv_c = plan.block_v;
   if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && r.num_sms > 0) {
-    double best = best_pass_us(pairs * kHeadDim, chunks, r.num_sms, bv_c);
-    bv_c = plan.block_v;
+    double best = kMargin * whole_us(pairs, chunks, plan.block_v, r.num_sms);
     for (int64_t cand = 8; ceil_div(chunks, cand) >= kMinSegments; cand *= 2) {
       int32_t a = 0, c = 0;
       const double t = segmented_us(pairs, chunks, cand, r.num_sms, a, c);

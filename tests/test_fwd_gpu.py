@@ -7,17 +7,17 @@ import flash_kda
 import pytest
 import torch
 from conftest import (
+    FWD_ARGS,
     STATE_VARIANTS,
     assert_bitwise,
     call,
-    check,
     clone_outputs,
     gold_of,
     make_problem,
     rel_err,
     state_id,
 )
-from flash_kda import dispatch, reference
+from flash_kda import _validate, dispatch, reference
 from flash_kda._numerics import Ops
 
 pytestmark = pytest.mark.gpu
@@ -33,7 +33,9 @@ def native_gpu():
 
 
 def run_native(p, block_v=0, workspace=None):
-    dispatch.run_native(check(p, exact=True), block_v=block_v, workspace=workspace)
+    """The exact-mode native forward on problem p, block_v forced (0: the library's pick)."""
+    native = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=True)
+    dispatch.run_native(native, block_v=block_v, workspace=workspace)
 
 
 def reference_outputs(p):
@@ -109,7 +111,7 @@ def test_accuracy_against_gold(case):
         p = make_problem(1, 8192, 2, initial=torch.float32, final=torch.float32, device=DEV, seed=7)
     else:
         p = make_problem(1, 0, 4, lens=VARLEN[0][0], initial=torch.float32, final=torch.float32, device=DEV, seed=8)
-    call(flash_kda.fwd, p)
+    flash_kda.fwd(*[p[name] for name in FWD_ARGS])
     gold_out, gold_state = gold_of(p)
     e_out, e_state = rel_err(p["out"], gold_out), rel_err(p["final_state"], gold_state)
     print(f"{case}: out {e_out:.5f} final_state {e_state:.5f}")
@@ -179,7 +181,7 @@ def decode_records(workspace, heads, tiles_per_head, num_tiles):
 def test_records_equal_reference_k1(lens):
     heads = 3
     p = make_problem(2, 50, heads, lens=lens, device=DEV, seed=5)
-    problem = check(p, exact=True)
+    problem = call(_validate.check_fwd, p)
     total, n_seqs = problem.batch * problem.seqlen, problem.num_seqs
     workspace = torch.zeros(flash_kda.get_workspace_size(total, heads, n_seqs), dtype=torch.uint8, device=DEV)
     run_native(p, workspace=workspace)

@@ -1,16 +1,23 @@
 # SPDX-License-Identifier: MIT
 """The shipped binary: the installed library's dependencies, exports and per-arch kernel
-namespaces, and (when CI names it in FLASH_KDA_WHEEL) the wheel file's tag and contents.
-Uses the checks of wheels/check_wheel.py."""
+namespaces, its build info (flash_kda/_build_info.py), and (when CI names it in
+FLASH_KDA_WHEEL) the wheel file's tag and contents. Uses the checks of wheels/check_wheel.py."""
 
 import importlib.util
 import os
 import re
 import shutil
 import subprocess
+import zipfile
 
+import flash_kda
 import pytest
 from flash_kda import _native
+
+try:
+    from flash_kda import _build_info
+except ImportError:  # a source-tree import: only a CMake build writes the file
+    _build_info = None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("check_wheel", os.path.join(HERE, "..", "wheels", "check_wheel.py"))
@@ -59,9 +66,51 @@ def test_wheel_tag_contents_and_size():
     assert ok and tag.startswith("py3-none-manylinux_"), tag
     ok, size = check_wheel.check_size(WHEEL)
     assert ok, size
-    import zipfile
-
     with zipfile.ZipFile(WHEEL) as zf:
         names = zf.namelist()
     assert [n for n in names if ".so" in n] == ["flash_kda/libflash_kda.so"]
     assert "flash_kda/__init__.py" in names and "flash_kda/reference.py" in names
+    assert check_wheel.BUILD_INFO in names
+
+
+@pytest.mark.skipif(_build_info is None, reason="no flash_kda/_build_info.py (a source-tree import)")
+def test_build_info_describes_the_installed_library():
+    assert flash_kda.compiled_archs() == list(_build_info.BUILT_ARCHS)
+    product = {a["arch"]: a["compute_capability"] for a in _build_info.PRODUCT_ARCHS}
+    for arch in _native.compiled_archs():
+        assert product[arch.short_name] == arch.compute_capability
+    ok, detail = check_wheel.check_archs(vars(_build_info))
+    assert ok, detail
+
+
+# A made-up two-arch product for check_wheel's arch rules (not the real table).
+PRODUCT = (
+    {"arch": "90a", "compute_capability": 90, "min_nvcc": "12.0"},
+    {"arch": "110a", "compute_capability": 110, "min_nvcc": "13.0"},
+)
+
+
+@pytest.mark.parametrize(
+    "request_,nvcc,built,pinned,ok",
+    [
+        ("all", "12.9.86", ("90a",), None, True),
+        ("all", "13.0.88", ("90a", "110a"), None, True),
+        ("all", "13.0.88", ("90a",), None, False),  # `all` left out an arch nvcc builds
+        ("90a", "13.0.88", ("90a",), None, True),
+        ("110a", "12.9.86", ("110a",), None, False),  # that nvcc cannot build 110a
+        ("all", "13.0.88", ("90a", "110a"), ["90a"], False),  # --archs pins another list
+        ("all", "13.0.88", ("110a", "90a"), ["90a", "110a"], True),
+    ],
+)
+def test_check_archs_follows_the_build_info(request_, nvcc, built, pinned, ok):
+    info = {"PRODUCT_ARCHS": PRODUCT, "NVCC_VERSION": nvcc, "FLASH_KDA_CUDA_ARCHS": request_, "BUILT_ARCHS": built}
+    assert check_wheel.check_archs(info, pinned)[0] == ok
+
+
+def test_a_wheel_without_build_info_fails_the_arch_check(tmp_path):
+    wheel = tmp_path / "flash_kda_bin-0.1.0-py3-none-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("flash_kda/__init__.py", "")
+    with zipfile.ZipFile(wheel) as zf:
+        results = {name: (ok, detail) for name, ok, detail in check_wheel.check_contents(zf, str(tmp_path), [])}
+    assert results["archs"][0] is False and "_build_info.py missing" in results["archs"][1]

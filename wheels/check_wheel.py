@@ -1,19 +1,26 @@
 # SPDX-License-Identifier: MIT
 """Check a flash-kda-bin wheel before it ships; exit 1 if any check fails.
 
-    python wheels/check_wheel.py WHEEL --archs 90a,100a,103a,110a,120a,121a [--smoke "torch==2.13.0"]
+    python wheels/check_wheel.py WHEEL [--archs 90a,100a] [--smoke "torch==2.13.0"]
 
 Checks: the tag is ``py3-none-manylinux_*``; the wheel holds exactly one shared library,
 ``flash_kda/libflash_kda.so``; its NEEDED entries are only libc, libm, libdl, libpthread,
 librt, libstdc++, libgcc_s and the loader (no libtorch, libpython, libcudart or libcuda:
-libcuda is opened at run time); it exports only ``flash_kda_*`` symbols; its embedded
-cubins (``cuobjdump --list-elf``) are exactly the requested arches; the wheel is at most
-100 MB; and with ``--smoke``, ``pip install WHEEL`` in a clean venv followed by
-``python -m flash_kda info`` works. Uses readelf (binutils) and cuobjdump (on PATH or from
-the nvidia-cuda-cuobjdump package).
+libcuda is opened at run time); it exports only ``flash_kda_*`` symbols; the arches are
+right; the wheel is at most 100 MB; and with ``--smoke``, ``pip install WHEEL`` in a clean
+venv followed by ``python -m flash_kda info`` works. Uses readelf (binutils) and cuobjdump
+(on PATH or from the nvidia-cuda-cuobjdump package).
+
+The expected arches come from the wheel itself, from ``flash_kda/_build_info.py`` (written
+by CMake from cmake/FlashKdaArchs.cmake; read with ``ast.literal_eval``, never imported):
+the embedded cubins (``cuobjdump --list-elf``) must be exactly BUILT_ARCHS, and when the
+request was ``all``, BUILT_ARCHS must be every PRODUCT_ARCHS entry whose min_nvcc is at
+most NVCC_VERSION (any other request: product arches that nvcc can build). ``--archs``
+pins the list instead, for a caller that wants exactly those arches.
 """
 
 import argparse
+import ast
 import glob
 import os
 import re
@@ -28,6 +35,7 @@ ALLOWED_NEEDED = re.compile(
     r"libgcc_s\.so\.1|ld-linux-x86-64\.so\.2|ld-linux-aarch64\.so\.1)$"
 )
 LIBRARY = "flash_kda/libflash_kda.so"
+BUILD_INFO = "flash_kda/_build_info.py"
 MAX_MB = 100
 
 
@@ -84,6 +92,43 @@ def check_cubins(so, archs):
     return found == want, ", ".join(found) + ("" if found == want else f"  (expected {', '.join(want)})")
 
 
+def read_build_info(text):
+    """The fields of a ``_build_info.py`` (its text) as a dict, by ``ast.literal_eval`` of each
+    top-level assignment: the file is data, so it is never executed."""
+    info = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            info[node.targets[0].id] = ast.literal_eval(node.value)
+    return info
+
+
+def _version(text):
+    """``"13.0.88"`` -> (13, 0, 88), compared the way CMake's VERSION_GREATER_EQUAL does."""
+    return tuple(int(part) for part in text.split("."))
+
+
+def nvcc_archs(info):
+    """The product arches (in product order) that the build's nvcc can compile: what `all` builds."""
+    nvcc = _version(info["NVCC_VERSION"])
+    return [a["arch"] for a in info["PRODUCT_ARCHS"] if _version(a["min_nvcc"]) <= nvcc]
+
+
+def check_archs(info, pinned=None):
+    """BUILT_ARCHS against --archs when pinned, else against the request: `all` must give every
+    product arch the nvcc can build; any other request only product arches that nvcc can build."""
+    built = list(info["BUILT_ARCHS"])
+    request, nvcc = info["FLASH_KDA_CUDA_ARCHS"], info["NVCC_VERSION"]
+    supported = nvcc_archs(info)
+    if pinned:
+        ok, want = sorted(built) == sorted(pinned), f"--archs {','.join(pinned)}"
+    elif request == "all":
+        ok, want = sorted(built) == sorted(supported), f"all with nvcc {nvcc}: {', '.join(supported)}"
+    else:
+        ok, want = bool(built) and set(built) <= set(supported), f"product arches nvcc {nvcc} builds"
+    detail = f"{', '.join(built) or 'none'} (FLASH_KDA_CUDA_ARCHS={request}, nvcc {nvcc})"
+    return ok, detail + ("" if ok else f"  (expected {want})")
+
+
 def check_size(path):
     mb = os.path.getsize(path) / 2**20
     return mb <= MAX_MB, f"{mb:.1f} MB (limit {MAX_MB} MB)"
@@ -106,27 +151,37 @@ def check_smoke(path, torch_spec, pip_args):
         return ok, library if ok else info.stdout + info.stderr
 
 
+def check_contents(zf, tmp, pinned):
+    """The checks on the wheel's files: one library, the arches, the library's NEEDED, exports
+    and cubins (against BUILT_ARCHS, or the pinned list when the build info is missing)."""
+    libs = [n for n in zf.namelist() if ".so" in os.path.basename(n)]
+    results = [("library", libs == [LIBRARY], ", ".join(libs) or "none")]
+    info = read_build_info(zf.read(BUILD_INFO).decode()) if BUILD_INFO in zf.namelist() else None
+    if info is None:
+        results.append(("archs", False, f"{BUILD_INFO} missing: the wheel does not say what it built"))
+    else:
+        results.append(("archs", *check_archs(info, pinned)))
+    if LIBRARY in libs:
+        so = zf.extract(LIBRARY, tmp)
+        results += [("NEEDED", *check_needed(so)), ("exports", *check_exports(so))]
+        built = info["BUILT_ARCHS"] if info else pinned
+        if built:
+            results.append(("cubins", *check_cubins(so, built)))
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("wheel")
-    parser.add_argument("--archs", required=True, help="comma list of the arches the build asked for")
+    parser.add_argument("--archs", help="pin the arches: a comma list the wheel must hold (default: its build info)")
     parser.add_argument("--smoke", metavar="TORCH_SPEC", help="run the clean-venv check with this torch")
     parser.add_argument("--pip-arg", action="append", default=[], help="extra pip install argument")
     args = parser.parse_args(argv)
-    archs = [re.sub(r"^sm_", "", a.strip()) for a in args.archs.split(",") if a.strip()]
+    pinned = [re.sub(r"^sm_", "", a.strip()) for a in (args.archs or "").split(",") if a.strip()]
 
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(args.wheel) as zf:
-        libs = [n for n in zf.namelist() if ".so" in os.path.basename(n)]
-        results = [("library", libs == [LIBRARY], ", ".join(libs) or "none")]
-        results.append(("tag", *check_tag(args.wheel)))
-        if LIBRARY in libs:
-            so = zf.extract(LIBRARY, tmp)
-            results += [
-                ("NEEDED", *check_needed(so)),
-                ("exports", *check_exports(so)),
-                ("cubins", *check_cubins(so, archs)),
-            ]
-        results.append(("size", *check_size(args.wheel)))
+        results = [("tag", *check_tag(args.wheel)), *check_contents(zf, tmp, pinned)]
+    results.append(("size", *check_size(args.wheel)))
     if args.smoke:
         results.append(("clean venv", *check_smoke(args.wheel, args.smoke, args.pip_arg)))
 

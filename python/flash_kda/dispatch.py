@@ -187,6 +187,17 @@ def native_args(call: _validate.FwdCall, num_sms: int, block_v: int = 0, segment
     return args, (cu, indices, has_initial)
 
 
+def validated(*args, exact: bool = True, **keywords) -> _validate.FwdCall:
+    """Test and benchmark hook: ``check_fwd`` of fwd's arguments, exact mode by default."""
+    return _validate.check_fwd(*args, exact=exact, **keywords)
+
+
+def plan_of(call: _validate.FwdCall, block_v: int = 0, segment_chunks: int = 0) -> _native.FwdPlan:
+    """The library's plan (block_v, segments, workspace bytes) for a validated CUDA call."""
+    args, _ = native_args(call, device_facts(_cuda_index(call.device))[1], block_v, segment_chunks)
+    return _native.load().plan(args)
+
+
 def run_native(
     call: _validate.FwdCall, *, block_v: int = 0, segment_chunks: int = 0, workspace: Optional[torch.Tensor] = None
 ) -> None:

@@ -8,20 +8,24 @@
 
 namespace flash_kda {
 
-// One instantiation of recurrence_kernel<kNB, kWarps>: kWarps compute warps of kNB blocks
-// of 8 value columns, so block_v = 8 kNB kWarps columns per CTA.
+// One width of recurrence_kernel<kNB, kWarps, kGeneral>: kWarps compute warps of kNB
+// blocks of 8 value columns, so block_v = 8 kNB kWarps columns per CTA.
 struct RecurrenceShape {
   int block_v;
   int nb;     // 8-column blocks per warp
   int warps;  // compute warps (plus one producer warp)
-  // Cost-model inputs (plan.cpp), sm_90a, CUDA 13.0:
-  int resident;    // CTAs per SM, the kernel's __launch_bounds__ minimum. A sub-partition
-                   // holds 16K registers: two CTAs of <1, 4> (10 warps, 3 on one
-                   // sub-partition) allow 168 a thread, and its latency schedule needs 212
-                   // (ptxas, CUDA 13.0; 52 bytes spilled at 168); two of <1, 8> allow 102
-                   // and it needs 74.
-  double link_us;  // one chunk link, alone on its SM: H200 K2 time / links at T = 8192,
-                   // N = 1 (H = 6 / 48 / 96, benchmarks/NOTES.md step 7)
+  // The general kernel's CTAs per SM (its __launch_bounds__ minimum). A sub-partition
+  // holds 16K registers: two CTAs of <1, 4> (10 warps, 3 on one sub-partition) allow 168
+  // a thread and its latency schedule needs 212 (ptxas, CUDA 13.0; 52 bytes spilled at
+  // 168); two of <1, 8> allow 102 and it needs 77.
+  int resident;
+  // Cost-model inputs (plan.cpp), one chunk link in microseconds on the H200: of the
+  // exact path's whole-sequence kernel alone on its SM (K2 time / 512 links at T = 8192,
+  // N = 1, H = 6 / 48 / 96), and of the general kernel in the segment passes at
+  // `resident` CTAs per SM (fitted to benchmarks/results/h200-sweep.json; 0: never
+  // used for segments, as <1, 4> was slowest there at every segment length).
+  double whole_link_us;
+  double pass_link_us;
 };
 
 // block_v -> <kNB, kWarps>, chosen on the H200 with benchmarks/bench_fwd.py --block-v
@@ -31,12 +35,12 @@ struct RecurrenceShape {
 //          0.111 vs 0.118).
 //   128 -> <2, 8>, streamed. H=96 1.064 (<4, 4>: 1.140, <1, 16>: 1.268); T=32768 H=96
 //          4.15 (4.40); varlen six sequences H=96 1.04 (1.10).
-// Three instantiations instead of the style's two: each width's best shape differs and
-// the benchmarks above show the gain.
+// Three widths instead of the style's two: each width's best shape differs and the
+// benchmarks above show the gain.
 constexpr RecurrenceShape kRecurrenceShapes[] = {
-    {32, 1, 4, 1, 0.57},
-    {64, 1, 8, 2, 0.90},
-    {128, 2, 8, 1, 1.27},
+    {32, 1, 4, 1, 0.64, 0.0},
+    {64, 1, 8, 2, 0.88, 1.51},
+    {128, 2, 8, 1, 1.26, 1.08},
 };
 constexpr int kNumRecurrenceShapes = 3;
 

@@ -68,8 +68,9 @@ cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// One pass of recurrence_kernel<kNB, kWarps> (grid: units x heads x column slices).
-template <int kNB, int kWarps>
+// One pass of recurrence_kernel<kNB, kWarps, kGeneral> (grid: units x heads x column
+// slices).
+template <int kNB, int kWarps, bool kGeneral>
 LaunchStatus launch_recurrence(FwdParams p, ChainPass pass, cudaStream_t stream) {
   constexpr int kBlockV = 8 * kNB * kWarps;
   int device = 0, smem_optin = 0, smem_sm = 0;
@@ -82,13 +83,13 @@ LaunchStatus launch_recurrence(FwdParams p, ChainPass pass, cudaStream_t stream)
   p.pass = pass;
   p.block_v = kBlockV;
   // As deep a ring as lets resident_ctas CTAs share an SM (1 KB per CTA is reserved).
-  constexpr int kResident = resident_ctas(kNB, kWarps);
+  constexpr int kResident = kGeneral ? resident_ctas(kNB, kWarps) : 1;
   const int per_cta = std::min(smem_optin, smem_sm / kResident - 1024);
   p.stages = std::min(kMaxStages, (per_cta - kBarrierBytes) / stage_bytes(kBlockV));
   if (p.stages < 2)
     return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
   const int smem = recurrence_smem_bytes(kBlockV, p.stages);
-  const cudaError_t attr = cudaFuncSetAttribute(recurrence_kernel<kNB, kWarps>,
+  const cudaError_t attr = cudaFuncSetAttribute(recurrence_kernel<kNB, kWarps, kGeneral>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
   CUtensorMap value_map;
@@ -97,27 +98,35 @@ LaunchStatus launch_recurrence(FwdParams p, ChainPass pass, cudaStream_t stream)
   const int64_t units = pass == ChainPass::kWhole ? p.num_seqs : p.max_segments;
   const int columns = pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
   const int64_t ctas = units * p.heads * (columns / kBlockV);
-  recurrence_kernel<kNB, kWarps>
+  recurrence_kernel<kNB, kWarps, kGeneral>
       <<<static_cast<unsigned>(ctas), 32 * (kWarps + 1), smem, stream>>>(p, value_map);
   return launch_status("recurrence_kernel launch");
 }
 
-// The pass at the width the plan chose; the widths are config.h's instantiations.
-inline LaunchStatus launch_pass(const FwdParams &p, ChainPass pass, int block_v,
-                                cudaStream_t stream) {
+// The pass at the width the plan chose; the widths are config.h's. The exact path's
+// whole-sequence pass without checkpoints takes the specialised kernel (kGeneral false).
+template <bool kGeneral>
+LaunchStatus launch_width(const FwdParams &p, ChainPass pass, int block_v, cudaStream_t stream) {
   constexpr RecurrenceShape s0 = kRecurrenceShapes[0], s1 = kRecurrenceShapes[1],
                             s2 = kRecurrenceShapes[2];
   static_assert(kNumRecurrenceShapes == 3, "one case per config.h instantiation");
   switch (block_v) {
     case s0.block_v:
-      return launch_recurrence<s0.nb, s0.warps>(p, pass, stream);
+      return launch_recurrence<s0.nb, s0.warps, kGeneral>(p, pass, stream);
     case s1.block_v:
-      return launch_recurrence<s1.nb, s1.warps>(p, pass, stream);
+      return launch_recurrence<s1.nb, s1.warps, kGeneral>(p, pass, stream);
     case s2.block_v:
-      return launch_recurrence<s2.nb, s2.warps>(p, pass, stream);
+      return launch_recurrence<s2.nb, s2.warps, kGeneral>(p, pass, stream);
     default:
       return {cudaErrorInvalidValue, "recurrence_kernel block_v (not in config.h)"};
   }
+}
+
+inline LaunchStatus launch_pass(const FwdParams &p, ChainPass pass, int block_v,
+                                cudaStream_t stream) {
+  if (pass == ChainPass::kWhole && p.checkpoints == nullptr)
+    return launch_width<false>(p, pass, block_v, stream);
+  return launch_width<true>(p, pass, block_v, stream);
 }
 
 // Prefixes (varlen) -> K1 over all chunks -> K2: one pass over whole sequences, or the

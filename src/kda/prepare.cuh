@@ -40,19 +40,27 @@ struct PrepareSmem {
 
 enum Tile { kQ = 0, kK = 1, kG = 2, kQd = 0, kKd = 1, kKi = 2 };
 
-// Step 0: q, k, g rows t < n (zeros beyond), beta -> b_t = sig(f(beta_t)).
+// Step 0: q, k, g rows t < n (zeros beyond), beta -> b_t = sig(f(beta_t)). Thread t
+// loads 16-byte vector t % 16 of rows t / 16 and t / 16 + 8 of each tile (one row base
+// per tensor, then one multiply-add per row: K1 is issue-bound, ncu H200).
 __device__ __forceinline__ void load_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                            PrepareSmem &sm) {
-  for (int idx = threadIdx.x; idx < 3 * kChunk * 16; idx += kPrepareThreads) {
-    const int which = idx / (kChunk * 16), row = (idx / 16) % kChunk, vec = idx % 16;
-    const uint16_t *src = which == kQ ? p.q : which == kK ? p.k : p.g;
-    const Strides &st = which == kQ ? p.q_strides : which == kK ? p.k_strides : p.g_strides;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (row < ch.n) {
-      const uint16_t *rowp = src + token_offset(st, ch.b, ch.t0 + row, h);
-      val = __ldg(reinterpret_cast<const uint4 *>(rowp) + vec);
+  static_assert(kPrepareThreads == 8 * 16, "16 vectors per row, 8 rows per pass");
+  const int vec = threadIdx.x % 16, row0 = threadIdx.x / 16;
+  const uint16_t *const src[3] = {p.q, p.k, p.g};
+  const Strides *const st[3] = {&p.q_strides, &p.k_strides, &p.g_strides};
+#pragma unroll
+  for (int which = 0; which < 3; ++which) {
+    const uint4 *base = reinterpret_cast<const uint4 *>(
+                            src[which] + token_offset(*st[which], ch.b, ch.t0 + row0, h)) +
+                        vec;
+    const int64_t step = st[which]->token;  // 8 rows of token stride s: 8 s bf16 = s vectors
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + 8 * r;
+      const uint4 val = row < ch.n ? __ldg(base + r * step) : make_uint4(0, 0, 0, 0);
+      reinterpret_cast<uint4 *>(sm.x[which][row])[vec] = val;
     }
-    reinterpret_cast<uint4 *>(sm.x[which][row])[vec] = val;
   }
   if (threadIdx.x < kChunk) {
     const int t = threadIdx.x;

@@ -142,18 +142,18 @@ struct ChainTask {
 
 // The task of this CTA. Grid: units x heads x slices, units = sequences (kWhole) or
 // segments (kSegment, kRerun); slices = kColumns / block_v.
-template <int kBlockV>
+template <int kBlockV, bool kGeneral>
 __device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
-  const int columns = p.pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
+  const int columns = kGeneral && p.pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
   const int slices = columns / kBlockV;
   const int64_t unit = blockIdx.x / slices;
   ChainTask t;
   t.col0 = static_cast<int>(blockIdx.x % slices) * kBlockV;
   t.head = unit % p.heads;
-  t.output = p.pass != ChainPass::kSegment;
+  t.output = !kGeneral || p.pass != ChainPass::kSegment;
   t.checkpoint0 = -1;
   t.sink = {nullptr, Dtype::kNone};
-  if (p.pass == ChainPass::kWhole) {
+  if (!kGeneral || p.pass == ChainPass::kWhole) {
     t.seq = unit / p.heads;
     t.valid = true;
     t.span = seq_span(p, t.seq);
@@ -162,14 +162,16 @@ __device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
   } else {
     const int64_t s = unit / p.heads;
     SegmentRef seg;
-    t.valid = locate_segment(p, s, seg);
+    const bool transition = t.col0 >= kHeadDim;
+    // In the segment pass, the last segment's end state is never needed; segment 0 starts
+    // from the true initial state, so its transition is not needed either.
+    t.valid = locate_segment(p, s, seg) &&
+              (p.pass == ChainPass::kRerun ||
+               (seg.index + 1 < seg.count && !(transition && seg.index == 0)));
+    if (!t.valid) return t;
     t.seq = seg.seq;
     t.span = seg.span;
     if (p.pass == ChainPass::kSegment) {  // design §6.2 phase A
-      const bool transition = t.col0 >= kHeadDim;
-      // The last segment's end state is never needed; segment 0 starts from the true
-      // initial state, so its transition is not needed either.
-      t.valid = t.valid && seg.index + 1 < seg.count && !(transition && seg.index == 0);
       t.source = transition ? StateSource{nullptr, Dtype::kBf16, true}
                  : seg.index == 0 ? initial_source(p, t.seq, t.head)
                                   : StateSource{nullptr, Dtype::kBf16, false};
@@ -179,7 +181,8 @@ __device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
       if (seg.index + 1 == seg.count) t.sink = final_sink(p, t.seq, t.head);
     }
   }
-  if (t.valid && t.output && p.checkpoints != nullptr) t.checkpoint0 = first_checkpoint(p, t.seq);
+  if (kGeneral && t.valid && t.output && p.checkpoints != nullptr)
+    t.checkpoint0 = first_checkpoint(p, t.seq);
   return t;
 }
 
@@ -407,7 +410,6 @@ __device__ __forceinline__ void output_scores(const Frag &mqk, const uint32_t (&
 template <int kNB>
 __device__ __forceinline__ void store_output(const float (&pq)[kNB][4], const float (&mu)[kNB][4],
                                              int n, uint16_t *out_row0, int64_t row_pitch) {
-  if (out_row0 == nullptr) return;
   const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb) {
@@ -476,19 +478,55 @@ struct WarpChain {
 // After chunk c of the span: the checkpoint, if the chain has just completed one.
 template <int kNB>
 __device__ __forceinline__ void maybe_checkpoint(const WarpChain &w, const SeqSpan &span,
-                                                 int64_t c, int n, const StateSlice<kNB> &state) {
+                                                 int64_t c, const StateSlice<kNB> &state) {
   const CheckpointSink &k = w.checkpoints;
-  if (k.base == nullptr || n != kChunk) return;
   const int64_t done = span.chunk0 + c + 1;  // chunks of the sequence behind this state
-  if (done % k.every_chunks != 0) return;
+  if (span.len - c * kChunk < kChunk || done % k.every_chunks != 0) return;  // partial chunk
   const int64_t slot = k.first + done / k.every_chunks - 1;
   if (slot >= k.slots) return;  // inconsistent cu_seqlens: never write past the buffer
   const int64_t offset = (slot * k.heads + k.head) * kHeadDim * kHeadDim;
   store_state(StateSink{element(k.base, k.dtype, offset), k.dtype}, w.col, state);
 }
 
-__device__ __forceinline__ uint16_t *output_rows(const WarpChain &w, int64_t c) {
-  return w.out == nullptr ? nullptr : w.out + c * kChunk * w.row_pitch;
+// Runs the chain as links(c0, c1) over runs of chunks that end where a checkpoint is due,
+// and writes the checkpoints between runs: the link loops themselves carry no checkpoint
+// code (inside the loop it grew the <1, 4> link from 296 to 519 instructions, and the
+// chain 10% slower at H = 6).
+template <bool kGeneral, int kNB, typename Links>
+__device__ __forceinline__ void run_in_intervals(const WarpChain &w, const SeqSpan &span,
+                                                 StateSlice<kNB> &state, Links links) {
+  if constexpr (!kGeneral) {
+    links(0, span.num_chunks);
+    return;
+  }
+  const bool checkpoints = w.checkpoints.base != nullptr;
+  for (int64_t c = 0; c < span.num_chunks;) {
+    int64_t end = span.num_chunks;
+    if (checkpoints) {
+      const int64_t every = w.checkpoints.every_chunks;
+      end = min(end, c + every - (span.chunk0 + c) % every);
+    }
+    links(c, end);
+    c = end;
+    if (checkpoints) maybe_checkpoint(w, span, c - 1, state);
+  }
+}
+
+// Steps 5, 8 for chunk c, unless the pass writes no output (the segment pass).
+template <bool kGeneral, int kNB>
+__device__ __forceinline__ void store_chunk_output(const WarpChain &w, int64_t c, int n,
+                                                   const float (&pq)[kNB][4],
+                                                   const float (&mu)[kNB][4]) {
+  if constexpr (kGeneral)
+    if (w.out == nullptr) return;
+  store_output(pq, mu, n, w.out + c * kChunk * w.row_pitch, w.row_pitch);
+}
+
+// Rows of chunk c whose values are read (transition slices read none, design §6.1).
+template <bool kGeneral>
+__device__ __forceinline__ int value_rows(const WarpChain &w, int n) {
+  if constexpr (kGeneral) return w.values ? n : 0;
+  return n;
 }
 
 __device__ __forceinline__ const uint8_t *stage_of(const WarpChain &w, RingPos pos) {
@@ -517,7 +555,7 @@ __host__ __device__ constexpr bool prefetched_schedule(int nb, int warps) {
 // next link's fragments replace the consumed ones k-block by k-block, so that no
 // shared-memory traffic delays the movmatrix steps after the chain (ncu, H200: the
 // movmatrix behind a burst of 16 fragment loads was the second largest stall).
-template <int kNB>
+template <bool kGeneral, int kNB>
 __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const SeqSpan &span,
                                                      StateSlice<kNB> &state) {
   ScoreFrags frags;
@@ -525,69 +563,77 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
   next_pos.advance(w.num_stages);
   wait_chunk(w, pos);
   load_score_frags(stage_of(w, pos), frags);
-  for (int64_t c = 0; c < span.num_chunks; ++c, pos = next_pos, next_pos.advance(w.num_stages)) {
-    const uint8_t *stage = stage_of(w, pos);
-    const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
-    LinkInputs<kNB> in;
-    load_link_inputs(stage, w.values ? n : 0, w.vcol, w.row_stride, in);
-    Frag krt[kKBlocks];
+  run_in_intervals<kGeneral>(w, span, state, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c, pos = next_pos, next_pos.advance(w.num_stages)) {
+      const uint8_t *stage = stage_of(w, pos);
+      const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
+      LinkInputs<kNB> in;
+      load_link_inputs(stage, value_rows<kGeneral>(w, n), w.vcol, w.row_stride, in);
+      Frag krt[kKBlocks];
 #pragma unroll
-    for (int mb = 0; mb < kKBlocks; ++mb) krt[mb] = lds_frag(stage, kOffKrT + mb * kTileBytes);
-    release_chunk(w, pos);
+      for (int mb = 0; mb < kKBlocks; ++mb) krt[mb] = lds_frag(stage, kOffKrT + mb * kTileBytes);
+      release_chunk(w, pos);
 
-    const bool has_next = c + 1 < span.num_chunks;
-    const uint8_t *next = stage_of(w, next_pos);
-    auto prefetch = [&](int kb) {
-      if (!has_next) return;
-      if (kb == 0) wait_chunk(w, next_pos);
-      frags.kd[kb] = lds_frag(next, kOffKd + kb * kTileBytes);
-      frags.qd[kb] = lds_frag(next, kOffQd + kb * kTileBytes);
-    };
-    float pk[kNB][4], pq[kNB][4];
-    chunk_projections([&](int kb) { return frags.kd[kb]; }, [&](int kb) { return frags.qd[kb]; },
-                      prefetch, state, pk, pq);
-    uint32_t ub[kNB][2];
-    solve_u(in, pk, ub);
-    float mu[kNB][4];
-    output_scores(in.mqk, ub, mu);
-    update_state([&](int mb) { return krt[mb]; }, in.e, ub, state);
-    store_output(pq, mu, n, output_rows(w, c), w.row_pitch);
-    maybe_checkpoint(w, span, c, n, state);
-  }
+      const bool has_next = c + 1 < span.num_chunks;
+      const uint8_t *next = stage_of(w, next_pos);
+      auto prefetch = [&](int kb) {
+        if (!has_next) return;
+        if (kb == 0) wait_chunk(w, next_pos);
+        frags.kd[kb] = lds_frag(next, kOffKd + kb * kTileBytes);
+        frags.qd[kb] = lds_frag(next, kOffQd + kb * kTileBytes);
+      };
+      float pk[kNB][4], pq[kNB][4];
+      chunk_projections([&](int kb) { return frags.kd[kb]; }, [&](int kb) { return frags.qd[kb]; },
+                        prefetch, state, pk, pq);
+      uint32_t ub[kNB][2];
+      solve_u(in, pk, ub);
+      float mu[kNB][4];
+      output_scores(in.mqk, ub, mu);
+      update_state([&](int mb) { return krt[mb]; }, in.e, ub, state);
+      store_chunk_output<kGeneral>(w, c, n, pq, mu);
+    }
+  });
 }
 
 // Streamed schedule (when registers are short, or many heads fill the GPU). Operand fragments
 // are read from shared memory where they are used, which keeps the wide state slice in
 // registers without spilling; the stage is released at the end of the link.
-template <int kNB>
+template <bool kGeneral, int kNB>
 __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const SeqSpan &span,
                                                    StateSlice<kNB> &state) {
   RingPos pos{0, 0};
-  for (int64_t c = 0; c < span.num_chunks; ++c, pos.advance(w.num_stages)) {
-    const uint8_t *stage = stage_of(w, pos);
-    const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
-    wait_chunk(w, pos);
-    LinkInputs<kNB> in;
-    load_link_inputs(stage, w.values ? n : 0, w.vcol, w.row_stride, in);
-    float pk[kNB][4], pq[kNB][4];
-    chunk_projections([&](int kb) { return lds_frag(stage, kOffKd + kb * kTileBytes); },
-                      [&](int kb) { return lds_frag(stage, kOffQd + kb * kTileBytes); }, [](int) {}, state,
-                      pk, pq);
-    uint32_t ub[kNB][2];
-    solve_u(in, pk, ub);
-    float mu[kNB][4];
-    output_scores(in.mqk, ub, mu);
-    update_state([&](int mb) { return lds_frag(stage, kOffKrT + mb * kTileBytes); }, in.e, ub, state);
-    release_chunk(w, pos);
-    store_output(pq, mu, n, output_rows(w, c), w.row_pitch);
-    maybe_checkpoint(w, span, c, n, state);
-  }
+  run_in_intervals<kGeneral>(w, span, state, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c, pos.advance(w.num_stages)) {
+      const uint8_t *stage = stage_of(w, pos);
+      const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
+      wait_chunk(w, pos);
+      LinkInputs<kNB> in;
+      load_link_inputs(stage, value_rows<kGeneral>(w, n), w.vcol, w.row_stride, in);
+      float pk[kNB][4], pq[kNB][4];
+      chunk_projections([&](int kb) { return lds_frag(stage, kOffKd + kb * kTileBytes); },
+                        [&](int kb) { return lds_frag(stage, kOffQd + kb * kTileBytes); },
+                        [](int) {}, state, pk, pq);
+      uint32_t ub[kNB][2];
+      solve_u(in, pk, ub);
+      float mu[kNB][4];
+      output_scores(in.mqk, ub, mu);
+      update_state([&](int mb) { return lds_frag(stage, kOffKrT + mb * kTileBytes); }, in.e, ub,
+                   state);
+      release_chunk(w, pos);
+      store_chunk_output<kGeneral>(w, c, n, pq, mu);
+    }
+  });
 }
 
 // kWarps compute warps of kNB blocks of 8 value columns, plus the producer warp;
-// config.h lists the instantiations, launch.cuh launches them.
-template <int kNB, int kWarps>
-__global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps))
+// config.h lists the widths, launch.cuh launches them. kGeneral = false is the exact
+// path's whole-sequence pass without checkpoints, compiled without the branches of the
+// other passes: with them its chain ran 10% slower at H = 6 on the H200 (212 registers
+// instead of 197, a different link schedule), although the link had the same
+// instructions. It runs one CTA per SM (its grid is at most one wave); the general
+// kernel runs resident_ctas (config.h), as the segment passes fill the GPU.
+template <int kNB, int kWarps, bool kGeneral>
+__global__ void __launch_bounds__(32 * (kWarps + 1), kGeneral ? resident_ctas(kNB, kWarps) : 1)
     recurrence_kernel(const FwdParams p, const __grid_constant__ CUtensorMap value_map) {
   constexpr int kBlockV = 8 * kNB * kWarps;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -595,7 +641,7 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps))
   uint64_t *empty = full + kMaxStages;
   uint8_t *stages = smem + kBarrierBytes;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const ChainTask task = chain_task<kBlockV>(p);
+  const ChainTask task = chain_task<kBlockV, kGeneral>(p);
   if (!task.valid) return;  // CTA-uniform: the excess of an upper-bound grid
 
   if (threadIdx.x == 0) {
@@ -634,9 +680,9 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps))
                      task.checkpoint0, p.checkpoint_slots, task.head, p.heads, p.checkpoint_chunks}};
   if (task.span.num_chunks > 0) {
     if constexpr (prefetched_schedule(kNB, kWarps))
-      run_chain_prefetched(w, task.span, state);
+      run_chain_prefetched<kGeneral>(w, task.span, state);
     else
-      run_chain_streamed(w, task.span, state);
+      run_chain_streamed<kGeneral>(w, task.span, state);
   }
   store_state(task.sink, task.col0 + vcol, state);
 }

@@ -1,0 +1,195 @@
+# SPDX-License-Identifier: MIT
+"""The automatic path's sequence-parallel segments (design section 6) on a GPU: two
+segments reproduce the exact path bit for bit, many segments stay within the accuracy
+contract against the fp64 gold and within 1.1x the exact path's error, every output
+element is written, and the result is deterministic and graph-capturable."""
+
+import json
+import os
+
+import pytest
+import torch
+from chunked_gold import gold_chunked
+from conftest import FWD_ARGS, GOLD_ARGS, STATE_VARIANTS, assert_bitwise, clone_outputs, make_problem, rel_err
+from flash_kda import dispatch
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+OUT_TOLERANCE, STATE_TOLERANCE = 0.0065, 0.006  # design section 3.6
+RATIO = 1.1  # automatic path error <= RATIO x the exact path's on the same inputs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def native_gpu():
+    if dispatch.backend_for(DEV) != "native":
+        pytest.skip(f"no native path here: {dispatch.explain(DEV)[1]}")
+
+
+def run(p, *, exact, segment_chunks=0, block_v=0):
+    """The native forward on problem p (in place)."""
+    native = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=exact)
+    dispatch.run_native(native, block_v=block_v, segment_chunks=segment_chunks)
+
+
+def plan_of(p, exact=False):
+    """The library's plan for problem p on this GPU (what run(p, exact=...) executes)."""
+    return dispatch.plan_of(dispatch.validated(*[p[name] for name in FWD_ARGS], exact=exact))
+
+
+def outputs(p, **kw):
+    q = clone_outputs(p)
+    run(q, **kw)
+    return q
+
+
+# ------------------------------------------------------------------ two segments: exact
+
+TWO = [
+    ("B2-T1000", dict(batch=2, seqlen=1000), 32),  # 63 chunks -> segments of 32 and 31
+    ("varlen6", dict(batch=1, seqlen=0, lens=[1300, 547, 2048, 963, 271, 3063]), 96),
+    ("varlen-empty", dict(batch=1, seqlen=0, lens=[300, 17, 0, 513, 1]), 20),
+]
+
+
+@pytest.mark.parametrize("shape,segment_chunks", [t[1:] for t in TWO], ids=[t[0] for t in TWO])
+@pytest.mark.parametrize("variant", STATE_VARIANTS[1:3], ids=["bf16state", "fp32state"])
+def test_two_segments_equal_the_exact_path(shape, segment_chunks, variant):
+    """Segment 0 runs from the true initial state and segment 1 restarts from its exact end
+    state, so with at most two segments per sequence every bit matches the exact path."""
+    p = make_problem(heads=3, initial=variant[0], final=variant[1], device=DEV, seed=3, **dict(shape))
+    exact = outputs(p, exact=True)
+    for block_v in (0, 32, 128):
+        auto = outputs(p, exact=False, segment_chunks=segment_chunks, block_v=block_v)
+        assert_bitwise(auto["out"], exact["out"], f"out block_v={block_v}")
+        assert_bitwise(auto["final_state"], exact["final_state"], f"final_state block_v={block_v}")
+
+
+# ------------------------------------------------------------------ many segments
+
+MANY = [
+    ("B2-T700-L1", dict(batch=2, seqlen=700), 1),
+    ("B1-T2000-L3", dict(batch=1, seqlen=2000), 3),
+    ("varlen-L2", dict(batch=1, seqlen=0, lens=[300, 17, 0, 513, 1, 64]), 2),
+]
+
+
+@pytest.mark.parametrize("shape,segment_chunks", [t[1:] for t in MANY], ids=[t[0] for t in MANY])
+@pytest.mark.parametrize("variant", STATE_VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}".replace("torch.", ""))
+def test_many_segments_are_accurate_complete_and_deterministic(shape, segment_chunks, variant):
+    p = make_problem(heads=2, initial=variant[0], final=variant[1], device=DEV, seed=5, **dict(shape))
+    first = outputs(p, exact=False, segment_chunks=segment_chunks)
+    assert not torch.isnan(first["out"]).any(), "an output row of a sequence was not written"
+    if variant[1] is not None:
+        assert not torch.isnan(first["final_state"]).any()
+    second = outputs(p, exact=False, segment_chunks=segment_chunks)
+    assert_bitwise(second["out"], first["out"], "second call out")
+    if variant[1] is not None:
+        assert_bitwise(second["final_state"], first["final_state"], "second call final_state")
+    exact = outputs(p, exact=True)
+    gold_out, gold_state = gold_chunked(*[p[n] for n in GOLD_ARGS])
+    e_auto, e_exact = rel_err(first["out"], gold_out), rel_err(exact["out"], gold_out)
+    assert e_auto <= OUT_TOLERANCE and e_auto <= RATIO * e_exact + 1e-4, (e_auto, e_exact)
+    if variant[1] is not None:
+        s_auto, s_exact = rel_err(first["final_state"], gold_state), rel_err(exact["final_state"], gold_state)
+        assert s_auto <= STATE_TOLERANCE and s_auto <= RATIO * s_exact + 1e-4, (s_auto, s_exact)
+
+
+def test_segmented_graph_replay_equals_eager():
+    p = make_problem(1, 0, 2, lens=[700, 33, 0, 1029], initial=torch.bfloat16, final=torch.bfloat16, device=DEV)
+    eager = outputs(p, exact=False, segment_chunks=4)
+    graphed = clone_outputs(p)
+    run(graphed, exact=False, segment_chunks=4)  # warm-up outside capture
+    graphed["out"].fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run(graphed, exact=False, segment_chunks=4)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise(graphed["out"], eager["out"], "graph replay out")
+    assert_bitwise(graphed["final_state"], eager["final_state"], "graph replay final_state")
+
+
+# ------------------------------------------------------------------ the acceptance matrix
+
+
+def long_problem(lens, heads, state, initial, seed, memory="short"):
+    """Random inputs made on the GPU (1M-token problems would take minutes on the CPU).
+    memory="long" shifts the gate pre-activations by -6, so that a channel decays by about
+    6e-4 a token instead of about 2.5 and the state remembers ~100 chunks: start states
+    then carry across several segments and the combine matters."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    T, N = sum(lens), len(lens)
+
+    def randn(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=gen, device=DEV, dtype=dtype)
+
+    p = dict(
+        q=randn(1, T, heads, 128),
+        k=randn(1, T, heads, 128),
+        v=randn(1, T, heads, 128),
+        g=randn(1, T, heads, 128) - (6.0 if memory == "long" else 0.0),
+        beta=randn(1, T, heads),
+        scale=128**-0.5,
+        A_log=torch.rand(heads, generator=gen, device=DEV),
+        dt_bias=torch.rand(heads, 128, generator=gen, device=DEV),
+        lower_bound=-5.0,
+        initial_state=(0.1 * randn(N, heads, 128, 128, dtype=torch.float32)).to(state) if initial else None,
+        final_state=torch.full((N, heads, 128, 128), float("nan"), dtype=state, device=DEV),
+        cu_seqlens=None,
+    )
+    if N > 1:
+        p["cu_seqlens"] = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEV)
+    p["out"] = torch.full_like(p["q"], float("nan"))
+    return p
+
+
+def matrix():
+    cases = []
+    for T in (8192, 65536, 1048576):
+        for heads in (1, 6):
+            for layout in ("batched", "varlen"):
+                if T == 1048576 and (heads, layout) != (1, "batched"):
+                    continue
+                marks = [pytest.mark.slow] if T == 1048576 else []
+                name = f"T{T}-H{heads}-{layout}-float32-init-longmemory"
+                cases.append(pytest.param(T, heads, layout, torch.float32, True, "long", id=name, marks=marks))
+    for T in (8192, 65536, 1048576):
+        for heads in (1, 2, 6):
+            for layout in ("batched", "varlen"):
+                for state, initial in ((torch.float32, True), (torch.bfloat16, False), (torch.bfloat16, True)):
+                    if T == 1048576 and (state, initial) == (torch.bfloat16, True):
+                        continue  # the gold takes seconds per case at 1M tokens
+                    marks = [pytest.mark.slow] if T == 1048576 else []
+                    name = f"T{T}-H{heads}-{layout}-{str(state)[6:]}-{'init' if initial else 'noinit'}"
+                    cases.append(pytest.param(T, heads, layout, state, initial, "short", id=name, marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize("T,heads,layout,state,initial,memory", matrix())
+def test_automatic_path_accuracy(T, heads, layout, state, initial, memory):
+    lens = [T] if layout == "batched" else [T * 5 // 8, T - T * 5 // 8 - 16, 16]
+    p = long_problem(lens, heads, state, initial, seed=T + heads, memory=memory)
+    plan = plan_of(p)
+    auto = outputs(p, exact=False)
+    exact = outputs(p, exact=True)
+    gold_out, gold_state = gold_chunked(*[p[n] for n in GOLD_ARGS])
+    errors = dict(
+        out_auto=rel_err(auto["out"], gold_out),
+        out_exact=rel_err(exact["out"], gold_out),
+        state_auto=rel_err(auto["final_state"], gold_state),
+        state_exact=rel_err(exact["final_state"], gold_state),
+    )
+    record = dict(
+        T=T, heads=heads, layout=layout, state=str(state), initial=initial, segment_chunks=plan.segment_chunks
+    )
+    record.update(errors)
+    log = os.environ.get("FLASH_KDA_ACCURACY_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    # Long memory: even the exact path (FlashKDA's numerics) is above the section 3.6
+    # bounds there (0.0068-0.0084 on the H200), so only the ratio to it is the contract.
+    out_bound, state_bound = (OUT_TOLERANCE, STATE_TOLERANCE) if memory == "short" else (0.01, 0.01)
+    assert errors["out_auto"] <= out_bound and errors["state_auto"] <= state_bound, record
+    assert errors["out_auto"] <= RATIO * errors["out_exact"], record
+    assert errors["state_auto"] <= RATIO * errors["state_exact"], record
