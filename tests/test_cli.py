@@ -80,10 +80,11 @@ def test_info_shows_the_library_cuda_versions_and_build_info(tmp_path):
     from flash_kda import _native
 
     fake = "import sys, types\nm = types.ModuleType('flash_kda._build_info')\nsys.modules[m.__name__] = m\n"
-    fields = "m.PRODUCT_ARCHS = ['90a', '100a']\nm.BUILT_ARCHS = ['90a']\nm.NVCC_VERSION = '12.9.86'\n"
-    res = run_with_sitecustomize(tmp_path, fake + fields, "info")
+    product = "({'arch': '90a', 'compute_capability': 90, 'min_nvcc': '12.0'}, {'arch': '100a'})"
+    fields = f"m.PRODUCT_ARCHS = {product}\nm.BUILT_ARCHS = ('90a',)\nm.NVCC_VERSION = '12.9.86'\n"
+    res = run_with_sitecustomize(tmp_path, fake + fields + "m.FLASH_KDA_CUDA_ARCHS = 'auto'\n", "info")
     assert res.returncode == 0, res.stderr
-    assert "build       built arches 90a; product arches 90a, 100a; nvcc 12.9.86" in res.stdout
+    assert "build       built arches 90a; product arches 90a, 100a; requested auto; nvcc 12.9.86" in res.stdout
     lib = _native.load()
     if lib is not None:
         runtime, driver = lib.cuda_versions()

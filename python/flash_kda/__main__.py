@@ -43,22 +43,24 @@ def _driver_version() -> str:
     return "none (no libcuda.so.1)"
 
 
-def _listed(x) -> str:
-    return x if isinstance(x, str) else ", ".join(str(a) for a in x)
+def _arches(archs) -> str:
+    """``"90a, 100a"`` from _build_info's tuples (of names, or of dicts with an ``arch``)."""
+    return ", ".join(a["arch"] if isinstance(a, dict) else str(a) for a in archs)
 
 
 def _build_line() -> Optional[str]:
-    """What CMake recorded about the build (``_build_info``, absent in a bare checkout)."""
+    """What CMake recorded about the build (``_build_info``, absent in a source checkout)."""
     try:
         from . import _build_info
     except ImportError:
         return None
     fields = [
-        ("built arches", getattr(_build_info, "BUILT_ARCHS", None)),
-        ("product arches", getattr(_build_info, "PRODUCT_ARCHS", None)),
+        ("built arches", _arches(getattr(_build_info, "BUILT_ARCHS", ()))),
+        ("product arches", _arches(getattr(_build_info, "PRODUCT_ARCHS", ()))),
+        ("requested", getattr(_build_info, "FLASH_KDA_CUDA_ARCHS", None)),
         ("nvcc", getattr(_build_info, "NVCC_VERSION", None)),
     ]
-    return "; ".join(f"{name} {_listed(value)}" for name, value in fields if value is not None)
+    return "; ".join(f"{name} {value}" for name, value in fields if value)
 
 
 def _library_cuda(lib) -> str:
