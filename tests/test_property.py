@@ -15,7 +15,7 @@ from flash_kda import reference
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-EXAMPLES = int(os.environ.get("FLASH_KDA_PROPERTY_EXAMPLES", "8000"))
+EXAMPLES = int(os.environ.get("FLASH_KDA_PROPERTY_EXAMPLES", "6000"))
 bf16, fp32 = torch.bfloat16, torch.float32
 STATE_DTYPES = [None, bf16, fp32]
 
