@@ -1,8 +1,13 @@
 # SPDX-License-Identifier: MIT
-"""Small native forwards for compute-sanitizer (memcheck, racecheck): a batched and a
-varlen case (with an empty and a partial sequence) for every block_v. Run on a GPU:
+"""Small native forwards for compute-sanitizer (memcheck, racecheck). Run on a GPU:
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 ci/sanitize_cases.py
+
+Every block_v on a batched and a varlen case (with an empty and a partial sequence), in
+exact mode and in AUTO mode with one-chunk segments; then
+state pools (in place, padding, has_initial_state), checkpoints, strided views (fused
+projection slices) and garbage device cu_seqlens (non-monotone, negative, past the end,
+2**62), each in exact mode and in AUTO mode with a forced small segment_chunks.
 """
 
 import sys
@@ -10,20 +15,56 @@ import sys
 import torch
 
 sys.path.insert(0, "tests")
-from conftest import FWD_ARGS, make_problem
+from conftest import check, fused_projection_views, make_problem, pooled_problem
 from flash_kda import dispatch
 
 CASES = [
     dict(batch=2, seqlen=37, heads=2, initial=torch.float32, final=torch.float32),
     dict(batch=1, seqlen=0, heads=2, lens=[20, 0, 33, 1], initial=torch.bfloat16, final=torch.bfloat16),
 ]
+MODES = [("exact", dict(exact=True), 0), ("auto-segments-2", dict(exact=False), 2)]
+LENS = [150, 0, 70, 1]  # 221 tokens: several segments of 2 chunks, an empty and a 1-token sequence
+
+
+def run(name, p, segment_chunks=0, **overrides):
+    dispatch.run_native(check(p, **overrides), segment_chunks=segment_chunks)
+    torch.cuda.synchronize()
+    print(f"{name}: done")
+
+
+def serving_cases():
+    """(name, problem, fwd keyword overrides) of the serving features."""
+    pool = pooled_problem(1, 0, 2, [3, -1, 0, 1], 4, lens=LENS, has_initial=[True, True, False, True],
+                          in_place=True, device="cuda", seed=1)  # fmt: skip
+    pool_bf16 = pooled_problem(1, 0, 2, [-2, 2, 0, -1], 3, lens=LENS, dtype=torch.bfloat16,
+                               index_dtype=torch.int32, device="cuda", seed=2)  # fmt: skip
+    ckpt = make_problem(1, 0, 2, lens=LENS, initial=torch.bfloat16, final=torch.bfloat16, device="cuda", seed=3)
+    slots = sum(n // 32 for n in LENS) - 1  # one slot short: the last checkpoint is not written
+    checkpoints = torch.empty(slots, 2, 128, 128, dtype=torch.bfloat16, device="cuda")
+    strided, _ = fused_projection_views(make_problem(2, 91, 2, final=torch.float32, device="cuda", seed=4))
+    cases = [
+        ("pool-in-place", pool, {}),
+        ("pool-bf16-padding", pool_bf16, {}),
+        ("checkpoints", ckpt, dict(checkpoint_every=32, checkpoints=checkpoints)),
+        ("strided", strided, {}),
+    ]
+    for bounds in ([0, 150, 20, 221], [0, -40, 100, 221], [0, 150, 400, 9000], [0, 2**62, 2**62, 2**62]):
+        garbage = make_problem(1, 0, 2, lens=[150, 30, 41], initial=torch.float32, final=torch.float32,
+                               device="cuda", seed=5)  # fmt: skip
+        garbage["cu_seqlens"] = torch.tensor(bounds, device="cuda")
+        cases.append((f"garbage-cu-{bounds}", garbage, dict(checkpoint_every=16, checkpoints=checkpoints.float())))
+    return cases
+
 
 for block_v in (32, 64, 128):
     for case in CASES:
         args = dict(case)
         p = make_problem(args.pop("batch"), args.pop("seqlen"), args.pop("heads"), device="cuda", **args)
         for exact, segment_chunks in ((True, 0), (False, 1)):
-            native = dispatch.validated(*[p[n] for n in FWD_ARGS], exact=exact)
-            dispatch.run_native(native, block_v=block_v, segment_chunks=segment_chunks)
+            dispatch.run_native(check(p, exact=exact), block_v=block_v, segment_chunks=segment_chunks)
         torch.cuda.synchronize()
         print(f"block_v={block_v} {case}: out finite {bool(torch.isfinite(p['out']).all())}")
+
+for mode, options, segment_chunks in MODES:
+    for name, p, overrides in serving_cases():
+        run(f"{mode} {name}", p, segment_chunks, **options, **overrides)

@@ -32,14 +32,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-from flash_kda.reference import FWD_ARGS, GOLD_ARGS, rel_err  # noqa: E402, F401 (re-exported)
-from flash_kda.reference import random_problem as make_problem  # noqa: E402, F401 (re-exported)
+from flash_kda import _validate  # noqa: E402
+from flash_kda.reference import FWD_ARGS, FWD_KEYWORDS, GOLD_ARGS, rel_err  # noqa: E402, F401 (re-exported)
+from flash_kda.reference import random_problem as make_problem  # noqa: E402 (re-exported)
 
 
 def call(fn, p, **overrides):
-    """fn(*the 13 fwd arguments of problem p, with overrides)."""
+    """fn(*the positional fwd arguments of problem p, **its keyword ones), with overrides."""
     q = dict(p, **overrides)
-    return fn(*[q[name] for name in FWD_ARGS])
+    return fn(*[q[name] for name in FWD_ARGS], **{name: q[name] for name in FWD_KEYWORDS if name in q})
+
+
+def check(p, **overrides) -> _validate.FwdCall:
+    """The validated call of problem p (with overrides)."""
+    return call(_validate.check_fwd, p, **overrides)
 
 
 def gold_of(p):
@@ -59,27 +65,118 @@ def clone_outputs(p):
 
 
 def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    """torch.equal, else fail naming the first differing index, the number of
-    mismatches and the largest gap in units in the last place."""
+    """The same bits (so NaN matches NaN) or torch.equal values, else fail naming the first
+    differing index, the number of mismatches and the largest gap in units in the last place."""
     assert actual.shape == expected.shape and actual.dtype == expected.dtype, (
         f"{what}: {actual.dtype}{list(actual.shape)} vs {expected.dtype}{list(expected.shape)}"
     )
-    if torch.equal(actual, expected):
-        return
     int_type = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[actual.dtype]
     a = actual.contiguous().view(int_type).long()
     e = expected.contiguous().view(int_type).long()
+    if torch.equal(a, e) or torch.equal(actual, expected):
+        return  # the same bits (NaN included), or equal values (signed zeros compare equal)
     sign = 1 << (15 if int_type == torch.int16 else 31)
 
     def order(x):  # sign-magnitude bits -> integers ordered like the floats
         x = x & (2 * sign - 1)
         return torch.where(x & sign != 0, -(x & (sign - 1)), x & (sign - 1))
 
-    diff = ~((actual == expected) | (torch.isnan(actual) & torch.isnan(expected)))
-    idx = diff.nonzero()
+    diff = a != e
     gap = (order(a) - order(e)).abs()[diff].max().item()
-    first = tuple(idx[0].tolist())
+    first = tuple(diff.nonzero()[0].tolist())
     raise AssertionError(
         f"{what}: {int(diff.sum())} of {actual.numel()} elements differ; first at {first}: "
         f"{actual[first].item()!r} vs {expected[first].item()!r}; max gap {gap} ulp"
     )
+
+
+# ------------------------------------------------------------------ serving problems
+
+NAN = float("nan")
+
+
+def nan_like(x):
+    return torch.full_like(x, NAN)
+
+
+def pooled_problem(batch, seqlen, heads, slots, pool_size, *, lens=None, has_initial=None, dtype=torch.float32,
+                   index_dtype=torch.int64, in_place=False, device="cpu", seed=0):  # fmt: skip
+    """A problem whose states are pools [P, H, 128, 128] addressed by ``ssm_state_indices``
+    = ``slots`` (negative: padding); final_state is the initial pool itself when
+    ``in_place``, else a NaN-filled pool."""
+    p = make_problem(batch, seqlen, heads, lens=lens, device=device, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    p["initial_state"] = (0.1 * torch.randn(pool_size, heads, 128, 128, generator=gen)).to(device, dtype)
+    p["final_state"] = p["initial_state"] if in_place else nan_like(p["initial_state"])
+    p["ssm_state_indices"] = torch.tensor(slots, dtype=index_dtype, device=device)
+    if has_initial is not None:
+        p["has_initial_state"] = torch.tensor(has_initial, dtype=torch.bool, device=device)
+    return p
+
+
+def gather_compute_scatter(run, p):
+    """What a pooled problem p must produce: each sequence's start state gathered from its
+    slot (zero for padding or has_initial_state False), one contiguous call ``run(plain)``
+    of the plain problem, its final states scattered to the slots. Call it before the
+    pooled call (which may update the pool in place). Returns (out, final pool)."""
+    slots = p["ssm_state_indices"].tolist()
+    has = p["has_initial_state"].tolist() if p.get("has_initial_state") is not None else [True] * len(slots)
+    pool = p["initial_state"]
+    start = torch.zeros((len(slots), *pool.shape[1:]), dtype=pool.dtype, device=pool.device)
+    for i, slot in enumerate(slots):
+        if slot >= 0 and has[i]:
+            start[i] = pool[slot]
+    plain = {name: p[name] for name in FWD_ARGS}
+    plain.update(initial_state=start, final_state=nan_like(start), out=nan_like(p["out"]))
+    run(plain)
+    expected = p["final_state"].clone()
+    for i, slot in enumerate(slots):
+        if slot >= 0:
+            expected[slot] = plain["final_state"][i]
+    return plain["out"], expected
+
+
+def sequence_spans(p):
+    """(first token, length) of each sequence of problem p in the flattened tokens."""
+    B, T = p["q"].shape[:2]
+    if p["cu_seqlens"] is None:
+        return [(b * T, T) for b in range(B)]
+    bounds = p["cu_seqlens"].tolist()
+    return [(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(bounds) - 1)]
+
+
+def prefix_final_states(run, p, every, dtype):
+    """[S, H, 128, 128] in ``dtype``: the final state of each sequence's first
+    (m + 1) * every tokens, run alone as a batched call ``run(sub)``, in checkpoint slot order."""
+    H = p["q"].shape[2]
+    states = []
+    for i, (bos, length) in enumerate(sequence_spans(p)):
+        for m in range(length // every):
+            t = (m + 1) * every
+            sub = {name: p[name] for name in FWD_ARGS}
+            for name in ("q", "k", "v", "g", "beta"):
+                sub[name] = p[name].reshape(-1, *p[name].shape[2:])[bos : bos + t].unsqueeze(0).clone()
+            sub["out"] = nan_like(sub["q"])
+            sub["cu_seqlens"] = None
+            if p["initial_state"] is not None:
+                sub["initial_state"] = p["initial_state"][i : i + 1].clone()
+            sub["final_state"] = torch.full((1, H, 128, 128), NAN, dtype=dtype, device=p["q"].device)
+            run(sub)
+            states.append(sub["final_state"][0])
+    return torch.stack(states) if states else torch.empty(0, H, 128, 128, dtype=dtype, device=p["q"].device)
+
+
+def fused_projection_views(p, out_row=192):
+    """p with q, k, v as [B, T, H, 128] slices of one fused projection [B, T, 3 * H * 128],
+    g with heads 136 elements apart, beta a transposed view and out rows of a wider,
+    NaN-padded buffer (returned as ``out_buffer`` to check the padding stays untouched)."""
+    B, T, H, D = p["q"].shape
+    fused = torch.cat([p[n].reshape(B, T, H * D) for n in ("q", "k", "v")], dim=-1)
+    views = {n: fused[..., i * H * D : (i + 1) * H * D].unflatten(-1, (H, D)) for i, n in enumerate("qkv")}
+    g_buffer = torch.zeros(B, T, H, 136, dtype=p["g"].dtype, device=p["g"].device)
+    g_buffer[..., :D] = p["g"]
+    views["g"] = g_buffer[..., :D]
+    views["beta"] = p["beta"].transpose(1, 2).contiguous().transpose(1, 2)
+    out_buffer = torch.full((B, T, H, out_row), NAN, dtype=p["out"].dtype, device=p["out"].device)
+    views["out"] = out_buffer[..., :D]
+    return dict(p, **views), out_buffer

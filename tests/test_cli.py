@@ -47,20 +47,18 @@ def test_check_passes_on_the_best_device():
     assert res.stdout.count(" ok") == 3
 
 
-def test_check_fails_when_results_are_wrong(tmp_path):
-    """A sitecustomize that breaks fwd's output must turn check red (exit 1)."""
-    (tmp_path / "sitecustomize.py").write_text(
-        "import flash_kda._api as api\n"
-        "real = api.fwd\n"
-        "def broken(*a):\n"
-        "    real(*a)\n"
-        "    a[6].mul_(1.5)\n"
-        "api.fwd = broken\n"
-    )
+def run_with_sitecustomize(tmp_path, source, *args):
+    """run(*args) in a Python that first executes ``source`` (as sitecustomize)."""
     import os
 
-    path = str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")
-    res = run("check", env_extra={"PYTHONPATH": path})
+    (tmp_path / "sitecustomize.py").write_text(source)
+    return run(*args, env_extra={"PYTHONPATH": str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+
+
+def test_check_fails_when_results_are_wrong(tmp_path):
+    """A sitecustomize that breaks fwd's output must turn check red (exit 1)."""
+    broken = "import flash_kda._api as api\nreal = api.fwd\ndef broken(*a):\n    real(*a)\n    a[6].mul_(1.5)\n"
+    res = run_with_sitecustomize(tmp_path, broken + "api.fwd = broken\n", "check")
     assert res.returncode == 1, res.stdout + res.stderr
     assert "FAIL" in res.stdout
 
@@ -74,3 +72,22 @@ def test_unknown_command_is_a_usage_error():
 def test_bench_needs_a_gpu():
     res = run("bench")
     assert res.returncode == 2 and "bench needs a CUDA GPU" in res.stderr
+
+
+def test_info_shows_the_library_cuda_versions_and_build_info(tmp_path):
+    """Both CUDA versions the library reports, and CMake's _build_info when it exists
+    (simulated here: a checkout has none)."""
+    from flash_kda import _native
+
+    fake = "import sys, types\nm = types.ModuleType('flash_kda._build_info')\nsys.modules[m.__name__] = m\n"
+    product = "({'arch': '90a', 'compute_capability': 90, 'min_nvcc': '12.0'}, {'arch': '100a'})"
+    fields = f"m.PRODUCT_ARCHS = {product}\nm.BUILT_ARCHS = ('90a',)\nm.NVCC_VERSION = '12.9.86'\n"
+    res = run_with_sitecustomize(tmp_path, fake + fields + "m.FLASH_KDA_CUDA_ARCHS = 'auto'\n", "info")
+    assert res.returncode == 0, res.stderr
+    assert "build       built arches 90a; product arches 90a, 100a; requested auto; nvcc 12.9.86" in res.stdout
+    lib = _native.load()
+    if lib is not None:
+        runtime, driver = lib.cuda_versions()
+        seen = f"{driver // 1000}.{driver % 1000 // 10}" if driver else "none"
+        expected = f"lib CUDA    CUDA runtime {runtime // 1000}.{runtime % 1000 // 10} (built with), driver {seen}"
+        assert expected in res.stdout, res.stdout

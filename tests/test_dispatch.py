@@ -11,7 +11,7 @@ import flash_kda
 import pytest
 import torch
 from conftest import call, clone_outputs, make_problem
-from flash_kda import _native, dispatch, reference
+from flash_kda import _native, dispatch, fallback, reference
 from flash_kda._native import FEATURE_FWD, FEATURE_PROBES, ArchInfo
 
 BOTH = FEATURE_FWD | FEATURE_PROBES
@@ -62,10 +62,9 @@ def test_tables_without_the_forward_do_not_count(archs):
     assert choose(90, archs=archs) == ("fla", reason)
 
 
-@pytest.mark.parametrize("switch", ["0", " 0\n"])
 @pytest.mark.parametrize("fla, path", [(True, "fla"), (False, "torch")])
-def test_switch_zero_turns_native_off(switch, fla, path):
-    path_, reason = choose(90, fla=fla, switch=switch, error=LOAD_ERROR)
+def test_switch_zero_turns_native_off(fla, path):
+    path_, reason = choose(90, fla=fla, switch="0", error=LOAD_ERROR)
     assert path_ == path
     assert reason.startswith("FLA_FLASH_KDA=0 turns the native kernels off; ")
     assert "native library unavailable" not in reason  # the switch is the reason given
@@ -194,3 +193,92 @@ def test_unloadable_library_on_a_gpu_is_logged_as_a_warning(caplog, monkeypatch)
         dispatch._log_once("cuda:0", "torch", reason)
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     assert "cannot load /x/libflash_kda.so" in caplog.records[0].getMessage()
+
+
+# ------------------------------------------------------------------ hardening
+
+
+@pytest.mark.parametrize("value", ["1", "", " 0", "0 ", "00", "false", "off", "0\n"])
+def test_fla_flash_kda_parsed_like_fla(monkeypatch, value):
+    """Native is off iff FLA_FLASH_KDA is exactly "0", fla's own rule for its backend."""
+    monkeypatch.setenv(dispatch.ENV_SWITCH, value)
+    fla_enabled = os.environ.get("FLA_FLASH_KDA", "1") != "0"  # fla/backends.py BaseBackend.is_enabled
+    assert fla_enabled
+    assert choose(90, fla=must_not_ask, switch=os.environ.get(dispatch.ENV_SWITCH))[0] == "native"
+    monkeypatch.setenv(dispatch.ENV_SWITCH, "0")
+    assert choose(90, switch=os.environ.get(dispatch.ENV_SWITCH))[0] == "fla"
+
+
+def test_backend_for_cuda_on_cpu_only_torch(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("cuda", "cuda:1", torch.device("cuda", 0)):
+        path, reason = dispatch.explain(device)
+        assert (path, flash_kda.backend_for(device)) == ("torch", "torch")
+        assert reason.startswith("CUDA is not available to this torch (torch.cuda.is_available() is False)")
+
+
+@pytest.mark.parametrize("device", ["xyz", "cuda:-1:0", "", 1.5, None])
+def test_backend_for_unparsable_device_is_a_value_error(device):
+    with pytest.raises(ValueError, match=r"flash_kda\.backend_for: device must be a torch\.device or a device string"):
+        flash_kda.backend_for(device)
+
+
+class FakeLibrary:
+    """The facts explain() asks a loaded library for."""
+
+    def __init__(self, runtime, driver, archs=BUILD):
+        self.archs, self.versions = archs, (runtime, driver)
+
+    def cuda_versions(self):
+        return self.versions
+
+
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    """An sm_90 GPU with fla present; returns a function installing a library with given
+    CUDA runtime and driver versions."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(dispatch, "device_facts", lambda index: (90, 132))
+    monkeypatch.setattr(fallback, "fla_available", lambda: True)
+    monkeypatch.setattr(_native, "load_error", lambda: None)
+    monkeypatch.delenv(dispatch.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(dispatch, "_logged", set())
+
+    def install(runtime, driver):
+        monkeypatch.setattr(_native, "load", lambda: FakeLibrary(runtime, driver))
+
+    return install
+
+
+OLD_DRIVER = "CUDA driver 12.8 is older than the CUDA 13.0 runtime this library was built with; using fla Triton"
+
+
+def test_old_driver_takes_the_fallback_with_one_warning(simulated_gpu, caplog):
+    simulated_gpu(13000, 12080)
+    assert dispatch.explain("cuda:0") == ("fla", OLD_DRIVER)
+    assert choose(90, archs=BUILD, switch=None, fla=True) == ("native", "native kernels for sm_90")
+    assert dispatch.choose_path("cuda", 90, BUILD, None, True, None, (13000, 12080)) == ("fla", OLD_DRIVER)
+    with caplog.at_level(logging.INFO, logger="flash_kda"):
+        for _ in range(3):
+            dispatch._log_once("cuda:0", *dispatch.explain("cuda:0"))
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert OLD_DRIVER in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize("runtime,driver", [(12090, 12080), (12090, 13000), (13000, 13010)])
+def test_driver_of_the_runtime_major_version_runs_native(simulated_gpu, runtime, driver):
+    simulated_gpu(runtime, driver)
+    assert dispatch.explain("cuda") == ("native", "native kernels for sm_90")
+
+
+def test_cpu_path_never_loads_the_library():
+    _native._reset_for_tests()
+    try:
+        p = make_problem(1, 20, 1, final=torch.float32)
+        call(flash_kda.fwd, p)
+        assert flash_kda.backend_for("cpu") == "torch"
+        assert not _native._state["loaded"], "the PyTorch path loaded the native library"
+    finally:
+        _native._reset_for_tests()

@@ -3,13 +3,15 @@
 Both keep native's in-place contract."""
 
 import functools
+import logging
+import re
 import sys
 import types
 
 import flash_kda
 import pytest
 import torch
-from conftest import call, gold_of, make_problem, rel_err
+from conftest import call, check, gold_of, make_problem, pooled_problem, rel_err
 from flash_kda import dispatch, fallback, reference
 
 
@@ -42,7 +44,7 @@ def fake_fla(monkeypatch):
 
 def test_fla_path_calls_the_undispatched_implementation(fake_fla):
     p = make_problem(2, 20, 3, initial=torch.bfloat16, final=torch.bfloat16)
-    call(fallback.fla_fwd, p)
+    fallback.fla_fwd(check(p))
     assert fake_fla["dispatcher"] == 0 and len(fake_fla["impl"]) == 1
     kw = fake_fla["impl"][0]
     for flag in (
@@ -67,14 +69,14 @@ def test_fla_path_unavailable_is_reported(monkeypatch):
     try:
         assert not fallback.fla_available()
         with pytest.raises(RuntimeError, match="fla cannot be imported"):
-            call(fallback.fla_fwd, make_problem(1, 4, 1))
+            fallback.fla_fwd(check(make_problem(1, 4, 1)))
     finally:
         fallback.fla_chunk_kda.cache_clear()
 
 
 def test_torch_path_writes_in_place_and_matches_gold():
     p = make_problem(1, 0, 2, lens=[33, 0, 20], initial=torch.float32, final=torch.float32, seed=3)
-    call(fallback.torch_fwd, p)
+    fallback.torch_fwd(check(p))
     gold_out, gold_state = gold_of(p)
     assert rel_err(p["out"], gold_out) < 1e-2
     assert rel_err(p["final_state"], gold_state) < 1e-2
@@ -141,11 +143,11 @@ def test_fla_path_on_unsupported_gpu_does_not_recurse(monkeypatch):
     if not fallback.fla_available():
         pytest.skip("fla is not importable here")
     monkeypatch.delenv("FLA_FLASH_KDA", raising=False)
-    monkeypatch.setattr(flash_kda._native, "compiled_archs", lambda: [])
+    monkeypatch.setattr(dispatch, "device_facts", lambda index: (75, 132))  # no table for sm_75
     assert flash_kda.backend_for("cuda") == "fla"
     entered = []
-    real = dispatch.fwd
-    monkeypatch.setattr(dispatch, "fwd", lambda *a: (entered.append(1), real(*a))[1])
+    real = dispatch.run
+    monkeypatch.setattr(dispatch, "run", lambda c: (entered.append(1), real(c))[1])
     p = gpu_case(GPU_CASES[0], torch.float32, seed=23)
     call(flash_kda.fwd, p)
     assert len(entered) == 1
@@ -179,3 +181,77 @@ def test_fla_chunk_kda_routes_to_native(monkeypatch):
         )
     call(flash_kda.fwd, p)
     assert torch.equal(o, p["out"]) and torch.equal(ht, p["final_state"])
+
+
+# ------------------------------------------------------------------ hardening (CPU)
+
+GARBAGE_CU = [
+    ([1, 10, 20], "cu_seqlens must start at 0, got cu_seqlens[0] = 1"),
+    ([0, 12, 5], "cu_seqlens must be non-decreasing, got cu_seqlens[2] = 5 < cu_seqlens[1] = 12"),
+    ([0, 10, 21], "cu_seqlens must end at most at T = 20, got cu_seqlens[-1] = 21"),
+    ([0, 10, 2**62], "cu_seqlens must end at most at T = 20, got cu_seqlens[-1] = 4611686018427387904"),
+    ([0, -3, 20], "cu_seqlens must be non-decreasing, got cu_seqlens[1] = -3 < cu_seqlens[0] = 0"),
+]
+
+
+def unchecked(p, bounds):
+    """p's validated call (two sequences) with cu_seqlens replaced by contents nobody has
+    read yet, as a device tensor's would be."""
+    return check(p)._replace(cu_seqlens=torch.tensor(bounds), seq_bounds=None)
+
+
+@pytest.mark.parametrize("bounds,message", GARBAGE_CU, ids=["start", "decreasing", "past-end", "2^62", "negative"])
+def test_torch_path_checks_device_cu_seqlens(bounds, message):
+    p = make_problem(1, 0, 1, lens=[10, 10], final=torch.float32)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        fallback.torch_fwd(unchecked(p, bounds))
+    assert torch.isnan(p["out"]).all() and torch.isnan(p["final_state"]).all()
+
+
+@pytest.mark.parametrize("bounds,message", GARBAGE_CU, ids=["start", "decreasing", "past-end", "2^62", "negative"])
+def test_fla_path_checks_device_cu_seqlens(fake_fla, bounds, message):
+    p = make_problem(1, 0, 1, lens=[10, 10])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        fallback.fla_fwd(unchecked(p, bounds))
+    assert fake_fla["impl"] == [] and torch.isnan(p["out"]).all()
+
+
+def test_torch_path_checks_device_pool_indices():
+    p = pooled_problem(2, 16, 1, [0, 1], 2, in_place=True)
+    pool = p["final_state"].clone()
+    bad = check(p)._replace(state_indices=torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="ssm_state_indices must not repeat a slot"):
+        fallback.torch_fwd(bad)
+    assert torch.equal(p["final_state"], pool) and torch.isnan(p["out"]).all()
+
+
+def test_fla_path_writes_only_rows_inside_sequences(fake_fla):
+    p = make_problem(1, 0, 2, lens=[7, 20], final=torch.float32)
+    p = dict(p, **{n: torch.cat([p[n], p[n][:, :5]], 1) for n in ("q", "k", "v", "g", "beta")})
+    p["out"] = torch.full_like(p["q"], float("nan"))  # T = 32, sequences end at 27
+    fallback.fla_fwd(check(p))
+    assert torch.all(p["out"][0, :27] == 0.5) and torch.isnan(p["out"][0, 27:]).all()
+
+
+def test_fla_path_gathers_and_scatters_pools(fake_fla):
+    p = pooled_problem(1, 0, 1, [2, -1, 0], 4, lens=[5, 6, 7], has_initial=[True, True, False], in_place=True)
+    pool = p["initial_state"].clone()
+    fallback.fla_fwd(check(p))
+    start = fake_fla["impl"][0]["initial_state"]
+    assert torch.equal(start[0], pool[2]) and not start[1:].any()  # padding and has_initial_state False: zero
+    assert torch.all(p["final_state"][[2, 0]] == 0.25)  # the fake's final state, scattered
+    assert torch.equal(p["final_state"][[1, 3]], pool[[1, 3]])  # no sequence owns these
+
+
+def test_fla_path_sends_checkpointed_calls_to_torch(fake_fla, monkeypatch, caplog):
+    monkeypatch.setattr(
+        dispatch, "explain", lambda device: ("fla", "no kernel for sm_89 in this build; using fla Triton")
+    )
+    monkeypatch.setattr(dispatch, "_logged", set())
+    p = make_problem(1, 0, 1, lens=[20, 13], final=torch.float32)
+    checkpoints = torch.full((1, 1, 128, 128), float("nan"))
+    with caplog.at_level(logging.INFO, logger="flash_kda"):
+        call(flash_kda.fwd, p, checkpoint_every=16, checkpoints=checkpoints)
+    assert fake_fla["impl"] == [] and not torch.isnan(checkpoints).any()
+    assert "fla's Triton forward cannot write checkpoints; using PyTorch for this call" in caplog.text
+    assert [r.levelno for r in caplog.records] == [logging.INFO]

@@ -146,14 +146,14 @@ def test_deterministic_and_graph_replay(block_v):
 
 def decode_records(workspace, heads, tiles_per_head, num_tiles):
     """The K1 records of the first num_tiles chunks of every head -> reference layouts."""
-    from flash_kda._api import _RECORD_BYTES
+    from flash_kda._sizes import RECORD_BYTES
 
     i = torch.arange(16).repeat_interleave(16)
     j = torch.arange(16).repeat(16)
     frag = (((i % 8) * 4 + (j % 8) // 2) * 8 + ((i // 8) + 2 * (j // 8)) * 2 + j % 2).to(workspace.device)
     k = torch.arange(128)
     decay_idx = (((k % 8) * 8 + k // 16) * 2 + (k // 8) % 2).to(workspace.device)
-    rec = workspace[: heads * tiles_per_head * _RECORD_BYTES].view(heads, tiles_per_head, _RECORD_BYTES)
+    rec = workspace[: heads * tiles_per_head * RECORD_BYTES].view(heads, tiles_per_head, RECORD_BYTES)
     rec = rec[:, :num_tiles].transpose(0, 1)  # [chunks, H, bytes]
 
     def tiles(offset):  # 8 A tiles in fragment order -> [chunks, H, 8, 16, 16] row-major

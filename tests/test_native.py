@@ -7,7 +7,7 @@ import re
 
 import flash_kda
 import pytest
-from flash_kda import _api, _native
+from flash_kda import _native, _sizes
 
 KNOWN = {"sm_90a": 90, "sm_100a": 100, "sm_103a": 103, "sm_110a": 110, "sm_120a": 120, "sm_121a": 121}
 
@@ -38,11 +38,11 @@ def test_workspace_size_agrees_with_python_formula(lib, total, heads, seqs, monk
     monkeypatch.setattr(_native, "load", lambda: None)  # the formula used without a library
     assert flash_kda.get_workspace_size(total, heads, seqs) == from_lib
     tiles = -(-total // 16) + seqs
-    assert from_lib >= heads * tiles * _api._RECORD_BYTES
+    assert from_lib >= heads * tiles * _sizes.RECORD_BYTES
 
 
 def test_workspace_size_rejects_bad_sizes(lib):
-    with pytest.raises(ValueError, match="H >= 1"):
+    with pytest.raises(ValueError, match=re.escape("H must be in [1, 65535], got 0")):
         flash_kda.get_workspace_size(10, 0)
     assert lib._lib.flash_kda_workspace_size(-1, 1, 1) == -1
 
@@ -102,12 +102,12 @@ BAD_ARGS = [
         "initial_state and final_state must have the same dtype",
     ),
     (dict(final_state_dtype=7, final_state=0xC000), "final_state dtype must be NONE, BF16 or FP32, got 7"),
-    (dict(lower_bound=0.0), "lower_bound must be in [-5, 0)"),
+    (dict(lower_bound=0.5), "lower_bound must be in [-5, 0], got 0.5"),
     (dict(scale=float("inf")), "scale must be finite"),
     (dict(block_v=48), "block_v must be 0, 32, 64 or 128, got 48"),
     (dict(num_sms=0), "num_sms must be >= 1"),
     (dict(workspace_bytes=100), "workspace must hold"),
-    (dict(batch=1 << 20, seqlen=1 << 12, num_seqs=1 << 20), "batch * seqlen must be below 2^31"),
+    (dict(batch=1 << 20, seqlen=1 << 12, num_seqs=1 << 20), "batch * seqlen must be at most 2^31 - 1"),
 ]
 
 
@@ -125,8 +125,8 @@ def test_invalid_arguments_are_rejected_before_launch(lib, overrides, message):
 def test_short_args_struct_is_rejected(lib):
     args = valid_args()
     status = lib._lib.flash_kda_fwd(lib.archs[0].compute_capability, ctypes.byref(args), None)
-    assert status == 1  # struct_size 0 < sizeof: INVALID_ARGUMENT
-    assert "struct_size must be >=" in lib._lib.flash_kda_last_error().decode()
+    assert status == 1  # struct_size 0 < the ABI 1 prefix: INVALID_ARGUMENT
+    assert "struct_size must be in [" in lib._lib.flash_kda_last_error().decode()
 
 
 def test_probe_arguments_are_checked(lib):
@@ -142,3 +142,132 @@ def test_arch_info_index_is_checked(lib):
     desc = _native._ArchDesc()
     assert lib._lib.flash_kda_arch_info(len(lib.archs), ctypes.byref(desc)) == 1
     assert re.search(r"index must be in \[0, \d+\), got \d+", lib._lib.flash_kda_last_error().decode())
+
+
+# ------------------------------------------------------------------ ABI 2: layout and limits
+
+
+def test_python_struct_matches_the_c_layout(lib):
+    """sizeof and the ABI 1 prefix, as the library reports them in its struct_size message."""
+    args = valid_args()
+    args.struct_size = 0
+    assert lib._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan_info())) == 1
+    prefix = _native.FwdArgs.q_strides.offset
+    expected = f"args->struct_size must be in [{prefix}, {ctypes.sizeof(_native.FwdArgs)}], got 0"
+    assert expected in lib._lib.flash_kda_last_error().decode()
+
+
+def test_record_bytes_constant_matches_the_library(lib):
+    assert lib.record_bytes() == _sizes.RECORD_BYTES
+
+
+def plan_info():
+    return _native.FwdPlan(struct_size=ctypes.sizeof(_native.FwdPlan))
+
+
+def raw_plan(lib, args, struct_size):
+    """(status, message) of flash_kda_fwd_plan with args.struct_size = struct_size."""
+    args.struct_size = struct_size
+    status = lib._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan_info()))
+    return status, lib._lib.flash_kda_last_error().decode() if status else ""
+
+
+def raw_fwd(lib, args, struct_size):
+    """(status, message) of flash_kda_fwd on the build's first arch (fails before any launch)."""
+    args.struct_size = struct_size
+    status = lib._lib.flash_kda_fwd(lib.archs[0].compute_capability, ctypes.byref(args), None)
+    return status, lib._lib.flash_kda_last_error().decode() if status else ""
+
+
+TOO_MANY_TOKENS = "batch * seqlen must be at most 2^31 - 1"
+EXTREME_SIZES = [
+    ("batch3-seqlen-wraps-to-2", dict(batch=3, seqlen=(2**64 + 2) // 3, num_seqs=3), TOO_MANY_TOKENS),
+    ("batch2-seqlen-2^62", dict(batch=2, seqlen=2**62, num_seqs=2), TOO_MANY_TOKENS),
+    ("batch4-seqlen-2^62", dict(batch=4, seqlen=2**62, num_seqs=4), TOO_MANY_TOKENS),
+    ("num_seqs-2^63-1", dict(num_seqs=2**63 - 1), "num_seqs must be batch (batched) or numel(cu_seqlens) - 1"),
+    ("varlen-num_seqs-2^63-1", dict(batch=1, num_seqs=2**63 - 1, cu_seqlens=0xA000), "num_seqs must be batch"),
+    ("heads-2^40", dict(heads=2**40), "heads must be <= 65535, got 1099511627776"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", [c[1:] for c in EXTREME_SIZES], ids=[c[0] for c in EXTREME_SIZES])
+def test_extreme_sizes_are_invalid_arguments(lib, overrides, message):
+    assert (2**64 + 2) // 3 < 2**63  # passed as is: only the product B * T wraps (to 2)
+    for fn, name in ((raw_plan, "flash_kda_fwd_plan"), (raw_fwd, "flash_kda_fwd")):
+        status, error = fn(lib, valid_args(**overrides), ctypes.sizeof(_native.FwdArgs))
+        assert status == 1, name  # INVALID_ARGUMENT
+        assert error.startswith(f"{name}: ") and message in error, error
+
+
+@pytest.mark.parametrize(
+    "sizes", [(2**62, 1, 1), (1, 2**40, 1), (1, 1, 2**62), (-(2**63), 1, 1), (2**31 - 1, 65535, 2**30)]
+)
+def test_workspace_size_of_extreme_sizes_is_minus_one(lib, sizes):
+    assert lib._lib.flash_kda_workspace_size(*sizes) == -1
+
+
+@pytest.mark.parametrize("delta", [-1, ctypes.sizeof(_native.FwdArgs) + 1], ids=["below-abi1-prefix", "above-sizeof"])
+def test_struct_size_out_of_range_is_rejected(lib, delta):
+    size = _native.FwdArgs.q_strides.offset + delta if delta < 0 else delta
+    for fn in (raw_plan, raw_fwd):
+        status, error = fn(lib, valid_args(), size)
+        assert status == 1 and f"struct_size must be in [{_native.FwdArgs.q_strides.offset}, " in error
+        assert error.endswith(f"got {size}")
+
+
+def abi2_garbage(**overrides):
+    """Valid ABI 1 fields, invalid ABI 2 fields (read only when struct_size covers them)."""
+    args = valid_args(mode=7, segment_chunks=-3, cu_seqlens_dtype=9, **overrides)
+    args.q_strides = _native.Strides(3, 3, 3)
+    return args
+
+
+def test_abi1_sized_struct_is_accepted_as_abi1(lib):
+    prefix = _native.FwdArgs.q_strides.offset
+    assert raw_plan(lib, abi2_garbage(), prefix) == (0, "")
+    status, error = raw_plan(lib, abi2_garbage(), ctypes.sizeof(_native.FwdArgs))
+    assert status == 1 and "mode must be EXACT (0) or AUTO (1), got 7" in error
+    # flash_kda_fwd reads the same prefix: every check passes up to the (too small) workspace
+    status, error = raw_fwd(lib, abi2_garbage(workspace_bytes=100), prefix)
+    assert status == 1 and "workspace must hold" in error, error
+
+
+# ------------------------------------------------------------------ get_workspace_size
+
+
+@pytest.mark.parametrize("bad", [10.0, True, "10", None], ids=["float", "bool", "str", "None"])
+@pytest.mark.parametrize("position", [0, 1, 2], ids=["T_total", "H", "N"])
+def test_get_workspace_size_rejects_floats(bad, position):
+    args = [100, 2, 1]
+    args[position] = bad
+    name = ("T_total", "H", "N")[position]
+    with pytest.raises(TypeError, match=f"get_workspace_size: {name} must be an int, got {type(bad).__name__}"):
+        flash_kda.get_workspace_size(*args)
+
+
+OUT_OF_RANGE = [
+    ((-1, 2, 1), "T_total must be in [0, 2147483647], got -1"),
+    ((2**31, 2, 1), "T_total must be in [0, 2147483647], got 2147483648"),
+    ((1, 0, 1), "H must be in [1, 65535], got 0"),
+    ((1, 65536, 1), "H must be in [1, 65535], got 65536"),
+    ((1, 1, 0), "N must be in [1, 1073741824], got 0"),
+    ((1, 1, 2**30 + 1), "N must be in [1, 1073741824], got 1073741825"),
+]
+
+
+@pytest.mark.parametrize("with_library", [True, False], ids=["library", "formula"])
+@pytest.mark.parametrize("sizes,message", OUT_OF_RANGE, ids=[m.split(" ")[0] + str(s) for s, m in OUT_OF_RANGE])
+def test_get_workspace_size_bounds_are_value_errors(monkeypatch, lib, with_library, sizes, message):
+    if not with_library:
+        monkeypatch.setattr(_native, "load", lambda: None)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        flash_kda.get_workspace_size(*sizes)
+
+
+@pytest.mark.parametrize("with_library", [True, False], ids=["library", "formula"])
+def test_get_workspace_size_beyond_2_pow_50_is_a_value_error(monkeypatch, lib, with_library):
+    if not with_library:
+        monkeypatch.setattr(_native, "load", lambda: None)
+    with pytest.raises(ValueError, match=re.escape("would exceed 2**50 bytes")):
+        flash_kda.get_workspace_size(2**31 - 1, 65535, 2**30)
+    assert flash_kda.get_workspace_size(2**31 - 1, 1, 1) > 0

@@ -7,7 +7,7 @@ import re
 import flash_kda
 import pytest
 import torch
-from conftest import call, clone_outputs, make_problem
+from conftest import call, clone_outputs, make_problem, pooled_problem
 
 B, T, H = 1, 4, 2
 bf16, fp32 = torch.bfloat16, torch.float32
@@ -47,6 +47,13 @@ def transposed(x):
     return x.transpose(1, 2).contiguous().transpose(1, 2)
 
 
+def padded_rows(x, row):
+    """x's values in a buffer whose rows of 128 are ``row`` elements apart."""
+    buf = torch.full((*x.shape[:-1], row), float("nan"), dtype=x.dtype)
+    buf[..., :128] = x
+    return buf[..., :128]
+
+
 # (id, overrides as a function of p, exception, message)
 CASES = [
     ("q-list", lambda p: dict(q=p["q"].tolist()), TypeError, "q must be a torch.Tensor, got list"),
@@ -81,13 +88,18 @@ CASES = [
         ValueError,
         "beta must have shape [B, T, H] = [1, 4, 2], got [1, 4]",
     ),
-    ("A_log-bf16", lambda p: dict(A_log=p["A_log"].to(bf16)), TypeError, "A_log must be float32, got torch.bfloat16"),
+    (
+        "A_log-fp64",
+        lambda p: dict(A_log=p["A_log"].double()),
+        TypeError,
+        "A_log must be bfloat16, float16 or float32, got torch.float64",
+    ),
     ("A_log-shape", lambda p: dict(A_log=torch.zeros(H + 1)), ValueError, "A_log must have shape [H] = [2], got [3]"),
     (
         "dt_bias-fp64",
         lambda p: dict(dt_bias=p["dt_bias"].double()),
         TypeError,
-        "dt_bias must be float32, got torch.float64",
+        "dt_bias must be bfloat16, float16 or float32, got torch.float64",
     ),
     (
         "dt_bias-shape",
@@ -102,10 +114,11 @@ CASES = [
         "dt_bias must have shape [H, D] = [2, 128] (or [H * D]), got [128]",
     ),
     (
-        "q-noncontiguous",
-        lambda p: dict(q=transposed(p["q"])),
+        "q-head-stride-132",
+        lambda p: dict(q=padded_rows(p["q"], 132)),
         ValueError,
-        "q must be contiguous, got strides (1024, 128, 512, 1) for shape [1, 4, 2, 128]",
+        "q must have strides (batch, token, head, 1) with each stride of a dimension longer than 1 a positive "
+        "multiple of 8 elements below 2**39, got strides (1056, 264, 132, 1) for shape [1, 4, 2, 128]",
     ),
     (
         "q-misaligned",
@@ -122,9 +135,9 @@ CASES = [
             f"lower_bound-{lb}",
             lambda p, lb=lb: dict(lower_bound=lb),
             ValueError,
-            f"lower_bound must be in [-5, 0), got {lb}",
+            f"lower_bound must be in [-5, 0], got {lb}",
         )
-        for lb in (0.0, -5.5, 1.0)
+        for lb in (-5.5, 1.0, 1e-300)
     ],
     ("lower_bound--inf", lambda p: dict(lower_bound=float("-inf")), ValueError, "lower_bound must be finite, got -inf"),
     (
@@ -210,9 +223,10 @@ def test_cu_seqlens_needs_batch_one():
 
 def test_test_helpers_build_what_they_claim(p):
     """The layout cases above test what they say: right shape, only the layout is wrong."""
-    t, m = transposed(p["q"]), misaligned(p["q"])
-    assert t.shape == m.shape == p["q"].shape and torch.equal(t, p["q"]) and torch.equal(m, p["q"])
-    assert not t.is_contiguous() and m.is_contiguous() and m.data_ptr() % 16 != 0
+    t, m, r = transposed(p["q"]), misaligned(p["q"]), padded_rows(p["q"], 132)
+    assert t.shape == m.shape == r.shape == p["q"].shape
+    assert torch.equal(t, p["q"]) and torch.equal(m, p["q"]) and torch.equal(r, p["q"])
+    assert not t.is_contiguous() and m.is_contiguous() and m.data_ptr() % 16 != 0 and r.stride(2) == 132
 
 
 def run(p, **overrides):
@@ -236,6 +250,149 @@ def test_int32_cu_seqlens_is_accepted():
     assert torch.equal(out, out32) and torch.equal(final, final32)
 
 
-@pytest.mark.parametrize("lower_bound", [-5.0, -1e-6])
+@pytest.mark.parametrize("lower_bound", [-5.0, -1e-6, 0.0, -0.0])
 def test_lower_bound_edges_are_accepted(p, lower_bound):
     run(p, lower_bound=lower_bound)
+
+
+def test_transposed_but_valid_q_is_accepted(p):
+    out, final = run(p)
+    out_t, final_t = run(p, q=transposed(p["q"]))
+    assert torch.equal(out, out_t) and torch.equal(final, final_t)
+
+
+# ------------------------------------------------------------------ values
+
+
+@pytest.mark.parametrize("scale", [1e300, -1e300, 3.4e38, 3.3962e38], ids=str)
+def test_scale_overflow_is_value_error(p, scale):
+    expect_rejected(p, ValueError, "scale must be finite in bfloat16 (|scale| < 3.3961e38), got", scale=scale)
+
+
+def test_scale_just_below_the_bf16_limit_is_accepted(p):
+    run(p, scale=3.3960e38)
+
+
+@pytest.mark.parametrize("name", ["scale", "lower_bound"])
+def test_huge_int_scalars_are_value_errors_not_overflow_errors(p, name):
+    expect_rejected(p, ValueError, f"{name} must be finite, got a value beyond the float64 range", **{name: 10**400})
+
+
+def test_lower_bound_zero_is_accepted(p):
+    out, final = run(p, lower_bound=0)
+    assert torch.isfinite(out).all() and torch.isfinite(final).all()
+
+
+# ------------------------------------------------------------------ aliasing
+
+
+def carve(buffer: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """A tensor of like's shape, dtype and values at byte ``offset`` of a uint8 buffer."""
+    nbytes = like.numel() * like.element_size()
+    t = buffer[offset : offset + nbytes].view(like.dtype).view(like.shape)
+    t.copy_(like)
+    return t
+
+
+def serving_problem():
+    """Varlen, pools, has_initial_state and checkpoints: every argument is a tensor."""
+    p = pooled_problem(1, 0, 2, [1, 0], 2, lens=[20, 12], has_initial=[True, False])
+    p.update(checkpoint_every=16, checkpoints=torch.full((1, 2, 128, 128), float("nan")))
+    return p
+
+
+INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "ssm_state_indices")
+OUTPUTS = ("out", "final_state", "checkpoints")
+OVERLAPS = (
+    [("out", x) for x in (*INPUTS, "has_initial_state", "final_state", "checkpoints")]
+    + [("final_state", x) for x in ("q", "beta", "dt_bias", "cu_seqlens", "has_initial_state", "checkpoints")]
+    + [("checkpoints", x) for x in ("v", "A_log", "initial_state", "out")]
+)
+
+
+@pytest.mark.parametrize("writer,other", OVERLAPS, ids=[f"{w}-{o}" for w, o in OVERLAPS])
+def test_overlapping_arguments_are_rejected(writer, other):
+    p = serving_problem()
+    size = lambda t: t.numel() * t.element_size()  # noqa: E731
+    buffer = torch.zeros(64 + size(p[writer]) + size(p[other]), dtype=torch.uint8)
+    p[writer] = carve(buffer, 0, p[writer])
+    p[other] = carve(buffer, 64, p[other])  # starts inside the writer's bytes
+    first, second = (
+        (other, writer) if other in OUTPUTS and OUTPUTS.index(other) < OUTPUTS.index(writer) else (writer, other)
+    )
+    before = buffer.clone()
+    with pytest.raises(ValueError, match=re.escape(f"flash_kda.fwd: {first} must not overlap {second} in memory")):
+        call(flash_kda.fwd, p)
+    assert torch.equal(buffer, before), "a rejected call wrote memory"
+
+
+def test_out_overlapping_q_is_rejected(p):
+    q = p["q"]
+    buffer = torch.full((2 * q.numel(),), float("nan"), dtype=q.dtype)
+    p["q"] = buffer[: q.numel()].view(q.shape).copy_(q)
+    out = buffer[q.numel() // 2 : q.numel() // 2 + q.numel()].view(q.shape)  # the second half of q and beyond
+    with pytest.raises(ValueError, match="out must not overlap q in memory"):
+        call(flash_kda.fwd, p, out=out)
+    assert torch.equal(p["q"], q), "q was written through out"
+
+
+def test_final_state_partially_overlapping_initial_state_is_rejected():
+    p = make_problem(2, 16, 1, initial=fp32)
+    buffer = torch.zeros(3, 1, 128, 128)
+    p["initial_state"] = buffer[:2].copy_(p["initial_state"])
+    before = buffer.clone()
+    with pytest.raises(ValueError, match="final_state must not overlap initial_state in memory; it may only be"):
+        call(flash_kda.fwd, p, final_state=buffer[1:])
+    assert torch.equal(buffer, before) and torch.isnan(p["out"]).all()
+
+
+def test_final_state_may_be_a_view_identical_to_initial_state():
+    p = make_problem(2, 16, 1, initial=fp32, seed=3)
+    separate = dict(p, final_state=torch.full_like(p["initial_state"], float("nan")))
+    call(flash_kda.fwd, separate)
+    in_place = dict(p, out=torch.full_like(p["out"], float("nan")))
+    in_place["final_state"] = in_place["initial_state"].view(2, 1, 128, 128)  # another object, same view
+    assert in_place["final_state"] is not in_place["initial_state"]
+    call(flash_kda.fwd, in_place)
+    assert torch.equal(p["initial_state"], separate["final_state"])
+
+
+def test_inputs_may_share_memory(p):
+    out, final = run(p, k=p["q"], v=p["q"])
+    assert out.shape == p["q"].shape and torch.isfinite(final).all()
+
+
+def test_out_overlapping_itself_is_rejected(p):
+    rows = torch.full((B * T * H * 128,), float("nan"), dtype=bf16)
+    out = rows.as_strided((B, T, H, 128), (T * 64, 64, 8, 1))  # heads 8 elements apart: rows overlap
+    expect_rejected(p, ValueError, "out must not overlap itself, got strides (256, 64, 8, 1)", out=out)
+
+
+def test_beta_with_a_zero_stride_is_rejected(p):
+    beta = p["beta"][:, :1].expand(B, T, H)
+    expect_rejected(
+        p, ValueError, "beta must have positive strides below 2**39 for dimensions longer than 1", beta=beta
+    )
+
+
+INDEX_CASES = [
+    ("indices-float", dict(ssm_state_indices=torch.tensor([0.0])), TypeError,
+     "ssm_state_indices must be int32 or int64, got torch.float32"),
+    ("indices-shape", dict(ssm_state_indices=torch.tensor([0, 1])), ValueError,
+     "ssm_state_indices must have shape [N] = [1], got [2]"),
+    ("has-initial-int", dict(has_initial_state=torch.tensor([1])), TypeError,
+     "has_initial_state must be bool, got torch.int64"),
+    ("has-initial-shape", dict(has_initial_state=torch.tensor([[True]])), ValueError,
+     "has_initial_state must have shape [N] = [1], got [1, 1]"),
+    ("pool-P0", dict(ssm_state_indices=torch.tensor([0]), final_state=torch.zeros(0, H, 128, 128)), ValueError,
+     "the state pools must have shape [P, H, V, K] with P in [1, 2**30], got [0, 2, 128, 128]"),
+    ("pool-mismatch", dict(ssm_state_indices=torch.tensor([0]), initial_state=torch.zeros(3, H, 128, 128)), ValueError,
+     "final_state must have shape [P, H, V, K] = [3, 2, 128, 128], got [1, 2, 128, 128]"),
+    ("state-misaligned", dict(final_state=misaligned(nan_like((1, H, 128, 128), fp32))), ValueError,
+     "final_state must be 16-byte aligned, got data_ptr % 16 = 4"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides,exc,message", [c[1:] for c in INDEX_CASES], ids=[c[0] for c in INDEX_CASES])
+def test_index_and_state_arguments_are_checked(p, overrides, exc, message):
+    expect_rejected(p, exc, message, **overrides)

@@ -6,7 +6,17 @@ GPU without native kernels falls back to fla's Triton kernels or to pure PyTorch
 """
 
 from . import reference
-from ._api import backend_for, compiled_archs, fwd, get_workspace_size
+from ._api import backend_for, compiled_archs, fwd
+from ._sequences import checkpoint_layout
+from ._sizes import get_workspace_size
 from ._version import __version__
 
-__all__ = ["fwd", "get_workspace_size", "compiled_archs", "backend_for", "reference", "__version__"]
+__all__ = [
+    "fwd",
+    "get_workspace_size",
+    "checkpoint_layout",
+    "compiled_archs",
+    "backend_for",
+    "reference",
+    "__version__",
+]

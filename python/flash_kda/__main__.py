@@ -43,6 +43,32 @@ def _driver_version() -> str:
     return "none (no libcuda.so.1)"
 
 
+def _arches(archs) -> str:
+    """``"90a, 100a"`` from _build_info's tuples (of names, or of dicts with an ``arch``)."""
+    return ", ".join(a["arch"] if isinstance(a, dict) else str(a) for a in archs)
+
+
+def _build_line() -> Optional[str]:
+    """What CMake recorded about the build (``_build_info``, absent in a source checkout)."""
+    try:
+        from . import _build_info
+    except ImportError:
+        return None
+    fields = [
+        ("built arches", _arches(getattr(_build_info, "BUILT_ARCHS", ()))),
+        ("product arches", _arches(getattr(_build_info, "PRODUCT_ARCHS", ()))),
+        ("requested", getattr(_build_info, "FLASH_KDA_CUDA_ARCHS", None)),
+        ("nvcc", getattr(_build_info, "NVCC_VERSION", None)),
+    ]
+    return "; ".join(f"{name} {value}" for name, value in fields if value)
+
+
+def _library_cuda(lib) -> str:
+    runtime, driver = lib.cuda_versions()
+    seen = dispatch.cuda_version_text(driver) if driver else "none"
+    return f"CUDA runtime {dispatch.cuda_version_text(runtime)} (built with), driver {seen} (seen by the library)"
+
+
 def _best_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -59,6 +85,10 @@ def cmd_info(_args) -> int:
     else:
         names = ", ".join(a.name for a in lib.archs) or "none"
         print(f"library     {lib.path} (C ABI {_native.ABI_VERSION}); arches: {names}")
+        print(f"lib CUDA    {_library_cuda(lib)}")
+    build = _build_line()
+    if build:
+        print(f"build       {build}")
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)

@@ -148,6 +148,7 @@ class NativeLibrary:
         if version != ABI_VERSION:
             raise RuntimeError(f"{path} has C ABI version {version}, this package needs {ABI_VERSION}")
         self.archs = self._list_archs()
+        self._cuda_versions: Optional[tuple[int, int]] = None
 
     def _list_archs(self) -> list[ArchInfo]:
         archs = []
@@ -170,12 +171,21 @@ class NativeLibrary:
         return None
 
     def workspace_size(self, total_tokens: int, heads: int, num_seqs: int) -> int:
-        size = self._lib.flash_kda_workspace_size(total_tokens, heads, num_seqs)
-        if size < 0:
-            raise ValueError(
-                f"workspace size undefined for total_tokens={total_tokens}, heads={heads}, num_seqs={num_seqs}"
-            )
-        return size
+        """Exact-mode workspace bytes, -1 for sizes out of the library's range."""
+        return self._lib.flash_kda_workspace_size(total_tokens, heads, num_seqs)
+
+    def record_bytes(self) -> int:
+        """Bytes of one (head, chunk) record of the workspace."""
+        return self._lib.flash_kda_record_bytes()
+
+    def cuda_versions(self) -> tuple[int, int]:
+        """``(runtime, driver)`` CUDA versions as 1000 * major + 10 * minor (driver 0: none),
+        asked once."""
+        if self._cuda_versions is None:
+            runtime, driver = _i32(0), _i32(0)
+            self._check(self._lib.flash_kda_cuda_versions(ctypes.byref(runtime), ctypes.byref(driver)))
+            self._cuda_versions = (runtime.value, driver.value)
+        return self._cuda_versions
 
     def pick_block_v(self, num_seqs: int, heads: int, num_sms: int) -> int:
         return self._lib.flash_kda_pick_block_v(num_seqs, heads, num_sms)

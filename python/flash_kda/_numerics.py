@@ -72,12 +72,14 @@ def hadd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class Ops:
-    """The approximate instructions and tensor-core products for tensors on ``device``."""
+    """The approximate instructions and tensor-core products for tensors on ``device``:
+    the library's probes when ``probes`` and the GPU has them, else exact math (which never
+    loads the library)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, probes: bool = True):
         self.device = torch.device(device)
         self._lib, self._cc = None, None
-        if self.device.type == "cuda":
+        if probes and self.device.type == "cuda":
             lib = _native.load()
             major, minor = torch.cuda.get_device_capability(self.device)
             cc = 10 * major + minor

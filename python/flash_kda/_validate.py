@@ -1,40 +1,77 @@
 # SPDX-License-Identifier: MIT
-"""Every input check of ``flash_kda.fwd`` (spec section 1.5), shared by all paths.
+"""Every input check of ``flash_kda.fwd`` (spec section 1.5), shared by all paths, and the
+validated call (:class:`FwdCall`) that every path takes.
 
 Each check raises before anything is launched or written: ``TypeError`` for a wrong type
-or dtype, ``ValueError`` for a wrong shape, device, layout, value or ``cu_seqlens``
-content. Messages name the argument, what was expected and what was given.
+or dtype, ``ValueError`` for a wrong shape, device, layout, value or index content,
+``RuntimeError`` for inputs that require grad. Messages name the argument, what was
+expected and what was given.
 """
 
 import math
-import numbers
+import os
 from typing import NamedTuple, Optional
 
 import torch
 
+from . import _layout, _scalars, _sequences
+
 HEAD_DIM = 128
 MAX_TOKENS = 2**31  # the C ABI's bound on B * T (int32 token coordinates)
-MAX_TOKENS_TIMES_HEADS = 2**40  # the C ABI's bound on (B * T) * H
+MAX_HEADS = 65535  # the C ABI's bound on H
+MAX_SEQS = 2**30  # the C ABI's bound on N and on the pool size
+EXACT_ENV = "FLASH_KDA_EXACT"  # "1": bit-exact mode when fwd's exact is None
 _WHERE = "flash_kda.fwd"
+_STATE_DTYPES = (torch.bfloat16, torch.float32)
+_GATE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-class Problem(NamedTuple):
-    """The sizes of a validated call."""
+class FwdCall(NamedTuple):
+    """A validated ``fwd`` call: the caller's tensors (activations possibly strided), the
+    gate parameters widened to fp32, the sizes and the resolved mode."""
 
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    out: torch.Tensor
+    A_log: torch.Tensor  # float32 [H], contiguous
+    dt_bias: torch.Tensor  # float32 [H, 128], contiguous
+    scale: float
+    lower_bound: float
+    initial_state: Optional[torch.Tensor]  # [S, H, 128, 128], S = N or the pool size P
+    final_state: Optional[torch.Tensor]  # may be initial_state itself
+    cu_seqlens: Optional[torch.Tensor]  # int32/int64 [N + 1] on q's device, or None (batched)
+    state_indices: Optional[torch.Tensor]  # int32/int64 [N] on q's device: pool slots
+    has_initial_state: Optional[torch.Tensor]  # bool [N] on q's device
+    checkpoint_every: int  # tokens between checkpoints, 0 = none
+    checkpoints: Optional[torch.Tensor]  # [slots, H, 128, 128]
+    exact: bool  # bit-exact mode (C ABI MODE_EXACT) rather than AUTO
     batch: int  # B
     seqlen: int  # T
     heads: int  # H
     num_seqs: int  # N
-    state_dtype: Optional[torch.dtype]  # dtype of the given state tensor(s), None if none
-    cu_seqlens: Optional[torch.Tensor]  # int64 on q's device, or None (batched)
-    seq_bounds: Optional[list[int]]  # host copy of cu_seqlens when it came from the host
+    state_dtype: Optional[torch.dtype]  # dtype of the state tensors given, None if none
+    seq_bounds: Optional[list[int]]  # cu_seqlens read on the host, when it was on the CPU
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    @property
+    def pool_size(self) -> int:
+        """First dimension of the state tensors: N, or P with ``state_indices``."""
+        state = self.initial_state if self.initial_state is not None else self.final_state
+        return self.num_seqs if state is None else state.shape[0]
 
 
 def _shape(t: torch.Tensor) -> list[int]:
     return list(t.shape)
 
 
-def _tensor(name: str, x, dtypes, expected: str) -> torch.Tensor:
+def tensor(name: str, x, dtypes, expected: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{_WHERE}: {name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in dtypes:
@@ -42,60 +79,140 @@ def _tensor(name: str, x, dtypes, expected: str) -> torch.Tensor:
     return x
 
 
-def _layout(name: str, x: torch.Tensor, device: torch.device) -> None:
-    if x.device != device:
-        raise ValueError(f"{_WHERE}: {name} must be on {device} like q, got {x.device}")
-    if not x.is_contiguous():
-        raise ValueError(f"{_WHERE}: {name} must be contiguous, got strides {tuple(x.stride())} for shape {_shape(x)}")
-    if x.numel() > 0 and x.data_ptr() % 16 != 0:
-        raise ValueError(f"{_WHERE}: {name} must be 16-byte aligned, got data_ptr % 16 = {x.data_ptr() % 16}")
-
-
 def _expect_shape(name: str, x: torch.Tensor, shape: list[int], form: str) -> None:
     if _shape(x) != shape:
         raise ValueError(f"{_WHERE}: {name} must have shape {form} = {shape}, got {_shape(x)}")
 
 
-def _real(name: str, x) -> float:
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{_WHERE}: {name} must be a real number, got {type(x).__name__}")
-    value = float(x)
+def _finite(name: str, x) -> float:
+    value = _scalars.as_real(_WHERE, name, x)
     if not math.isfinite(value):
         raise ValueError(f"{_WHERE}: {name} must be finite, got {value}")
     return value
 
 
-def _check_cu_seqlens(cu, device: torch.device, total: int):
-    cu = _tensor("cu_seqlens", cu, (torch.int64, torch.int32), "int64 (or int32)")
+def _scale(x) -> float:
+    """Finite, and finite once rounded to fp32 and then bf16 (spec section 3.2 step 6)."""
+    value = _finite("scale", x)
+    if not torch.isfinite(torch.tensor(value, dtype=torch.float32).to(torch.bfloat16)):
+        raise ValueError(f"{_WHERE}: scale must be finite in bfloat16 (|scale| < 3.3961e38), got {value}")
+    return value
+
+
+def _lower_bound(x) -> float:
+    value = _finite("lower_bound", x)
+    if not -5.0 <= value <= 0.0:
+        raise ValueError(f"{_WHERE}: lower_bound must be in [-5, 0], got {value}")
+    return value
+
+
+def resolve_exact(exact) -> bool:
+    """``exact`` if given, else ``FLASH_KDA_EXACT == "1"``."""
+    if exact is None:
+        return os.environ.get(EXACT_ENV) == "1"
+    if not isinstance(exact, bool):
+        raise TypeError(f"{_WHERE}: exact must be a bool or None, got {type(exact).__name__}")
+    return exact
+
+
+def refuse_grad(tensors: dict) -> None:
+    """Inputs that require grad while grad mode is on: ``RuntimeError`` (forward only)."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise RuntimeError(
+                f"{_WHERE}: {name} requires grad, but flash_kda.fwd is forward-only (no backward); use fla's "
+                "chunk_kda for training, or call under torch.no_grad() / torch.inference_mode()"
+            )
+
+
+def refuse_inference_outputs(outputs: dict) -> None:
+    """Inference tensors cannot be written outside inference mode: ``ValueError``."""
+    if torch.is_inference_mode_enabled():
+        return
+    for name, t in outputs.items():
+        if isinstance(t, torch.Tensor) and t.is_inference():
+            raise ValueError(
+                f"{_WHERE}: {name} is an inference tensor (made under torch.inference_mode()) and cannot be "
+                "written outside inference mode; call fwd under torch.inference_mode() or pass a normal tensor"
+            )
+
+
+def _same_device(tensors: dict, device: torch.device) -> None:
+    for name, x in tensors.items():
+        if x is not None and x.device != device:
+            raise ValueError(f"{_WHERE}: {name} must be on {device} like q, got {x.device}")
+
+
+def _gate_shapes(A_log, dt_bias, H: int) -> None:
+    """A_log [H] and dt_bias [H, 128] or [H * 128], bf16, fp16 or fp32."""
+    _expect_shape("A_log", tensor("A_log", A_log, _GATE_DTYPES, "bfloat16, float16 or float32"), [H], "[H]")
+    tensor("dt_bias", dt_bias, _GATE_DTYPES, "bfloat16, float16 or float32")
+    if _shape(dt_bias) not in ([H, HEAD_DIM], [H * HEAD_DIM]):
+        raise ValueError(
+            f"{_WHERE}: dt_bias must have shape [H, D] = {[H, HEAD_DIM]} (or [H * D]), got {_shape(dt_bias)}"
+        )
+
+
+def _widen(x: torch.Tensor) -> torch.Tensor:
+    """fp32, contiguous, 16-byte aligned: exact, and no copy when x already is."""
+    x = x.to(torch.float32).contiguous()
+    return x.clone() if x.data_ptr() % 16 else x
+
+
+def _index_tensor(name: str, x, dtypes, expected: str, n: int) -> torch.Tensor:
+    tensor(name, x, dtypes, expected)
+    if x.dim() != 1 or x.numel() != n:
+        raise ValueError(f"{_WHERE}: {name} must have shape [N] = [{n}], got {_shape(x)}")
+    return x
+
+
+def _cu_seqlens(cu, B: int, T: int, device: torch.device):
+    """(cu_seqlens on q's device, host bounds or None, N)."""
+    if cu is None:
+        return None, None, B
+    tensor("cu_seqlens", cu, _INDEX_DTYPES, "int64 (or int32)")
     if cu.dim() != 1 or cu.numel() < 2:
         raise ValueError(f"{_WHERE}: cu_seqlens must be 1-D with N + 1 >= 2 entries, got shape {_shape(cu)}")
+    if cu.numel() - 1 > MAX_SEQS:
+        raise ValueError(f"{_WHERE}: cu_seqlens must have at most 2**30 + 1 entries, got {cu.numel()}")
+    if B != 1:
+        raise ValueError(f"{_WHERE}: q must have B = 1 when cu_seqlens is given, got B = {B}")
     if cu.device.type == "cpu":
-        bounds = [int(b) for b in cu.tolist()]
-        if bounds[0] != 0:
-            raise ValueError(f"{_WHERE}: cu_seqlens must start at 0, got cu_seqlens[0] = {bounds[0]}")
-        for i in range(1, len(bounds)):
-            if bounds[i] < bounds[i - 1]:
-                raise ValueError(
-                    f"{_WHERE}: cu_seqlens must be non-decreasing, got cu_seqlens[{i}] = {bounds[i]} "
-                    f"< cu_seqlens[{i - 1}] = {bounds[i - 1]}"
-                )
-        if bounds[-1] > total:
-            raise ValueError(f"{_WHERE}: cu_seqlens must end at most at T = {total}, got cu_seqlens[-1] = {bounds[-1]}")
-        return cu.to(device=device, dtype=torch.int64), bounds
+        bounds = _sequences.check_bounds(_sequences.host_list(cu), T)
+        return cu.to(device), bounds, cu.numel() - 1
     if cu.device != device:
         raise ValueError(f"{_WHERE}: cu_seqlens must be on {device} like q (or on the CPU), got {cu.device}")
     # On the device its contents cannot be read without a sync: the kernels clamp instead.
-    return cu.to(torch.int64).contiguous(), None
+    return cu, None, cu.numel() - 1
 
 
-def _check_states(initial_state, final_state, shape: list[int], device) -> Optional[torch.dtype]:
+def _pool_size(initial_state, final_state, indices, N: int) -> int:
+    """The first dimension the state tensors must have: N, or the pool size P."""
+    if indices is None:
+        return N
+    _index_tensor("ssm_state_indices", indices, _INDEX_DTYPES, "int32 or int64", N)
+    pools = [s for s in (initial_state, final_state) if s is not None]
+    if not pools:
+        raise ValueError(f"{_WHERE}: ssm_state_indices needs initial_state or final_state (the state pools)")
+    P = pools[0].shape[0] if pools[0].dim() == 4 else 0
+    if not 1 <= P <= MAX_SEQS:
+        raise ValueError(
+            f"{_WHERE}: the state pools must have shape [P, H, V, K] with P in [1, 2**30], got {_shape(pools[0])}"
+        )
+    if indices.device.type == "cpu":
+        _sequences.check_slots(_sequences.host_list(indices), P)
+    return P
+
+
+def _states(initial_state, final_state, shape: list[int], form: str) -> Optional[torch.dtype]:
     dtypes = []
     for name, state in (("initial_state", initial_state), ("final_state", final_state)):
         if state is None:
             continue
-        _tensor(name, state, (torch.bfloat16, torch.float32), "bfloat16 or float32")
-        _expect_shape(name, state, shape, "[N, H, V, K]")
-        _layout(name, state, device)
+        _expect_shape(name, state, shape, form)
+        _layout.contiguous(name, state)
         dtypes.append(state.dtype)
     if len(dtypes) == 2 and dtypes[0] != dtypes[1]:
         raise TypeError(
@@ -104,11 +221,28 @@ def _check_states(initial_state, final_state, shape: list[int], device) -> Optio
     return dtypes[0] if dtypes else None
 
 
-def check_fwd(
-    q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None, cu_seqlens=None
-) -> Problem:
-    """Validate one ``fwd`` call; return its sizes. Raises ``TypeError``/``ValueError``."""
-    q = _tensor("q", q, (torch.bfloat16,), "bfloat16")
+def _checkpoints(every, checkpoints, H: int, state_dtype) -> int:
+    if (every is None) != (checkpoints is None):
+        raise ValueError(f"{_WHERE}: checkpoint_every and checkpoints must be given together")
+    if every is None:
+        return 0
+    every = _scalars.as_count(_WHERE, "checkpoint_every", every)
+    if every < 16 or every % 16 or every >= MAX_TOKENS:
+        raise ValueError(f"{_WHERE}: checkpoint_every must be a positive multiple of 16 below 2**31, got {every}")
+    if checkpoints.dim() != 4 or _shape(checkpoints)[1:] != [H, HEAD_DIM, HEAD_DIM]:
+        raise ValueError(
+            f"{_WHERE}: checkpoints must have shape [S, H, V, K] = [S, {H}, 128, 128], got {_shape(checkpoints)}"
+        )
+    if checkpoints.shape[0] >= MAX_TOKENS:
+        raise ValueError(f"{_WHERE}: checkpoints must have fewer than 2**31 slots, got {checkpoints.shape[0]}")
+    if state_dtype is not None and checkpoints.dtype != state_dtype:
+        raise TypeError(f"{_WHERE}: checkpoints must have the states' dtype {state_dtype}, got {checkpoints.dtype}")
+    _layout.contiguous("checkpoints", checkpoints)
+    return every
+
+
+def _activations(q, k, v, g, beta, out) -> tuple[int, int, int]:
+    tensor("q", q, (torch.bfloat16,), "bfloat16")
     if q.dim() != 4 or q.shape[-1] != HEAD_DIM:
         raise ValueError(f"{_WHERE}: q must have shape [B, T, H, {HEAD_DIM}], got {_shape(q)}")
     B, T, H, _ = q.shape
@@ -116,38 +250,52 @@ def check_fwd(
         raise ValueError(f"{_WHERE}: q must have B, T, H >= 1, got shape {_shape(q)}")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{_WHERE}: q must be on a CUDA device or the CPU, got {q.device}")
-    device = q.device
-    _layout("q", q, device)
     for name, x in (("k", k), ("v", v), ("g", g), ("out", out)):
-        _expect_shape(name, _tensor(name, x, (torch.bfloat16,), "bfloat16"), _shape(q), "[B, T, H, D]")
-        _layout(name, x, device)
-    _expect_shape("beta", _tensor("beta", beta, (torch.bfloat16,), "bfloat16"), [B, T, H], "[B, T, H]")
-    _layout("beta", beta, device)
-    _expect_shape("A_log", _tensor("A_log", A_log, (torch.float32,), "float32"), [H], "[H]")
-    _layout("A_log", A_log, device)
-    _tensor("dt_bias", dt_bias, (torch.float32,), "float32")
-    if _shape(dt_bias) not in ([H, HEAD_DIM], [H * HEAD_DIM]):
-        raise ValueError(
-            f"{_WHERE}: dt_bias must have shape [H, D] = {[H, HEAD_DIM]} (or [H * D]), got {_shape(dt_bias)}"
-        )
-    _layout("dt_bias", dt_bias, device)
-    _real("scale", scale)
-    lb = _real("lower_bound", lower_bound)
-    if not -5.0 <= lb < 0.0:
-        raise ValueError(f"{_WHERE}: lower_bound must be in [-5, 0), got {lb}")
-    if B * T >= MAX_TOKENS or B * T * H >= MAX_TOKENS_TIMES_HEADS:
-        raise ValueError(
-            f"{_WHERE}: B * T must be below 2**31 and B * T * H below 2**40, "
-            f"got B * T = {B * T}, B * T * H = {B * T * H}"
-        )
+        _expect_shape(name, tensor(name, x, (torch.bfloat16,), "bfloat16"), _shape(q), "[B, T, H, D]")
+    _expect_shape("beta", tensor("beta", beta, (torch.bfloat16,), "bfloat16"), [B, T, H], "[B, T, H]")
+    if B * T >= MAX_TOKENS or H > MAX_HEADS:
+        raise ValueError(f"{_WHERE}: need B * T < 2**31 and H <= {MAX_HEADS}, got B * T = {B * T}, H = {H}")
+    return B, T, H
 
-    bounds = None
-    if cu_seqlens is not None:
-        if B != 1:
-            raise ValueError(f"{_WHERE}: q must have B = 1 when cu_seqlens is given, got B = {B}")
-        cu_seqlens, bounds = _check_cu_seqlens(cu_seqlens, device, T)
-        N = cu_seqlens.numel() - 1
-    else:
-        N = B
-    state_dtype = _check_states(initial_state, final_state, [N, H, HEAD_DIM, HEAD_DIM], device)
-    return Problem(B, T, H, N, state_dtype, cu_seqlens, bounds)
+
+def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
+              cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None, checkpoints=None,
+              exact=None) -> FwdCall:  # fmt: skip
+    """Validate one ``fwd`` call (arguments as :func:`flash_kda.fwd`); return it as a
+    :class:`FwdCall`. Reads no device memory (index tensors on the CPU are read). Raises
+    ``TypeError``, ``ValueError`` or ``RuntimeError`` (grad) before anything is written."""
+    B, T, H = _activations(q, k, v, g, beta, out)
+    _gate_shapes(A_log, dt_bias, H)
+    optional = dict(initial_state=initial_state, final_state=final_state, checkpoints=checkpoints)
+    for name, x in optional.items():
+        if x is not None:
+            tensor(name, x, _STATE_DTYPES, "bfloat16 or float32")
+    if ssm_state_indices is not None:
+        tensor("ssm_state_indices", ssm_state_indices, _INDEX_DTYPES, "int32 or int64")
+    if has_initial_state is not None:
+        tensor("has_initial_state", has_initial_state, (torch.bool,), "bool")
+    inputs = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state)
+    inputs.update(ssm_state_indices=ssm_state_indices, has_initial_state=has_initial_state)
+    outputs = dict(out=out, final_state=final_state, checkpoints=checkpoints)
+    refuse_grad(dict(inputs, **outputs))
+    _same_device(dict(inputs, **outputs), q.device)
+    scale, lower_bound = _scale(scale), _lower_bound(lower_bound)
+    mode = resolve_exact(exact)
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("out", out)):
+        _layout.activation_strides(name, x)
+    _layout.beta_strides(beta)
+    _layout.no_self_overlap("out", out)
+    device_cu, bounds, N = _cu_seqlens(cu_seqlens, B, T, q.device)
+    S = _pool_size(initial_state, final_state, ssm_state_indices, N)
+    form = "[N, H, V, K]" if ssm_state_indices is None else "[P, H, V, K]"
+    state_dtype = _states(initial_state, final_state, [S, H, HEAD_DIM, HEAD_DIM], form)
+    if has_initial_state is not None:
+        _index_tensor("has_initial_state", has_initial_state, (torch.bool,), "bool", N)
+    every = _checkpoints(checkpoint_every, checkpoints, H, state_dtype)
+    refuse_inference_outputs(outputs)
+    _layout.no_aliasing(outputs, dict(inputs, cu_seqlens=cu_seqlens))
+    return FwdCall(
+        q, k, v, g, beta, out, _widen(A_log), _widen(dt_bias.reshape(H, HEAD_DIM)), scale, lower_bound,
+        initial_state, final_state, device_cu, ssm_state_indices, has_initial_state, every, checkpoints, mode,
+        B, T, H, N, state_dtype, bounds,
+    )  # fmt: skip

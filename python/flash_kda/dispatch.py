@@ -2,26 +2,35 @@
 """Choose and run the path of a ``fwd`` call: native kernels, fla's Triton kernels, or
 pure PyTorch (architecture.md, "The dispatcher").
 
-:func:`choose_path` is a pure function of the device facts, the library's tables, fla's
-presence and ``FLA_FLASH_KDA``; :func:`fwd` validates, asks it, logs each (path, reason)
-once at INFO on the ``flash_kda`` logger, and runs the path.
+:func:`choose_path` is a pure function of the device facts, the library's tables and CUDA
+versions, fla's presence and ``FLA_FLASH_KDA``; :func:`run` asks it for a validated call,
+logs each (path, reason) once on the ``flash_kda`` logger, and runs the path.
+:func:`run_native` makes no host synchronisation and no host-to-device copy, so a call
+with its index tensors on the device can be captured in a CUDA graph.
 """
 
+import functools
 import logging
 import os
 from collections.abc import Sequence
-from typing import Callable, NamedTuple, Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
-from . import _native, _validate, fallback
+from . import _layout, _native, _validate, fallback
 
 logger = logging.getLogger("flash_kda")
 ENV_SWITCH = "FLA_FLASH_KDA"
 
 NATIVE, FLA, TORCH = "native", "fla", "torch"
 _UNAVAILABLE = "native library unavailable"
+_CHECKPOINTS = "fla's Triton forward cannot write checkpoints; using PyTorch for this call"
+_OLD_DRIVER = "CUDA driver "
 _logged = set()
+
+
+def cuda_version_text(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
 
 
 def choose_path(
@@ -31,25 +40,33 @@ def choose_path(
     native_error: Optional[str],
     fla_present: Union[bool, Callable[[], bool]],
     switch: Optional[str],
+    cuda_versions: Optional[tuple[int, int]] = None,
 ) -> tuple[str, str]:
     """Return ``(path, reason)`` for a call on a device.
 
     ``compute_capability`` is 10 * major + minor (CUDA only); ``native_archs`` the
-    library's tables, ``native_error`` why it could not load; ``fla_present`` whether fla
+    library's tables, ``native_error`` why it could not load, ``cuda_versions`` its
+    ``(runtime, driver)`` versions as 1000 * major + 10 * minor; ``fla_present`` whether fla
     can be imported (a callable is asked only when the native path is not taken, since
-    importing fla is slow); ``switch`` the value of ``FLA_FLASH_KDA`` (``"0"`` turns the
-    native kernels off).
+    importing fla is slow); ``switch`` the value of ``FLA_FLASH_KDA``: exactly ``"0"`` turns
+    the native kernels off, as fla reads it.
     """
     if device_type != "cuda":
         return TORCH, f"{device_type} tensors run on the PyTorch path"
     tables = [a for a in native_archs if a.features & _native.FEATURE_FWD]
-    if switch is not None and switch.strip() == "0":
+    runtime, driver = cuda_versions if cuda_versions is not None else (0, 0)
+    if switch == "0":
         why = f"{ENV_SWITCH}=0 turns the native kernels off"
     elif native_error is not None:
         why = f"{_UNAVAILABLE}: {native_error}"
     elif not any(a.compute_capability == compute_capability for a in tables):
         have = ", ".join(a.name for a in tables) or "none"
         why = f"no kernel for sm_{compute_capability} in this build (has {have})"
+    elif driver // 1000 < runtime // 1000:
+        why = (
+            f"{_OLD_DRIVER}{cuda_version_text(driver)} is older than the CUDA {cuda_version_text(runtime)} runtime "
+            "this library was built with"
+        )
     else:
         return NATIVE, f"native kernels for sm_{compute_capability}"
     if fla_present() if callable(fla_present) else fla_present:
@@ -57,24 +74,53 @@ def choose_path(
     return TORCH, f"{why}; fla is not importable, using PyTorch"
 
 
-def _device_capability(device: torch.device) -> Optional[int]:
-    if device.type != "cuda":
-        return None
-    major, minor = torch.cuda.get_device_capability(device)
-    return 10 * major + minor
+@functools.cache
+def device_facts(index: int) -> tuple[int, int]:
+    """``(compute capability, multiprocessors)`` of CUDA device ``index``, asked once."""
+    props = torch.cuda.get_device_properties(index)
+    return 10 * props.major + props.minor, props.multi_processor_count
+
+
+def _cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _no_cuda_reason(device: torch.device) -> Optional[str]:
+    """Why tensors cannot live on ``device`` (a CUDA device) in this process, or None."""
+    if not torch.cuda.is_available():
+        return "CUDA is not available to this torch (torch.cuda.is_available() is False)"
+    count = torch.cuda.device_count()
+    if device.index is not None and not 0 <= device.index < count:
+        return f"{device} does not exist ({count} CUDA device(s) visible)"
+    return None
 
 
 def explain(device) -> tuple[str, str]:
-    """``(path, reason)`` that :func:`fwd` would take for tensors on ``device`` now."""
-    device = torch.device(device)
-    lib_error = _native.load_error() if device.type == "cuda" else None
+    """``(path, reason)`` that :func:`fwd` would take for tensors on ``device`` now.
+
+    ``device`` is a ``torch.device`` or anything ``torch.device()`` accepts; ``ValueError``
+    when it cannot be parsed. A CUDA device this process cannot use is answered, not raised.
+    """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(
+            f"flash_kda.backend_for: device must be a torch.device or a device string such as 'cuda:0', got {device!r}"
+        ) from None
+    if device.type != "cuda":
+        return choose_path(device.type, None, [], None, False, None)
+    unusable = _no_cuda_reason(device)
+    if unusable is not None:
+        return TORCH, f"{unusable}; no CUDA path can run here"
+    lib = _native.load()
     return choose_path(
-        device.type,
-        _device_capability(device),
-        _native.compiled_archs(),
-        lib_error,
+        "cuda",
+        device_facts(_cuda_index(device))[0],
+        lib.archs if lib is not None else [],
+        _native.load_error(),
         fallback.fla_available,
         os.environ.get(ENV_SWITCH),
+        lib.cuda_versions() if lib is not None else None,
     )
 
 
@@ -84,135 +130,106 @@ def backend_for(device) -> str:
 
 
 def _log_once(device, path: str, reason: str) -> None:
-    """Log each (path, reason) once: INFO, or WARNING when a library that should serve this
-    GPU failed to load (the call still runs, on the fallback)."""
+    """Log each (path, reason) once: INFO, or WARNING when a GPU that this build has
+    kernels for cannot use them (the library failed to load, or the driver is too old)."""
     key = (path, reason)
     if key not in _logged:
         _logged.add(key)
-        level = logging.WARNING if reason.startswith(_UNAVAILABLE) else logging.INFO
-        logger.log(level, "flash_kda.fwd on %s -> %s (%s)", device, path, reason)
+        warn = reason.startswith((_UNAVAILABLE, _OLD_DRIVER))
+        logger.log(logging.WARNING if warn else logging.INFO, "flash_kda.fwd on %s -> %s (%s)", device, path, reason)
 
 
-def _dtype_code(state) -> int:
-    if state is None:
-        return _native.DTYPE_NONE
-    return _native.DTYPE_BF16 if state.dtype == torch.bfloat16 else _native.DTYPE_FP32
+def _dtype_code(x: Optional[torch.Tensor]) -> int:
+    codes = {
+        torch.bfloat16: _native.DTYPE_BF16,
+        torch.float32: _native.DTYPE_FP32,
+        torch.int32: _native.DTYPE_INT32,
+        torch.int64: _native.DTYPE_INT64,
+    }
+    return _native.DTYPE_NONE if x is None else codes[x.dtype]
 
 
-def _ptr(t) -> Optional[int]:
-    return None if t is None else t.data_ptr()
+def _ptr(x: Optional[torch.Tensor]) -> Optional[int]:
+    return None if x is None else x.data_ptr()
 
 
-class NativeCall(NamedTuple):
-    """A validated call for the native path: its sizes, its 13 arguments and the mode."""
-
-    problem: _validate.Problem
-    args: tuple
-    exact: bool
-
-
-def validated(*args, exact: bool = True) -> NativeCall:
-    """Validate the 13 fwd arguments for :func:`run_native` (tests and benchmarks)."""
-    return NativeCall(_validate.check_fwd(*args), args, exact)
+def _word_aligned(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """An index tensor contiguous and 8-byte aligned for the library (a device copy when
+    it is not: no synchronisation, captured like the rest in a CUDA graph)."""
+    if x is None or (x.is_contiguous() and x.data_ptr() % 8 == 0):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
 
 
-_props = {}
+def native_args(call: _validate.FwdCall, num_sms: int, block_v: int = 0, segment_chunks: int = 0):
+    """``(flash_kda_fwd_args, tensors to keep alive until the launch)`` of a call."""
+    cu, indices = _word_aligned(call.cu_seqlens), _word_aligned(call.state_indices)
+    has_initial = None if call.has_initial_state is None else call.has_initial_state.contiguous()
+    checkpoints = call.checkpoints if call.checkpoints is not None and call.checkpoints.numel() else None
+    args = _native.FwdArgs(
+        block_v=block_v, batch=call.batch, seqlen=call.seqlen, heads=call.heads, head_dim=_validate.HEAD_DIM,
+        num_seqs=call.num_seqs, q=call.q.data_ptr(), k=call.k.data_ptr(), v=call.v.data_ptr(), g=call.g.data_ptr(),
+        beta=call.beta.data_ptr(), out=call.out.data_ptr(), A_log=call.A_log.data_ptr(),
+        dt_bias=call.dt_bias.data_ptr(), scale=call.scale, lower_bound=call.lower_bound,
+        initial_state=_ptr(call.initial_state), final_state=_ptr(call.final_state),
+        initial_state_dtype=_dtype_code(call.initial_state), final_state_dtype=_dtype_code(call.final_state),
+        cu_seqlens=_ptr(cu), cu_seqlens_dtype=_dtype_code(cu), num_sms=num_sms,
+        state_indices=_ptr(indices), state_indices_dtype=_dtype_code(indices),
+        state_pool_size=call.pool_size if indices is not None else 0, has_initial_state=_ptr(has_initial),
+        checkpoints=_ptr(checkpoints), checkpoints_dtype=_dtype_code(checkpoints),
+        checkpoint_every=call.checkpoint_every if checkpoints is not None else 0,
+        checkpoint_slots=checkpoints.shape[0] if checkpoints is not None else 0,
+        mode=_native.MODE_EXACT if call.exact else _native.MODE_AUTO, segment_chunks=segment_chunks,
+    )  # fmt: skip
+    for name in ("q", "k", "v", "g", "out"):
+        setattr(args, f"{name}_strides", _native.Strides(*_layout.activation_strides(name, getattr(call, name))))
+    args.beta_strides = _native.Strides(*_layout.beta_strides(call.beta))
+    return args, (cu, indices, has_initial)
 
 
-def _device_props(device):
-    if device not in _props:
-        _props[device] = torch.cuda.get_device_properties(device)
-    return _props[device]
+def validated(*args, exact: bool = True, **keywords) -> _validate.FwdCall:
+    """Test and benchmark hook: ``check_fwd`` of fwd's arguments, exact mode by default."""
+    return _validate.check_fwd(*args, exact=exact, **keywords)
 
 
-def _fwd_args(call: NativeCall, block_v: int, segment_chunks: int) -> _native.FwdArgs:
-    problem = call.problem
-    q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state = call.args[:12]
-    return _native.FwdArgs(
-        block_v=block_v,
-        batch=problem.batch,
-        seqlen=problem.seqlen,
-        heads=problem.heads,
-        head_dim=_validate.HEAD_DIM,
-        num_seqs=problem.num_seqs,
-        q=q.data_ptr(),
-        k=k.data_ptr(),
-        v=v.data_ptr(),
-        g=g.data_ptr(),
-        beta=beta.data_ptr(),
-        out=out.data_ptr(),
-        A_log=A_log.data_ptr(),
-        dt_bias=dt_bias.data_ptr(),
-        scale=float(scale),
-        lower_bound=float(lower_bound),
-        initial_state=_ptr(initial_state),
-        final_state=_ptr(final_state),
-        initial_state_dtype=_dtype_code(initial_state),
-        final_state_dtype=_dtype_code(final_state),
-        cu_seqlens=_ptr(problem.cu_seqlens),
-        cu_seqlens_dtype=_native.DTYPE_INT64,
-        num_sms=_device_props(q.device).multi_processor_count,
-        mode=_native.MODE_EXACT if call.exact else _native.MODE_AUTO,
-        segment_chunks=segment_chunks,
-    )
-
-
-def plan_of(call: NativeCall, block_v: int = 0, segment_chunks: int = 0) -> _native.FwdPlan:
-    """The library's plan for a validated call."""
-    return _native.load().plan(_fwd_args(call, block_v, segment_chunks))
+def plan_of(call: _validate.FwdCall, block_v: int = 0, segment_chunks: int = 0) -> _native.FwdPlan:
+    """The library's plan (block_v, segments, workspace bytes) for a validated CUDA call."""
+    args, _ = native_args(call, device_facts(_cuda_index(call.device))[1], block_v, segment_chunks)
+    return _native.load().plan(args)
 
 
 def run_native(
-    call: NativeCall, *, block_v: int = 0, segment_chunks: int = 0, workspace: Optional[torch.Tensor] = None
+    call: _validate.FwdCall, *, block_v: int = 0, segment_chunks: int = 0, workspace: Optional[torch.Tensor] = None
 ) -> None:
-    """Call the C ABI on the current stream of q's device. ``block_v`` 0 lets the library
-    pick; tests pass 32/64/128. ``segment_chunks`` > 0 forces the segment length of the
-    automatic mode. ``workspace`` (uint8, on q's device) may be given to inspect the
-    records afterwards; by default it comes from PyTorch's allocator."""
+    """Call the C ABI on the current stream of the call's device.
+
+    ``block_v`` 0 lets the library pick (tests force 32/64/128); ``segment_chunks`` > 0
+    forces the segment length of AUTO mode (``call.exact`` False); ``workspace`` (uint8 on
+    the device, at least ``lib.plan(args).workspace_bytes``) may be given to inspect the
+    records afterwards; by default it comes from PyTorch's allocator.
+    """
     lib = _native.load()
-    device = call.args[0].device
-    props = _device_props(device)
-    args = _fwd_args(call, block_v, segment_chunks)
-    size = lib.plan(args).workspace_bytes
+    device = call.device
+    cc, num_sms = device_facts(_cuda_index(device))
+    args, keep_alive = native_args(call, num_sms, block_v, segment_chunks)
     if workspace is None:
-        workspace = torch.empty(size, dtype=torch.uint8, device=device)
+        workspace = torch.empty(lib.plan(args).workspace_bytes, dtype=torch.uint8, device=device)
     args.workspace = workspace.data_ptr()
     args.workspace_bytes = workspace.numel()
     with torch.cuda.device(device):
-        lib.fwd(10 * props.major + props.minor, args, torch.cuda.current_stream(device).cuda_stream)
+        lib.fwd(cc, args, torch.cuda.current_stream(device).cuda_stream)
+    del keep_alive  # only now: the stream orders any reuse of their memory after the launch
 
 
-def fwd(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    scale,
-    out,
-    A_log,
-    dt_bias,
-    lower_bound,
-    initial_state=None,
-    final_state=None,
-    cu_seqlens=None,
-    exact=None,
-) -> None:
-    """See :func:`flash_kda.fwd`."""
-    problem = _validate.check_fwd(
-        q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens
-    )
-    path, reason = explain(q.device)
-    _log_once(q.device, path, reason)
+def run(call: _validate.FwdCall) -> None:
+    """Run a validated call on the path :func:`explain` picks (logged once per reason)."""
+    path, reason = explain(call.device)
+    if path == FLA and call.checkpoint_every:
+        path, reason = TORCH, f"{reason}; {_CHECKPOINTS}"
+    _log_once(call.device, path, reason)
     if path == NATIVE:
-        args = (q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens)
-        exact = os.environ.get("FLASH_KDA_EXACT") == "1" if exact is None else bool(exact)
-        run_native(NativeCall(problem, args, exact))
+        run_native(call)
     elif path == FLA:
-        fallback.fla_fwd(
-            q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, problem.cu_seqlens
-        )
+        fallback.fla_fwd(call)
     else:
-        fallback.torch_fwd(
-            q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens
-        )
+        fallback.torch_fwd(call)

@@ -1,11 +1,17 @@
 # SPDX-License-Identifier: MIT
 """The two non-native paths of :func:`flash_kda.fwd`, with native's in-place contract.
 
+Both take a validated call (``_validate.FwdCall``), read its device index tensors on the
+host (they synchronise anyway) and check them before writing anything.
+
 * :func:`fla_fwd`: flash-linear-attention's Triton ``chunk_kda``, called through its
   undispatched implementation. fla's public ``chunk_kda`` would offer the call to its
   FlashKDA backend, i.e. back to ``flash_kda.fwd``; ``inspect.unwrap`` strips that
-  dispatcher, so this path can never recurse.
-* :func:`torch_fwd`: pure PyTorch, the ledger of :mod:`flash_kda.reference`.
+  dispatcher, so this path can never recurse. Pools are gathered before and scattered
+  after; strided inputs are copied; rows past the last sequence are left untouched. It
+  writes no checkpoints: the dispatcher sends checkpointed calls to the PyTorch path.
+* :func:`torch_fwd`: pure PyTorch, the ledger of :mod:`flash_kda.reference` with exact
+  math (it never loads the native library).
 """
 
 import functools
@@ -14,9 +20,8 @@ from typing import Callable, Optional
 
 import torch
 
-from . import reference
-
-torch_fwd = reference.fwd
+from . import _sequences, reference
+from ._numerics import Ops
 
 # The chunk_kda flags that give fla's forward FlashKDA's semantics (fused L2 norm, beta
 # sigmoid and safe gate, V-first state); with them fla's own dispatcher also routes
@@ -44,32 +49,39 @@ def fla_available() -> bool:
     return fla_chunk_kda() is not None
 
 
-def fla_fwd(
-    q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None, cu_seqlens=None
-) -> None:
-    """Run fla's Triton forward with FlashKDA's semantics (fused L2 norm, beta sigmoid and
-    safe gate, V-first state) and write ``out`` / ``final_state`` in place. Inputs must
-    already be validated."""
+def fla_fwd(call) -> None:
+    """Run fla's Triton forward with FlashKDA's semantics on a validated call without
+    checkpoints; write ``out`` (rows inside sequences) and ``final_state`` in place."""
     impl = fla_chunk_kda()
     if impl is None:
         raise RuntimeError("flash_kda: the fla path was chosen but fla cannot be imported")
-    H = q.shape[2]
+    host = _sequences.read_host(call)
+    start = _sequences.initial_states(call, host)
     with torch.no_grad():
         o, ht = impl(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            scale=float(scale),
-            initial_state=None if initial_state is None else initial_state.float(),
-            output_final_state=final_state is not None,
-            lower_bound=float(lower_bound),
-            cu_seqlens=cu_seqlens,
+            call.q.contiguous(),
+            call.k.contiguous(),
+            call.v.contiguous(),
+            call.g.contiguous(),
+            call.beta.contiguous(),
+            scale=call.scale,
+            initial_state=None if start is None else start.float(),
+            output_final_state=call.final_state is not None,
+            lower_bound=call.lower_bound,
+            cu_seqlens=None if call.cu_seqlens is None else call.cu_seqlens.long(),
             **FLASH_KDA_FLAGS,
-            A_log=A_log,
-            dt_bias=dt_bias.reshape(H * reference.D),
+            A_log=call.A_log,
+            dt_bias=call.dt_bias.reshape(-1),
         )
-        out.copy_(o)
-        if final_state is not None:
-            final_state.copy_(ht)
+        if host.bounds is None:
+            call.out.copy_(o)
+        else:
+            end = host.bounds[-1]
+            call.out[:, :end].copy_(o[:, :end])
+        if call.final_state is not None:
+            _sequences.store_final_states(call, host, ht)
+
+
+def torch_fwd(call) -> None:
+    """The ledger with exact math on the call's device (never the native library)."""
+    reference.run(call, Ops(call.device, probes=False))

@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import _validate
+from . import _sequences, _validate
 from ._numerics import LOG2E, LOG2E_F, Ops, add_ftz, bf, bmul, fma_ftz, hadd, hf, mul_ftz
 
 C = 16  # tokens per chunk
@@ -42,6 +42,8 @@ FWD_ARGS = (
     "final_state",
     "cu_seqlens",
 )
+# The keyword-only arguments of fwd, passed by name when a problem dict has them.
+FWD_KEYWORDS = ("ssm_state_indices", "has_initial_state", "checkpoint_every", "checkpoints", "exact")
 GOLD_ARGS = ("q", "k", "v", "g", "beta", "scale", "A_log", "dt_bias", "lower_bound", "initial_state", "cu_seqlens")
 
 
@@ -224,43 +226,67 @@ def recurrence_step(ops: Ops, S, V, rec: dict):
     return O, S_next
 
 
-def initial_bf16_state(initial_state, N, H, device) -> torch.Tensor:
-    """Spec section 1.4: zeros, or the given state rounded to bf16."""
-    if initial_state is None:
-        return torch.zeros(N, H, D, D, dtype=torch.bfloat16, device=device)
-    return initial_state.to(torch.bfloat16, copy=True)
+def _write_checkpoints(call, firsts: list[int], lengths: list[int], seqs: list[int], step: int, S) -> None:
+    """Spec-free bookkeeping of flash_kda.h: after chunk ``step`` every sequence in ``seqs``
+    has consumed 16 (step + 1) tokens; at a multiple of checkpoint_every its state S[j]
+    goes to slot first_i + tokens / every - 1 (slots past the buffer are not written)."""
+    done = C * (step + 1)
+    if not call.checkpoint_every or done % call.checkpoint_every:
+        return
+    rows, slots = [], []
+    for j, i in enumerate(seqs):
+        slot = firsts[i] + done // call.checkpoint_every - 1
+        if lengths[i] >= done and slot < call.checkpoints.shape[0]:
+            rows.append(j)
+            slots.append(slot)
+    if rows:
+        call.checkpoints[slots] = S[rows].to(call.checkpoints.dtype)
 
 
-def fwd(
-    q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None, cu_seqlens=None
-) -> None:
-    """The forward after the precision ledger; writes ``out`` and ``final_state`` in place.
-    Same signature, checks and in-place contract as :func:`flash_kda.fwd`."""
-    problem = _validate.check_fwd(
-        q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens
-    )
-    bounds = problem.seq_bounds
-    if problem.cu_seqlens is not None and bounds is None:
-        bounds = [int(x) for x in problem.cu_seqlens.tolist()]
+def run(call: _validate.FwdCall, ops: Ops) -> None:
+    """The ledger for a validated call: writes ``out`` (rows inside sequences),
+    ``final_state`` (its pool slots) and ``checkpoints`` in place. Index tensors on the
+    device are read (a synchronisation) and checked before anything is written."""
+    host = _sequences.read_host(call)
+    device, T, H = call.device, call.seqlen, call.heads
+    spans = _sequences.spans(call.batch, T, host.bounds)
+    lengths = [n for _, n in spans]
+    firsts = _sequences.checkpoint_firsts(lengths, call.checkpoint_every or 1)
     with torch.no_grad():
-        ops = Ops(q.device)
-        chunks = chunk_table(problem.batch, problem.seqlen, bounds, q.device)
-        rec = prepare(ops, q, k, g, beta, A_log, dt_bias, float(scale), float(lower_bound), chunks)
-        V = gather_chunks(v, chunks)
-        S = initial_bf16_state(initial_state, problem.num_seqs, problem.heads, q.device)
-        out_rows = out.view(-1, problem.heads, D)
+        chunks = chunk_table(call.batch, T, host.bounds, device)
+        rec = prepare(
+            ops, call.q, call.k, call.g, call.beta, call.A_log, call.dt_bias, call.scale, call.lower_bound, chunks
+        )
+        V = gather_chunks(call.v, chunks)
+        start = _sequences.initial_states(call, host)  # spec section 1.4: the state is bf16
+        S = torch.zeros(call.num_seqs, H, D, D, dtype=torch.bfloat16, device=device)
+        if start is not None:
+            S = start.to(torch.bfloat16)
         depth = max((len(ids) for ids in chunks.seq_chunks), default=0)
         for step in range(depth):
             seqs = [i for i, ids in enumerate(chunks.seq_chunks) if len(ids) > step]
-            ids = torch.tensor([chunks.seq_chunks[i][step] for i in seqs], device=q.device)
-            sel = torch.tensor(seqs, device=q.device)
+            ids = torch.tensor([chunks.seq_chunks[i][step] for i in seqs], device=device)
+            sel = torch.tensor(seqs, device=device)
             O, S_next = recurrence_step(ops, S[sel], V[ids], {key: val[ids] for key, val in rec.items()})
             S[sel] = S_next
-            tok = chunks.tok0[ids][:, None] + torch.arange(C, device=q.device)[None, :]
+            tok = chunks.tok0[ids][:, None] + torch.arange(C, device=device)[None, :]
             keep = chunks.valid[ids]
-            out_rows[tok[keep]] = O.transpose(1, 2)[keep]
-        if final_state is not None:
-            final_state.copy_(S.to(final_state.dtype))
+            rows = tok[keep]
+            call.out[rows // T, rows % T] = O.transpose(1, 2)[keep]
+            _write_checkpoints(call, firsts, lengths, seqs, step, S_next)
+        _sequences.store_final_states(call, host, S)
+
+
+def fwd(*args, **kwargs) -> None:
+    """The forward after the precision ledger, with the arguments, checks and in-place
+    contract of :func:`flash_kda.fwd` (pools, checkpoints and strided views included).
+
+    On a GPU whose arch table the library has, the approximate instructions run through
+    the library's probes: the bitwise oracle of the native forward in exact mode (``exact``
+    is accepted and ignored: the ledger is always exact). Elsewhere it uses exact math.
+    """
+    call = _validate.check_fwd(*args, **kwargs)
+    run(call, Ops(call.device))
 
 
 def gold(

@@ -1,0 +1,167 @@
+# SPDX-License-Identifier: MIT
+"""The custom op flash_kda::fwd and its public wrapper: opcheck, torch.compile(fullgraph)
+equal to eager, the traceable checks (grad refusal, inference tensors), the exact-mode
+resolution and a cheap import."""
+
+import os
+import subprocess
+import sys
+
+import flash_kda
+import pytest
+import torch
+from conftest import assert_bitwise, call, fused_projection_views, make_problem, nan_like, pooled_problem
+from flash_kda import _op, dispatch
+
+bf16, fp32 = torch.bfloat16, torch.float32
+
+
+def op_args(p, **overrides):
+    """The positional arguments of torch.ops.flash_kda.fwd for problem p."""
+    q = dict(p, **overrides)
+    in_place = q.get("state_in_place", False)
+    return (
+        q["q"], q["k"], q["v"], q["g"], q["beta"], float(q["scale"]), q["out"], q["A_log"], q["dt_bias"],
+        float(q["lower_bound"]), None if in_place else q["initial_state"], q["final_state"], q["cu_seqlens"],
+        q.get("ssm_state_indices"), q.get("has_initial_state"), q.get("checkpoint_every"), q.get("checkpoints"),
+        q.get("exact"), in_place,
+    )  # fmt: skip
+
+
+def samples(device="cpu"):
+    """(id, problem) pairs covering every feature of the op."""
+    batched = make_problem(2, 20, 2, initial=bf16, final=bf16, device=device, seed=1)
+    varlen = make_problem(1, 0, 2, lens=[17, 0, 23], initial=fp32, final=fp32, device=device, seed=2)
+    varlen["cu_seqlens"] = varlen["cu_seqlens"].int()
+    pool = pooled_problem(1, 0, 2, [2, -1, 0], 3, lens=[20, 5, 30], has_initial=[True, True, False],
+                          in_place=True, device=device, seed=3)  # fmt: skip
+    pool["state_in_place"] = True
+    ckpt = make_problem(1, 0, 1, lens=[40, 33], initial=fp32, final=fp32, device=device, seed=4)
+    ckpt.update(checkpoint_every=16, checkpoints=torch.full((4, 1, 128, 128), float("nan"), device=device))
+    strided, _ = fused_projection_views(make_problem(2, 24, 2, final=fp32, device=device, seed=5))
+    strided["exact"] = True
+    return [("batched", batched), ("varlen-int32", varlen), ("pool-in-place", pool), ("checkpoints", ckpt),
+            ("strided", strided)]  # fmt: skip
+
+
+@pytest.mark.parametrize("index", range(5), ids=[name for name, _ in samples()])
+def test_opcheck_on_cpu(index):
+    _, p = samples()[index]
+    result = torch.library.opcheck(torch.ops.flash_kda.fwd.default, op_args(p))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_fwd_calls_the_custom_op(monkeypatch):
+    seen = []
+    monkeypatch.setattr(dispatch, "run", lambda c: seen.append(c))
+    p = make_problem(1, 16, 1)
+    call(flash_kda.fwd, p)
+    assert _op.OP is torch.ops.flash_kda.fwd and len(seen) == 1 and seen[0].q is not None
+
+
+def compiled_step(q, k, v, g, beta, out, A_log, dt_bias, pool, cu_seqlens, indices, has_initial, checkpoints):
+    """A serving-style prefill step: varlen, an in-place state pool, checkpoints, exact."""
+    flash_kda.fwd(
+        q, k, v, g, beta, 128**-0.5, out, A_log, dt_bias, -5.0, pool, pool, cu_seqlens,
+        ssm_state_indices=indices, has_initial_state=has_initial, checkpoint_every=16, checkpoints=checkpoints,
+        exact=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_fullgraph_compile_equals_eager(backend):
+    torch._dynamo.reset()
+    p = pooled_problem(1, 0, 2, [1, -1, 0], 2, lens=[20, 7, 33], has_initial=[True, True, False], in_place=True)
+    names = ("q", "k", "v", "g", "beta", "out", "A_log", "dt_bias", "initial_state", "cu_seqlens")
+    eager = {n: p[n].clone() for n in names}
+    graph = {n: p[n].clone() for n in names}
+    extra = (p["ssm_state_indices"], p["has_initial_state"])
+    ck_eager, ck_graph = torch.full((3, 2, 128, 128), float("nan")), torch.full((3, 2, 128, 128), float("nan"))
+    compiled_step(*[eager[n] for n in names], *extra, ck_eager)
+    step = torch.compile(compiled_step, fullgraph=True, backend=backend)
+    step(*[graph[n] for n in names], *extra, ck_graph)
+    assert_bitwise(graph["out"], eager["out"], "out")
+    assert_bitwise(graph["initial_state"], eager["initial_state"], "pool updated in place")
+    assert_bitwise(ck_graph, ck_eager, "checkpoints")
+    assert not torch.isnan(eager["out"]).any()
+
+
+# ------------------------------------------------------------------ refusals
+
+
+@pytest.mark.parametrize("name", ["q", "beta", "A_log", "dt_bias", "initial_state"])
+def test_inputs_requiring_grad_are_refused(name):
+    p = make_problem(1, 16, 2, initial=fp32, final=fp32)
+    p[name] = p[name].clone().requires_grad_()
+    with pytest.raises(RuntimeError, match=f"flash_kda.fwd: {name} requires grad.*use fla's chunk_kda for training"):
+        call(flash_kda.fwd, p)
+    assert torch.isnan(p["out"]).all() and torch.isnan(p["final_state"]).all()
+    with torch.no_grad():
+        call(flash_kda.fwd, p)
+    assert not torch.isnan(p["out"]).any()
+
+
+@pytest.mark.parametrize("name", ["out", "final_state", "checkpoints"])
+def test_inference_tensor_out_rejected_before_writing(name):
+    p = make_problem(1, 32, 1, final=fp32)
+    p.update(checkpoint_every=16, checkpoints=torch.full((2, 1, 128, 128), float("nan")))
+    with torch.inference_mode():
+        p[name] = torch.full_like(p[name], float("nan"))
+    with pytest.raises(ValueError, match=f"flash_kda.fwd: {name} is an inference tensor"):
+        call(flash_kda.fwd, p)
+    for other in ("out", "final_state", "checkpoints"):
+        assert torch.isnan(p[other]).all(), f"{other} was written by a rejected call"
+    with torch.inference_mode():
+        call(flash_kda.fwd, p)
+    assert not torch.isnan(p[name]).any()
+
+
+# ------------------------------------------------------------------ exact mode
+
+
+@pytest.mark.parametrize(
+    "exact,env,expected",
+    [(None, None, False), (None, "1", True), (None, " 1", False), (None, "0", False), (False, "1", False),
+     (True, None, True)],
+)  # fmt: skip
+def test_exact_resolves_from_argument_then_environment(monkeypatch, exact, env, expected):
+    seen = []
+    monkeypatch.setattr(dispatch, "run", lambda c: seen.append(c.exact))
+    if env is None:
+        monkeypatch.delenv("FLASH_KDA_EXACT", raising=False)
+    else:
+        monkeypatch.setenv("FLASH_KDA_EXACT", env)
+    call(flash_kda.fwd, make_problem(1, 16, 1), exact=exact)
+    assert seen == [expected]
+
+
+def test_exact_must_be_a_bool():
+    p = make_problem(1, 16, 1)
+    with pytest.raises(TypeError, match="flash_kda.fwd: exact must be a bool or None, got int"):
+        call(flash_kda.fwd, p, exact=1)
+
+
+def test_import_is_cheap_and_needs_no_library():
+    code = (
+        "import sys, torch, flash_kda\n"
+        "from flash_kda import _native\n"
+        "assert not _native._state['loaded'], 'import loaded the library'\n"
+        "assert 'fla' not in sys.modules, 'import imported fla'\n"
+        "assert torch.ops.flash_kda.fwd.default is not None\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, FLASH_KDA_LIBRARY="/nonexistent/libflash_kda.so")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_state_in_place_is_not_an_undeclared_mutation():
+    """final_state is initial_state: the op sees initial_state=None and state_in_place."""
+    p = make_problem(2, 20, 1, initial=fp32, seed=7)
+    p["final_state"] = p["initial_state"]
+    separate = dict(p, out=nan_like(p["out"]), final_state=nan_like(p["initial_state"]))
+    call(flash_kda.fwd, separate)
+    call(flash_kda.fwd, p)
+    assert_bitwise(p["initial_state"], separate["final_state"], "state updated in place")
+    result = torch.library.opcheck(torch.ops.flash_kda.fwd.default, op_args(p, state_in_place=True))
+    assert set(result.values()) == {"SUCCESS"}, result
