@@ -6,7 +6,7 @@ import torch
 
 HAS_CUDA = torch.cuda.is_available()
 
-# The seven state variants of spec section 1.4: (initial dtype, final dtype).
+# The seven state variants of design §1.4: (initial dtype, final dtype).
 STATE_VARIANTS = [
     (None, None),
     (torch.bfloat16, torch.bfloat16),

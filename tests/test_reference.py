@@ -70,7 +70,7 @@ def test_exact_ops_on_cpu():
 
 
 def test_l2_normalize_follows_the_segment_tree():
-    """x_hat = bf(x * RSQ(T + 1e-6)) with T summed as the spec's 16 x 8 tree (checked here in
+    """x_hat = bf(x * RSQ(T + 1e-6)) with T summed as design §3.2 step 2's 16 x 8 tree (checked here in
     plain fp32 Python arithmetic, element by element)."""
     x = (torch.randn(3, 128) * 3).bfloat16()
     got = reference.l2_normalize(nm.Ops(torch.device("cpu")), x)

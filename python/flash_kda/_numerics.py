@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""The instruction-level primitives of spec sections 0 and 3.1, in PyTorch.
+"""The instruction-level primitives of design §0 and §3.1, in PyTorch.
 
 Mirror of ``src/kda/numerics.cuh``. fp32 ``add/mul/fma`` flush subnormal inputs and
 results (FTZ) and round once (the FMA is emulated exactly: an fp64 sum made
@@ -62,7 +62,7 @@ def hf(x: torch.Tensor) -> torch.Tensor:
 
 
 def bmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a (*) b``: bf16 product, exact in fp32, rounded once (spec section 0)."""
+    """``a (*) b``: bf16 product, exact in fp32, rounded once (design §0)."""
     return bf(a.float() * b.float())
 
 

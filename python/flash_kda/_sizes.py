@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Workspace sizes (spec section 1.6), from the library or, without it, the same formula."""
+"""Workspace sizes (design §1.6), from the library or, without it, the same formula."""
 
 from . import _native, _scalars
 

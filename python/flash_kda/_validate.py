@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Every input check of ``flash_kda.fwd`` (spec section 1.5), shared by all paths, and the
+"""Every input check of ``flash_kda.fwd`` (design §1.5), shared by all paths, and the
 validated call (:class:`FwdCall`) that every path takes.
 
 Each check raises before anything is launched or written: ``TypeError`` for a wrong type
@@ -92,7 +92,7 @@ def _finite(name: str, x) -> float:
 
 
 def _scale(x) -> float:
-    """Finite, and finite once rounded to fp32 and then bf16 (spec section 3.2 step 6)."""
+    """Finite, and finite once rounded to fp32 and then bf16 (design §3.2 step 6)."""
     value = _finite("scale", x)
     if not torch.isfinite(torch.tensor(value, dtype=torch.float32).to(torch.bfloat16)):
         raise ValueError(f"{_WHERE}: scale must be finite in bfloat16 (|scale| < 3.3961e38), got {value}")

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Choose and run the path of a ``fwd`` call: native kernels, fla's Triton kernels, or
-pure PyTorch (architecture.md, "The dispatcher").
+pure PyTorch (docs/dispatch.md).
 
 :func:`choose_path` is a pure function of the device facts, the library's tables and CUDA
 versions, fla's presence and ``FLA_FLASH_KDA``; :func:`run` asks it for a validated call,

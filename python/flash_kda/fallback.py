@@ -25,7 +25,7 @@ from ._numerics import Ops
 
 # The chunk_kda flags that give fla's forward FlashKDA's semantics (fused L2 norm, beta
 # sigmoid and safe gate, V-first state); with them fla's own dispatcher also routes
-# chunk_kda to flash_kda.fwd (spec section 1.7).
+# chunk_kda to flash_kda.fwd (design §1.7).
 FLASH_KDA_FLAGS = dict(
     use_qk_l2norm_in_kernel=True,
     use_gate_in_kernel=True,

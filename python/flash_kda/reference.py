@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""PyTorch reference of the KDA forward, step by step after the precision ledger (spec
-section 3), and the fp64 token-by-token gold.
+"""PyTorch reference of the KDA forward, step by step after the precision ledger (design
+§3), and the fp64 token-by-token gold.
 
 :func:`fwd` has the signature of :func:`flash_kda.fwd`. On a GPU whose arch table the
 native library has, every approximate instruction and tensor-core product runs through
@@ -8,10 +8,10 @@ the library's single-instruction probes (never the real kernels), which makes it
 bitwise oracle of the native forward. Elsewhere (CPU, or a GPU without a table) the
 approximations become exact math and the result is accurate but not bit-exact; this is
 also the pure-PyTorch fallback path. :func:`gold` is the exact-arithmetic recurrence of
-spec section 2.1 in fp64, the accuracy yardstick for every path.
+design §2.1 in fp64, the accuracy yardstick for every path.
 
 Tail rows (t >= n of a sequence's last chunk) are zero in q, k, g, v and beta; the
-kernels produce the same values there (spec section 3.5: free).
+kernels produce the same values there (design §3.5: free).
 """
 
 import math
@@ -96,7 +96,7 @@ def rel_err(x: torch.Tensor, gold: torch.Tensor) -> float:
 
 
 class Chunks(NamedTuple):
-    """The chunking of a call (spec sections 1.3 and 4.2)."""
+    """The chunking of a call (design §1.3 and §4.2)."""
 
     tok0: torch.Tensor  # [num_chunks] first token of each chunk
     valid: torch.Tensor  # [num_chunks, 16] bool: row t < n
@@ -134,7 +134,7 @@ def gather_chunks(x: torch.Tensor, chunks: Chunks) -> torch.Tensor:
 
 
 def l2_normalize(ops: Ops, x: torch.Tensor) -> torch.Tensor:
-    """Spec section 3.2 step 2: per row, 16 segments of 8 elements, fma partials in element
+    """design §3.2 step 2: per row, 16 segments of 8 elements, fma partials in element
     order, butterfly over segments (xor 8, 4, 2, 1), r = RSQ(T + 1e-6), x_hat = bf(x * r)."""
     xf = x.float()
     seg = xf.unflatten(-1, (16, 8))
@@ -203,7 +203,7 @@ def neumann_inverse(ops: Ops, L) -> torch.Tensor:
 
 
 def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks: Chunks) -> dict:
-    """K1 (spec section 3.2) for every chunk and head: tensors [chunks, H, ...]."""
+    """K1 (design §3.2) for every chunk and head: tensors [chunks, H, ...]."""
     q_hat = l2_normalize(ops, gather_chunks(q, chunks))
     k_hat = l2_normalize(ops, gather_chunks(k, chunks))
     G = gate_cumsum(ops, gather_chunks(g, chunks), chunks.valid, A_log, dt_bias, lower_bound)
@@ -214,7 +214,7 @@ def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks:
 
 
 def recurrence_step(ops: Ops, S, V, rec: dict):
-    """Spec section 3.3 for one chunk of a batch of (sequence, head) pairs. S: bf16 state
+    """design §3.3 for one chunk of a batch of (sequence, head) pairs. S: bf16 state
     [.., 128 (v), 128 (k)]; V: [.., 16, 128]. Returns (O, S')."""
     Pk, Pq = bf(ops.mma32(rec["Kd"], S)), bf(ops.mma32(rec["Qd"], S))
     u = bmul(bf(V.float() - Pk.float()), rec["beta"][..., None].expand_as(V))
@@ -258,7 +258,7 @@ def run(call: _validate.FwdCall, ops: Ops) -> None:
             ops, call.q, call.k, call.g, call.beta, call.A_log, call.dt_bias, call.scale, call.lower_bound, chunks
         )
         V = gather_chunks(call.v, chunks)
-        start = _sequences.initial_states(call, host)  # spec section 1.4: the state is bf16
+        start = _sequences.initial_states(call, host)  # design §1.4: the state is bf16
         S = torch.zeros(call.num_seqs, H, D, D, dtype=torch.bfloat16, device=device)
         if start is not None:
             S = start.to(torch.bfloat16)
@@ -292,7 +292,7 @@ def fwd(*args, **kwargs) -> None:
 def gold(
     q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, initial_state=None, cu_seqlens=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact recurrence of spec section 2.1 in fp64, one token at a time.
+    """The exact recurrence of design §2.1 in fp64, one token at a time.
 
     Returns ``(out, final_state)``: ``out`` [B, T, H, 128] and ``final_state``
     [N, H, 128 (V), 128 (K)], both float64. The initial state is used unrounded.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// numerics.cuh: the instruction-level primitives of spec §0 / §3.1, the only file with
+// numerics.cuh: the instruction-level primitives of design §0 / §3.1, the only file with
 // inline PTX. Every rounding point of the kernels goes through one of these helpers, so
 // the result never depends on compiler flags (-ftz, -fmad, --use_fast_math): fp32 ops
 // that the ledger wants flushed are written with .ftz, 16-bit arithmetic is an exact
@@ -19,7 +19,7 @@
 
 namespace flash_kda::FLASH_KDA_ARCH {
 
-// ---------------------------------------------------------------- fp32, FTZ (spec §3.1)
+// ---------------------------------------------------------------- fp32, FTZ (design §3.1)
 
 __device__ __forceinline__ float add_ftz(float a, float b) {
   float d;
@@ -39,7 +39,7 @@ __device__ __forceinline__ float fma_ftz(float a, float b, float c) {
   return d;
 }
 
-// EX2(x): MUFU.EX2; results below 2^-126 flush to zero. Required (spec §3.5).
+// EX2(x): MUFU.EX2; results below 2^-126 flush to zero. Required (design §3.5).
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -59,7 +59,7 @@ __device__ __forceinline__ float tanh_approx(float x) {
   return y;
 }
 
-// sig(x) = fma(TANH(x * 0.5), 0.5, 0.5): the "tanh sigmoid" of spec §0. Required.
+// sig(x) = fma(TANH(x * 0.5), 0.5, 0.5): the "tanh sigmoid" of design §0. Required.
 __device__ __forceinline__ float sigmoid_tanh(float x) {
   return fma_ftz(tanh_approx(mul_ftz(x, 0.5f)), 0.5f, 0.5f);
 }
@@ -112,7 +112,7 @@ __device__ __forceinline__ uint32_t hi16(uint32_t x) {
 }
 
 // ---------------------------------------------------------------- 16-bit arithmetic
-// a (*) b, a (-) b, a (+) b of spec §0: the exact fp32 result rounded once to bf16. The
+// a (*) b, a (-) b, a (+) b of design §0: the exact fp32 result rounded once to bf16. The
 // fp32 product of two bf16 is exact, and for bf16/fp16 operands an fp32 sum rounded to
 // 16 bits equals the singly rounded sum, so these equal HMUL2/HADD2 bit for bit. No FTZ,
 // so subnormal products survive exactly as in the reference's fp32 arithmetic.
@@ -140,7 +140,7 @@ __device__ __forceinline__ uint32_t bf16_mul(uint32_t a, uint32_t b) {
 }
 
 // ---------------------------------------------------------------- tensor-core products
-// MMA32 of spec §0: mma.sync m16n8k16 bf16 x bf16 + fp32. Fragments follow the PTX
+// MMA32 of design §0: mma.sync m16n8k16 bf16 x bf16 + fp32. Fragments follow the PTX
 // ISA layout: with g = lane / 4 and c = lane % 4, a[0..3] hold A rows (g, g+8) x column
 // pairs (2c, 2c+8); b[0..1] hold B^T row g x column pairs (2c, 2c+8); acc[0..3] hold
 // C rows (g, g+8) x columns (2c, 2c+1).
@@ -151,7 +151,7 @@ __device__ __forceinline__ void mma_bf16_f32(float (&acc)[4], const uint32_t (&a
                                             b0, b1, acc[0], acc[1], acc[2], acc[3]);
 }
 
-// MMA16 of spec §0: fp16 x fp16 with an fp16 accumulator, d += A B (one k16 step).
+// MMA16 of design §0: fp16 x fp16 with an fp16 accumulator, d += A B (one k16 step).
 __device__ __forceinline__ void mma_f16_f16(uint32_t (&d)[2], const uint32_t (&a)[4], uint32_t b0,
                                             uint32_t b1) {
   cute::SM80_16x8x16_F16F16F16F16_TN::fma(d[0], d[1], a[0], a[1], a[2], a[3], b0, b1, d[0], d[1]);

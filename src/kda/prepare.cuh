@@ -5,7 +5,7 @@
 // decayed keys/queries Kd, Qd, Kr, the chunk decay e, the inverse (I + L)^-1, the causal
 // scores Mqk and bf16 beta. Grid (chunks, heads), 128 threads (4 warps), 15.5 KB static
 // smem. Rows t >= n of a partial chunk are loaded as zeros: k, q and g rows become 0, so
-// Kd/Qd/Ki/Kr rows and gamma are 0 there, as in the reference (spec §3.5: free).
+// Kd/Qd/Ki/Kr rows and gamma are 0 there, as in the reference (design §3.5: free).
 //
 // Shared-memory layout: the 16x128 tiles are row-major with rows padded to 136 elements,
 // which makes every access below conflict-free: per-channel threads touch 64 contiguous
@@ -24,7 +24,7 @@ namespace flash_kda::FLASH_KDA_ARCH {
 
 constexpr int kPrepareThreads = 128;
 constexpr int kRow = kHeadDim + 8;                     // padded row of a 16x128 bf16 tile (272 B)
-constexpr float kLog2eF = 1.44269502162933349609375f;  // LOG2E_F, spec §0
+constexpr float kLog2eF = 1.44269502162933349609375f;  // LOG2E_F, design §0
 
 struct PrepareSmem {
   // Raw q, k, g; then in place, column by column: q -> q_hat -> Qd, k -> k_hat -> Kd,
@@ -72,7 +72,7 @@ __device__ __forceinline__ void load_chunk(const FwdParams &p, int64_t h, const 
   }
 }
 
-// Step 2: x_hat = bf(f(x) * RSQ(T + 1e-6)) with T the spec's fixed reduction tree: 16
+// Step 2: x_hat = bf(f(x) * RSQ(T + 1e-6)) with T the fixed reduction tree of design §3.2 step 2: 16
 // segments of 8 elements, fma partials in element order, then a butterfly (xor 8, 4, 2,
 // 1) over the segments. Required. Thread = (segment j, rows r and r + 8) of q and of k;
 // the 16 lanes holding one row's segments form a half-warp.
@@ -118,7 +118,7 @@ __device__ __forceinline__ void gate_cumsum(const FwdParams &p, int64_t h, int n
       const float y = mul_ftz(add_ftz(bf16_to_f32(sm.x[kG][t][ch]), dt), a);
       gamma = mul_ftz(p.gate_scale, sigmoid_tanh(y));
     }
-    acc = add_ftz(acc, gamma);  // spec §3.2 step 4: a separate add, not fused; required
+    acc = add_ftz(acc, gamma);  // design §3.2 step 4: a separate add, not fused; required
     G[t] = acc;
   }
 }
@@ -186,7 +186,7 @@ struct Tile16 {
   uint32_t c[2][2];
 };
 
-// X (+h) Y: elementwise fp16 add, exact fp32 sum rounded once; required (spec §3.2 step 9).
+// X (+h) Y: elementwise fp16 add, exact fp32 sum rounded once; required (design §3.2 step 9).
 __device__ __forceinline__ Tile16 add_f16(const Tile16 &x, const Tile16 &y) {
   Tile16 z;
 #pragma unroll
@@ -242,7 +242,7 @@ __device__ __forceinline__ void neumann_inverse(PrepareSmem &sm) {
 }
 
 // Lane's A fragment of key block mb of Kr^T (rows k = 16 mb + i, columns t):
-// Kr[t][k] = Ki[t][k] (*) bf(e[k]), spec §3.2 step 6 (required: Kr from the rounded Ki).
+// Kr[t][k] = Ki[t][k] (*) bf(e[k]), design §3.2 step 6 (required: Kr from the rounded Ki).
 __device__ __forceinline__ uint4 kr_t_frag(const PrepareSmem &sm, int mb) {
   const int lane = threadIdx.x % 32, k0 = 16 * mb + lane / 4, t0 = 2 * (lane % 4);
   uint32_t w[4];

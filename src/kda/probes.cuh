@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// probes.cuh: single-instruction kernels for the PyTorch reference (spec §3.7). They run
+// probes.cuh: single-instruction kernels for the PyTorch reference (design §3.7). They run
 // exactly the approximate instructions and tensor-core products the real kernels use,
 // through the same numerics.cuh helpers, so reference.py can reproduce every bit without
 // calling K1/K2. Small enough to check by reading.

@@ -14,7 +14,7 @@
 // global memory. Shared memory: 128 + stages * (kRecordBytes + 16 * (2 block_v + 16))
 // bytes, stages chosen at launch to fit the device (sm_120: 99 KB per block).
 //
-// Bit-exactness (spec §5): per column the same m16n8k16 instructions in the same k order,
+// Bit-exactness (design §5): per column the same m16n8k16 instructions in the same k order,
 // the same roundings and the same FFMA as a one-CTA-per-head kernel; only the warp that
 // computes a column changes.
 #pragma once
@@ -289,7 +289,7 @@ __device__ __forceinline__ Frag lds_frag(const uint8_t *stage, int offset) {
   return {{v.x, v.y, v.z, v.w}};
 }
 
-// A fragments of Kd and Qd (spec §3.3 step 2), the head of a link. They do not depend on
+// A fragments of Kd and Qd (design §3.3 step 2), the head of a link. They do not depend on
 // the state, so the latency-bound schedule loads them one chunk ahead.
 struct ScoreFrags {
   Frag kd[kKBlocks];

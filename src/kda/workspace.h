@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // workspace.h: the per-chunk records that K1 (prepare) writes and K2 (recurrence) reads
-// (spec §4.3). Host and device constexpr only, shared with api.cpp, so it lives in the
+// (design §4.3). Host and device constexpr only, shared with api.cpp, so it lives in the
 // arch-independent namespace: it defines no symbol that two arch TUs could both emit.
 //
 // Record of one (head, chunk), in the order K2 consumes it. 16x16 operand tiles are
@@ -13,15 +13,15 @@
 //   Mqk                A tile of Mqk  (rows t, cols s)         512 B
 //   decay fp32 e[k] = 2^Gtot[k] at decay_index(k)              512 B
 //   beta  bf16 bf(sig(beta_raw[t])), t = 0..15                  32 B, padded to 128
-// The format is free (spec §3.5): only the values matter for bit-exactness.
+// The format is free (design §3.5): only the values matter for bit-exactness.
 #pragma once
 
 #include <cstdint>
 
 namespace flash_kda {
 
-constexpr int kChunk = 16;     // tokens per chunk (spec §0)
-constexpr int kHeadDim = 128;  // K = V = D (spec §0)
+constexpr int kChunk = 16;     // tokens per chunk (design §0)
+constexpr int kHeadDim = 128;  // K = V = D (design §0)
 
 constexpr int kTileElems = 16 * 16;     // one 16x16 operand tile
 constexpr int kTileBytes = kTileElems * 2;  // bf16: 512 B, one lane's 16 B times 32 lanes

@@ -163,7 +163,7 @@ typedef struct flash_kda_fwd_plan_info {
 } flash_kda_fwd_plan_info;
 
 /* Single-instruction probes: the reference calls them to reproduce the exact
- * approximate instructions the kernels use (spec section 3.7). */
+ * approximate instructions the kernels use (design §3.7). */
 typedef enum flash_kda_probe_unary {
   FLASH_KDA_PROBE_EX2 = 0,     /* ex2.approx.ftz.f32 */
   FLASH_KDA_PROBE_SIGMOID = 1, /* fma(tanh.approx(x * 0.5), 0.5, 0.5), FTZ */
