@@ -89,13 +89,6 @@ def byte_range(x: torch.Tensor) -> Optional[tuple[int, int]]:
     return base + low * x.element_size(), base + (high + 1) * x.element_size()
 
 
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.device != b.device:
-        return False
-    ra, rb = byte_range(a), byte_range(b)
-    return ra is not None and rb is not None and ra[0] < rb[1] and rb[0] < ra[1]
-
-
 def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     """The same elements in the same order: data_ptr, shape, strides, dtype and device."""
     return (
@@ -109,17 +102,25 @@ def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def no_aliasing(outputs: dict, inputs: dict) -> None:
     """``outputs`` (name -> tensor or None: out, checkpoints, final_state) must not overlap
-    each other nor any of ``inputs``, except that final_state may be initial_state itself."""
-    outs = [(n, t) for n, t in outputs.items() if t is not None]
-    ins = [(n, t) for n, t in inputs.items() if t is not None]
-    for i, (name, t) in enumerate(outs):
-        for other, u in outs[i + 1 :] + ins:
+    each other nor any of ``inputs``, except that final_state may be initial_state itself.
+    Each view's byte range is computed once (this runs on every call)."""
+    ranges = {}
+    for name, t in list(outputs.items()) + list(inputs.items()):
+        if t is not None and name not in ranges:
+            ranges[name] = (t, t.device, byte_range(t))
+    outs = [n for n, t in outputs.items() if t is not None]
+    others = outs + [n for n, t in inputs.items() if t is not None]
+    for i, name in enumerate(outs):
+        t, device, (low, high) = ranges[name][0], ranges[name][1], ranges[name][2] or (0, 0)
+        for other in others[i + 1 :]:
+            u, u_device, u_range = ranges[other]
+            if u_range is None or u_device != device or not (low < u_range[1] and u_range[0] < high):
+                continue
             if name == "final_state" and other == "initial_state" and same_view(t, u):
                 continue
-            if _overlap(t, u):
-                hint = (
-                    "; it may only be initial_state itself (same storage offset, shape, strides and dtype)"
-                    if {name, other} == {"final_state", "initial_state"}
-                    else ""
-                )
-                raise ValueError(f"{_WHERE}: {name} must not overlap {other} in memory{hint}")
+            hint = (
+                "; it may only be initial_state itself (same storage offset, shape, strides and dtype)"
+                if {name, other} == {"final_state", "initial_state"}
+                else ""
+            )
+            raise ValueError(f"{_WHERE}: {name} must not overlap {other} in memory{hint}")

@@ -91,10 +91,15 @@ def _finite(name: str, x) -> float:
     return value
 
 
+# Below this magnitude fp32 then bf16 rounding stays finite (bf16 overflows from
+# (2 - 2^-8) 2^127 = 3.3961e38); at or above it the exact check rounds through torch.
+_BF16_SAFE = 3.39e38
+
+
 def _scale(x) -> float:
     """Finite, and finite once rounded to fp32 and then bf16 (design §3.2 step 6)."""
     value = _finite("scale", x)
-    if not torch.isfinite(torch.tensor(value, dtype=torch.float32).to(torch.bfloat16)):
+    if abs(value) >= _BF16_SAFE and not torch.isfinite(torch.tensor(value, dtype=torch.float32).to(torch.bfloat16)):
         raise ValueError(f"{_WHERE}: scale must be finite in bfloat16 (|scale| < 3.3961e38), got {value}")
     return value
 
