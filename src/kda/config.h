@@ -16,8 +16,8 @@ struct RecurrenceShape {
   int warps;  // compute warps (plus one producer warp)
   // The general kernel's CTAs per SM (its __launch_bounds__ minimum). A sub-partition
   // holds 16K registers: two CTAs of <1, 4> (10 warps, 3 on one sub-partition) allow 168
-  // a thread and its latency schedule needs 212 (ptxas, CUDA 13.0; 52 bytes spilled at
-  // 168); two of <1, 8> allow 102 and it needs 77.
+  // a thread and its latency schedule needs 209 (ptxas, CUDA 13.0; 52 bytes spilled at
+  // 168); two of <1, 8> allow 102 and it needs 79.
   int resident;
   // Cost-model inputs (plan.cpp), one chunk link in microseconds on the H200: of the
   // exact path's whole-sequence kernel alone on its SM (K2 time / 512 links at T = 8192,

@@ -628,8 +628,8 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
 // kWarps compute warps of kNB blocks of 8 value columns, plus the producer warp;
 // config.h lists the widths, launch.cuh launches them. kGeneral = false is the exact
 // path's whole-sequence pass without checkpoints, compiled without the branches of the
-// other passes: with them its chain ran 10% slower at H = 6 on the H200 (212 registers
-// instead of 197, a different link schedule), although the link had the same
+// other passes: with them its chain ran 10% slower at H = 6 on the H200 (212 registers, now
+// 188 for <1, 4>; 197 before the passes existed), although the link had the same
 // instructions. It runs one CTA per SM (its grid is at most one wave); the general
 // kernel runs resident_ctas (config.h), as the segment passes fill the GPU.
 template <int kNB, int kWarps, bool kGeneral>
