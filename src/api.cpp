@@ -55,9 +55,9 @@ flash_kda_status find_table(const char *fn, int32_t cc, const ArchTable *&table)
       return FLASH_KDA_OK;
     }
   }
-  return fail(FLASH_KDA_UNSUPPORTED_DEVICE, fn,
-              "no kernel for sm_" + std::to_string(cc) + " in this build (has " + arch_names() +
-                  ")");
+  return fail(
+      FLASH_KDA_UNSUPPORTED_DEVICE, fn,
+      "no kernel for sm_" + std::to_string(cc) + " in this build (has " + arch_names() + ")");
 }
 
 // A driver older than the runtime linked into the library cannot run its kernels: say so
@@ -72,7 +72,8 @@ flash_kda_status check_driver(const char *fn) {
               "the CUDA driver supports CUDA " + std::to_string(driver / 1000) + "." +
                   std::to_string(driver % 1000 / 10) + ", this library was built with CUDA " +
                   std::to_string(CUDART_VERSION / 1000) + "." +
-                  std::to_string(CUDART_VERSION % 1000 / 10) + " and needs a driver of that major version");
+                  std::to_string(CUDART_VERSION % 1000 / 10) +
+                  " and needs a driver of that major version");
 }
 
 flash_kda_status launch_result(const char *fn, const LaunchStatus &st) {
@@ -99,8 +100,7 @@ std::string read_args(const flash_kda_fwd_args *in, flash_kda_fwd_args &a) {
   if (in == nullptr) return "args must not be NULL";
   if (in->struct_size < kArgsV1Bytes || in->struct_size > sizeof(flash_kda_fwd_args))
     return "args->struct_size must be in [" + std::to_string(kArgsV1Bytes) + ", " +
-           std::to_string(sizeof(flash_kda_fwd_args)) + "], got " +
-           std::to_string(in->struct_size);
+           std::to_string(sizeof(flash_kda_fwd_args)) + "], got " + std::to_string(in->struct_size);
   std::memcpy(&a, in, in->struct_size);
   return "";
 }
@@ -123,8 +123,9 @@ std::string check_plan(const flash_kda_fwd_args &a, Plan &plan) {
 // The strides of an activation (elements): zeros mean contiguous. Every stride of a
 // dimension longer than one must be positive and, for 16-byte vector loads and tensor
 // copies, a multiple of `multiple`.
-std::string check_strides(const char *name, const flash_kda_strides &in, const flash_kda_fwd_args &a,
-                          int64_t row, int64_t multiple, Strides &out) {
+std::string check_strides(const char *name, const flash_kda_strides &in,
+                          const flash_kda_fwd_args &a, int64_t row, int64_t multiple,
+                          Strides &out) {
   if (in.batch == 0 && in.token == 0 && in.head == 0) {
     out = {a.seqlen * a.heads * row, a.heads * row, row};
     return "";
@@ -171,8 +172,8 @@ std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p) {
   }
   if (a.beta == nullptr) return "beta must not be NULL";
   if (!aligned(a.beta, 2)) return "beta must be 2-byte aligned";
-  const flash_kda_strides *in[] = {&a.q_strides, &a.k_strides, &a.v_strides,
-                                   &a.g_strides, &a.out_strides};
+  const flash_kda_strides *in[] = {&a.q_strides, &a.k_strides, &a.v_strides, &a.g_strides,
+                                   &a.out_strides};
   Strides *out[] = {&p.q_strides, &p.k_strides, &p.v_strides, &p.g_strides, &p.out_strides};
   const char *act[] = {"q", "k", "v", "g", "out"};
   for (int i = 0; i < 5; ++i) {
@@ -184,8 +185,8 @@ std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p) {
   if (err.empty()) err = check_state("final_state", a.final_state, a.final_state_dtype);
   if (err.empty()) err = check_state("checkpoints", a.checkpoints, a.checkpoints_dtype);
   if (!err.empty()) return err;
-  if (a.initial_state_dtype != FLASH_KDA_DTYPE_NONE && a.final_state_dtype != FLASH_KDA_DTYPE_NONE &&
-      a.initial_state_dtype != a.final_state_dtype)
+  if (a.initial_state_dtype != FLASH_KDA_DTYPE_NONE &&
+      a.final_state_dtype != FLASH_KDA_DTYPE_NONE && a.initial_state_dtype != a.final_state_dtype)
     return "initial_state and final_state must have the same dtype";
   if (a.cu_seqlens != nullptr) {
     err = check_index_dtype("cu_seqlens", a.cu_seqlens_dtype, true);
@@ -203,12 +204,13 @@ std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p) {
     return "state_indices is NULL but state_indices_dtype is " +
            std::to_string(a.state_indices_dtype);
   }
-  if (a.checkpoints != nullptr && (a.checkpoint_every <= 0 || a.checkpoint_slots < 0 ||
-                                   a.checkpoint_slots > kMaxTokens))
+  if (a.checkpoints != nullptr &&
+      (a.checkpoint_every <= 0 || a.checkpoint_slots < 0 || a.checkpoint_slots > kMaxTokens))
     return "checkpoints need checkpoint_every > 0 and checkpoint_slots in [0, 2^31), got " +
            std::to_string(a.checkpoint_every) + " and " + std::to_string(a.checkpoint_slots);
   const float scale = static_cast<float>(a.scale);
-  if (!std::isfinite(a.scale) || !std::isfinite(scale) || ((bf16_bits(scale) >> 7) & 0xffu) == 0xffu)
+  if (!std::isfinite(a.scale) || !std::isfinite(scale) ||
+      ((bf16_bits(scale) >> 7) & 0xffu) == 0xffu)
     return "scale must be finite in bfloat16 (|scale| < 3.39e38), got " + std::to_string(a.scale);
   if (!(a.lower_bound >= -5.0 && a.lower_bound <= 0.0))
     return "lower_bound must be in [-5, 0], got " + std::to_string(a.lower_bound);
@@ -251,8 +253,8 @@ void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
   uint8_t *base = static_cast<uint8_t *>(a.workspace);
   p.records = base;
   p.tiles_per_head = tiles_per_head(p.total_tokens, a.num_seqs);
-  p.prepare_tiles = a.cu_seqlens != nullptr ? p.tiles_per_head
-                                            : a.num_seqs * ceil_div(a.seqlen, kChunk);
+  p.prepare_tiles =
+      a.cu_seqlens != nullptr ? p.tiles_per_head : a.num_seqs * ceil_div(a.seqlen, kChunk);
   p.tile_prefix = reinterpret_cast<int32_t *>(base + plan.tile_prefix);
   p.segment_prefix = reinterpret_cast<int32_t *>(base + plan.segment_prefix);
   p.checkpoint_prefix = reinterpret_cast<int32_t *>(base + plan.checkpoint_prefix);
@@ -303,7 +305,8 @@ flash_kda_status flash_kda_cuda_versions(int32_t *runtime_version,
                                          int32_t *driver_version) noexcept {
   const char *fn = "flash_kda_cuda_versions";
   if (runtime_version == nullptr || driver_version == nullptr)
-    return fail(FLASH_KDA_INVALID_ARGUMENT, fn, "runtime_version and driver_version must not be NULL");
+    return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
+                "runtime_version and driver_version must not be NULL");
   int driver = 0;
   if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
   *runtime_version = CUDART_VERSION;

@@ -47,7 +47,8 @@ double waves(int64_t ctas, int64_t slots) {
 // The whole-sequence pass: one CTA per SM, chains of `chunks` links.
 double whole_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms) {
   const RecurrenceShape &s = *recurrence_shape(block_v);
-  return waves(pairs * (kHeadDim / block_v), num_sms) * static_cast<double>(chunks) * s.whole_link_us;
+  return waves(pairs * (kHeadDim / block_v), num_sms) * static_cast<double>(chunks) *
+         s.whole_link_us;
 }
 
 // The fastest width for a segment pass that covers `columns` value columns in chains of
@@ -94,8 +95,8 @@ int64_t prefix_bytes(int64_t num_seqs) {
 // Fills the offsets of plan from max_segments; false when over kMaxWorkspace.
 bool lay_out(int64_t total, int64_t heads, int64_t num_seqs, Plan &plan) {
   const int64_t tiles = tiles_per_head(total, num_seqs);
-  const int64_t records = mul_within(mul_within(heads, tiles, kMaxWorkspace), kRecordBytes,
-                                     kMaxWorkspace);
+  const int64_t records =
+      mul_within(mul_within(heads, tiles, kMaxWorkspace), kRecordBytes, kMaxWorkspace);
   const int64_t prefix = prefix_bytes(num_seqs);
   plan.tile_prefix = records;
   plan.segment_prefix = add_within(records, prefix, kMaxWorkspace);
@@ -152,8 +153,7 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
     return "num_sms must be >= 1 when block_v is 0, got " + str(r.num_sms);
   if (r.mode != FLASH_KDA_MODE_EXACT && r.mode != FLASH_KDA_MODE_AUTO)
     return "mode must be EXACT (0) or AUTO (1), got " + str(r.mode);
-  if (r.segment_chunks < 0)
-    return "segment_chunks must be >= 0, got " + str(r.segment_chunks);
+  if (r.segment_chunks < 0) return "segment_chunks must be >= 0, got " + str(r.segment_chunks);
   if (r.segment_chunks > 0 && r.mode != FLASH_KDA_MODE_AUTO)
     return "segment_chunks needs mode AUTO, got mode " + str(r.mode);
   const int64_t total = z.batch * z.seqlen;
@@ -163,8 +163,8 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
 
   // Chunks of a typical sequence: exact when batched, the mean in varlen mode (the
   // lengths live on the device; reading them would synchronise).
-  const int64_t chunks = z.varlen ? ceil_div(ceil_div(total, kChunk), z.num_seqs)
-                                  : ceil_div(z.seqlen, kChunk);
+  const int64_t chunks =
+      z.varlen ? ceil_div(ceil_div(total, kChunk), z.num_seqs) : ceil_div(z.seqlen, kChunk);
   int64_t L = r.segment_chunks;
   int32_t bv_a = plan.block_v, bv_c = plan.block_v;
   if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && r.num_sms > 0) {
@@ -191,8 +191,8 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
   }
   // Grid sizes: one CTA per (sequence or segment, head, column slice), grid.x < 2^31.
   const int64_t units = plan.segment_chunks > 0 ? plan.max_segments : z.num_seqs;
-  const int32_t narrowest = std::min(plan.block_v, plan.segment_chunks > 0 ? plan.segment_block_v
-                                                                           : plan.block_v);
+  const int32_t narrowest =
+      std::min(plan.block_v, plan.segment_chunks > 0 ? plan.segment_block_v : plan.block_v);
   if (mul_within(mul_within(units, z.heads, kMaxTokens), 2 * kHeadDim / narrowest, kMaxTokens) < 0)
     return "too many chains for one launch: " + str(units) + " sequences or segments times " +
            str(z.heads) + " heads";

@@ -23,18 +23,18 @@
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
 #endif
 
-#include "kda/recurrence.cuh"
+#include "kda/chains.cuh"
 
 namespace flash_kda::FLASH_KDA_ARCH {
 
-constexpr int kCombineRows = 4;                // value rows per CTA, one per warp
+constexpr int kCombineRows = 4;  // value rows per CTA, one per warp
 constexpr int kCombineThreads = 32 * kCombineRows;
 constexpr int kCombineCtasPerHead = kHeadDim / kCombineRows;
 constexpr int kTransitionVecs = kHeadDim * kHeadDim * 2 / 16 / kCombineThreads;  // uint4 per thread
 
 struct CombineSmem {
   alignas(16) uint16_t x[kHeadDim][kHeadDim];  // X_j[k'][k], bf16
-  float s[kCombineRows][kHeadDim];            // rows of s_j
+  float s[kCombineRows][kHeadDim];             // rows of s_j
 };
 
 // Four consecutive bf16 of a row as fp32.
@@ -52,7 +52,8 @@ __device__ __forceinline__ void store_bf16x4(uint16_t *dst, const float (&x)[4])
 
 // The transition block X_j = rows 128..255 of the segment's [256][128] block, one thread's
 // share of its 16-byte vectors.
-__device__ __forceinline__ void load_transition(const uint16_t *block, uint4 (&regs)[kTransitionVecs]) {
+__device__ __forceinline__ void load_transition(const uint16_t *block,
+                                                uint4 (&regs)[kTransitionVecs]) {
   const uint4 *src = reinterpret_cast<const uint4 *>(block + kHeadDim * kHeadDim);
 #pragma unroll
   for (int i = 0; i < kTransitionVecs; ++i) regs[i] = src[threadIdx.x + i * kCombineThreads];
@@ -89,9 +90,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const FwdParam
   const int v = static_cast<int>(blockIdx.x % kCombineCtasPerHead) * kCombineRows + warp;
   const int k0 = 4 * lane;
   const int64_t s0 = first_segment(p, seq);
-  const int64_t count =
-      p.cu_seqlens == nullptr ? segments_of(p, ceil_div(p.seqlen, kChunk))
-                              : int64_t{p.segment_prefix[seq + 1]} - p.segment_prefix[seq];
+  const int64_t count = p.cu_seqlens == nullptr
+                            ? segments_of(p, ceil_div(p.seqlen, kChunk))
+                            : int64_t{p.segment_prefix[seq + 1]} - p.segment_prefix[seq];
   if (count < 1) return;  // an empty sequence has no segment (CTA-uniform)
   const int64_t row = int64_t{v} * kHeadDim + k0;
 

@@ -50,8 +50,7 @@ cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
   if (encode == nullptr) return cudaErrorNotSupported;
   const Strides &s = p.v_strides;
   const cuuint64_t dims[4] = {kHeadDim, static_cast<cuuint64_t>(p.heads),
-                              static_cast<cuuint64_t>(p.seqlen),
-                              static_cast<cuuint64_t>(p.batch)};
+                              static_cast<cuuint64_t>(p.seqlen), static_cast<cuuint64_t>(p.batch)};
   // Byte strides of dimensions 1..3; a dimension of extent 1 is never stepped, so any
   // valid stride does (api.cpp accepts any value there).
   auto bytes = [](int64_t elems, int64_t extent) {

@@ -65,9 +65,9 @@ struct FwdParams {
   int64_t num_seqs;
 
   // Workspace (workspace.h): records, then the prefix arrays, then the segment buffers.
-  uint8_t *records;        // [heads, tiles_per_head, kRecordBytes]
-  int64_t tiles_per_head;  // record stride of one head
-  int64_t prepare_tiles;   // K1 grid.x: exact in batched mode, upper bound in varlen
+  uint8_t *records;            // [heads, tiles_per_head, kRecordBytes]
+  int64_t tiles_per_head;      // record stride of one head
+  int64_t prepare_tiles;       // K1 grid.x: exact in batched mode, upper bound in varlen
   int32_t *tile_prefix;        // [num_seqs + 1], varlen only
   int32_t *segment_prefix;     // [num_seqs + 1], varlen and segmented only
   int32_t *checkpoint_prefix;  // [num_seqs + 1], varlen with checkpoints only

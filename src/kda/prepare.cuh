@@ -72,10 +72,10 @@ __device__ __forceinline__ void load_chunk(const FwdParams &p, int64_t h, const 
   }
 }
 
-// Step 2: x_hat = bf(f(x) * RSQ(T + 1e-6)) with T the fixed reduction tree of design §3.2 step 2: 16
-// segments of 8 elements, fma partials in element order, then a butterfly (xor 8, 4, 2,
-// 1) over the segments. Required. Thread = (segment j, rows r and r + 8) of q and of k;
-// the 16 lanes holding one row's segments form a half-warp.
+// Step 2: x_hat = bf(f(x) * RSQ(T + 1e-6)) with T the fixed reduction tree of design §3.2 step 2:
+// 16 segments of 8 elements, fma partials in element order, then a butterfly (xor 8, 4, 2, 1) over
+// the segments. Required. Thread = (segment j, rows r and r + 8) of q and of k; the 16 lanes
+// holding one row's segments form a half-warp.
 __device__ __forceinline__ void l2_normalize(PrepareSmem &sm) {
   const int j = threadIdx.x % 16, r0 = threadIdx.x / 16;
 #pragma unroll

@@ -2,17 +2,17 @@
 // recurrence.cuh: K2, the serial chunk chain (design §3.3, §4.5), split over value columns
 // (design §5) and, in AUTO mode, over sequence segments (design §6).
 //
-// One CTA = one chain task: (sequence or segment, head, slice of kBlockV value columns),
-// picked by the launch's ChainPass (chain_task). Value columns evolve independently given
-// the chunk's record (design §2.4), so slices need no communication; the segment pass
-// runs 256 "columns" per (segment, head): the 128 value columns from zero and the 128
-// columns of the transition M^T from the identity (design §6.1).
+// One CTA = one chain task (chains.cuh: chain_task): a sequence or segment, a head and a
+// slice of kBlockV value columns. Value columns evolve independently given the chunk's
+// record (design §2.4), so slices need no communication; the segment pass runs 256
+// "columns" per (segment, head): 128 value columns from zero and the 128 columns of the
+// transition M^T from the identity (design §6.1).
 // Threads: kWarps compute warps, each owning kNB blocks of 8 columns and keeping
 // its slice of the state S^T (128 x 8 kNB, bf16) in registers for the whole sequence,
 // plus one producer warp that streams records and value rows into a ring of up to
 // kMaxStages stages with bulk copies (TMA) on mbarriers. Output rows go from registers to
-// global memory. Shared memory: 128 + stages * (kRecordBytes + 16 * (2 block_v + 16))
-// bytes, stages chosen at launch to fit the device (sm_120: 99 KB per block).
+// global memory. Shared memory: 128 + stages * (kRecordBytes + 32 block_v) bytes, stages
+// chosen at launch to fit the device (sm_120: 99 KB per block).
 //
 // Bit-exactness (design §5): per column the same m16n8k16 instructions in the same k order,
 // the same roundings and the same FFMA as a one-CTA-per-head kernel; only the warp that
@@ -22,9 +22,8 @@
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
 #endif
 
+#include "kda/chains.cuh"
 #include "kda/config.h"
-#include "kda/numerics.cuh"
-#include "kda/sequences.cuh"
 
 namespace flash_kda::FLASH_KDA_ARCH {
 
@@ -62,130 +61,6 @@ struct RingPos {
   }
 };
 
-// Where a chain's state comes from: zeros (block == nullptr), a [rows][128] V-first block
-// of bf16 or fp32, or the identity (transition columns: row 128 + k' holds column k' of
-// M, which starts as I).
-struct StateSource {
-  const void *block;
-  Dtype dtype;
-  bool identity;
-};
-
-// Where a chain's final state goes: a [rows][128] V-first block, or nowhere.
-struct StateSink {
-  void *block;
-  Dtype dtype;
-};
-
-// Slot of sequence i in the state tensors; -1 for padding (nothing read or written).
-__device__ __forceinline__ int64_t state_slot(const FwdParams &p, int64_t i) {
-  if (p.state_indices == nullptr) return i;
-  const int64_t slot = load_index(p.state_indices, p.index_dtype, i);
-  return slot >= 0 && slot < p.pool_size ? slot : -1;
-}
-
-__device__ __forceinline__ int64_t state_block_offset(const FwdParams &p, int64_t slot,
-                                                      int64_t head) {
-  return (slot * p.heads + head) * kHeadDim * kHeadDim;
-}
-
-// The element `offset` of a bf16 or fp32 tensor.
-__device__ __forceinline__ const void *element(const void *base, Dtype dtype, int64_t offset) {
-  return dtype == Dtype::kFp32 ? static_cast<const void *>(static_cast<const float *>(base) + offset)
-                               : static_cast<const void *>(static_cast<const uint16_t *>(base) +
-                                                           offset);
-}
-
-__device__ __forceinline__ void *element(void *base, Dtype dtype, int64_t offset) {
-  return const_cast<void *>(element(static_cast<const void *>(base), dtype, offset));
-}
-
-// The initial state of (sequence i, head): zero without one, for padding and where
-// has_initial_state is false (flash_kda.h).
-__device__ __forceinline__ StateSource initial_source(const FwdParams &p, int64_t i, int64_t head) {
-  const int64_t slot = state_slot(p, i);
-  if (p.initial_state == nullptr || slot < 0 ||
-      (p.has_initial_state != nullptr && p.has_initial_state[i] == 0))
-    return {nullptr, Dtype::kBf16, false};
-  return {element(p.initial_state, p.initial_dtype, state_block_offset(p, slot, head)),
-          p.initial_dtype, false};
-}
-
-__device__ __forceinline__ StateSink final_sink(const FwdParams &p, int64_t i, int64_t head) {
-  const int64_t slot = state_slot(p, i);
-  if (p.final_state == nullptr || slot < 0) return {nullptr, Dtype::kNone};
-  return {element(p.final_state, p.final_dtype, state_block_offset(p, slot, head)), p.final_dtype};
-}
-
-// The [256][128] bf16 block of segment s: rows 0..127 S^ (V-first), rows 128..255 M^T.
-__device__ __forceinline__ uint16_t *segment_state_block(const FwdParams &p, int64_t s,
-                                                         int64_t head) {
-  return p.segment_states + (s * p.heads + head) * 2 * kHeadDim * kHeadDim;
-}
-
-__device__ __forceinline__ uint16_t *segment_start_block(const FwdParams &p, int64_t s,
-                                                         int64_t head) {
-  return p.segment_starts + (s * p.heads + head) * kHeadDim * kHeadDim;
-}
-
-// What one CTA computes (chain_task).
-struct ChainTask {
-  bool valid;
-  int64_t seq, head;
-  int col0;  // first column of the slice: [0, 128) values, [128, 256) transition (kSegment)
-  SeqSpan span;
-  StateSource source;
-  StateSink sink;
-  bool output;            // write the output rows
-  int64_t checkpoint0;    // first checkpoint slot of the sequence, -1 for none
-};
-
-// The task of this CTA. Grid: units x heads x slices, units = sequences (kWhole) or
-// segments (kSegment, kRerun); slices = kColumns / block_v.
-template <int kBlockV, bool kGeneral>
-__device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
-  const int columns = kGeneral && p.pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
-  const int slices = columns / kBlockV;
-  const int64_t unit = blockIdx.x / slices;
-  ChainTask t;
-  t.col0 = static_cast<int>(blockIdx.x % slices) * kBlockV;
-  t.head = unit % p.heads;
-  t.output = !kGeneral || p.pass != ChainPass::kSegment;
-  t.checkpoint0 = -1;
-  t.sink = {nullptr, Dtype::kNone};
-  if (!kGeneral || p.pass == ChainPass::kWhole) {
-    t.seq = unit / p.heads;
-    t.valid = true;
-    t.span = seq_span(p, t.seq);
-    t.source = initial_source(p, t.seq, t.head);
-    t.sink = final_sink(p, t.seq, t.head);
-  } else {
-    const int64_t s = unit / p.heads;
-    SegmentRef seg;
-    const bool transition = t.col0 >= kHeadDim;
-    // In the segment pass, the last segment's end state is never needed; segment 0 starts
-    // from the true initial state, so its transition is not needed either.
-    t.valid = locate_segment(p, s, seg) &&
-              (p.pass == ChainPass::kRerun ||
-               (seg.index + 1 < seg.count && !(transition && seg.index == 0)));
-    if (!t.valid) return t;
-    t.seq = seg.seq;
-    t.span = seg.span;
-    if (p.pass == ChainPass::kSegment) {  // design §6.2 phase A
-      t.source = transition ? StateSource{nullptr, Dtype::kBf16, true}
-                 : seg.index == 0 ? initial_source(p, t.seq, t.head)
-                                  : StateSource{nullptr, Dtype::kBf16, false};
-      t.sink = {segment_state_block(p, s, t.head), Dtype::kBf16};
-    } else {  // phase C
-      t.source = {segment_start_block(p, s, t.head), Dtype::kBf16, false};
-      if (seg.index + 1 == seg.count) t.sink = final_sink(p, t.seq, t.head);
-    }
-  }
-  if (kGeneral && t.valid && t.output && p.checkpoints != nullptr)
-    t.checkpoint0 = first_checkpoint(p, t.seq);
-  return t;
-}
-
 // Producer (one lane): per chunk, wait for a free stage, then the record (a bulk copy)
 // and, unless the slice is a transition slice (v = 0), the chunk's value rows
 // [16, kBlockV] (a tensor copy; rows past the end of v read as zeros, rows past the
@@ -193,8 +68,8 @@ __device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
 // chunk) left the consumers waiting for data a third of the time.
 template <int kBlockV>
 __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtensorMap *value_map,
-                                               const ChainTask &t, uint8_t *stages,
-                                               uint64_t *full, uint64_t *empty) {
+                                               const ChainTask &t, uint8_t *stages, uint64_t *full,
+                                               uint64_t *empty) {
   const bool values = t.col0 < kHeadDim;
   const uint32_t bytes = kRecordBytes + (values ? kChunk * value_row_stride(kBlockV) : 0);
   const uint8_t *records =
@@ -211,72 +86,6 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtenso
                       static_cast<int32_t>(t.span.t0 + c * kChunk), static_cast<int32_t>(t.span.b),
                       &full[s]);
   }
-}
-
-// The state slice of one warp: st[mb][nb][r] = bf16 pair S^T[16 mb + g + 8 r][col, col + 1]
-// (accumulator layout of the state-update MMA), col = warp's column 8 nb + 2 cq; and the
-// same values as B fragments of Pk / Pq: sb[kb][nb][r] = movmatrix transpose of st.
-template <int kNB>
-struct StateSlice {
-  uint32_t st[kKBlocks][kNB][2];
-  uint32_t sb[kKBlocks][kNB][2];
-};
-
-// Calls fn(mb, nb, r, v, k) for each bf16 pair of the lane's state slice: the pair
-// S^T[k][v, v + 1] with k = 16 mb + g + 8 r, v = col + 8 nb + 2 cq (a row of a V-first
-// block, whose element (v, k) is at v * 128 + k).
-template <int kNB, typename Fn>
-__device__ __forceinline__ void for_each_state_pair(int col, Fn fn) {
-  const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
-#pragma unroll
-  for (int mb = 0; mb < kKBlocks; ++mb) {
-#pragma unroll
-    for (int nb = 0; nb < kNB; ++nb) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) fn(mb, nb, r, col + 8 * nb + 2 * cq, 16 * mb + g + 8 * r);
-    }
-  }
-}
-
-// Initial state: zeros, bf16 as is, fp32 rounded bf(x) (design §1.4), or the identity.
-template <int kNB>
-__device__ __forceinline__ void load_state(const StateSource &src, int col, StateSlice<kNB> &s) {
-  for_each_state_pair<kNB>(col, [&](int mb, int nb, int r, int v, int k) {
-    uint32_t pair = 0;
-    const int64_t i0 = int64_t{v} * kHeadDim + k, i1 = i0 + kHeadDim;
-    if (src.identity) {
-      constexpr uint32_t kOne = 0x3f80u;  // bf16 1.0
-      pair = (v - kHeadDim == k ? kOne : 0u) | (v + 1 - kHeadDim == k ? kOne << 16 : 0u);
-    } else if (src.block != nullptr && src.dtype == Dtype::kBf16) {
-      const uint16_t *b = static_cast<const uint16_t *>(src.block);
-      pair = b[i0] | (static_cast<uint32_t>(b[i1]) << 16);
-    } else if (src.block != nullptr) {
-      const float *b = static_cast<const float *>(src.block);
-      pair = pack_bf16x2(b[i0], b[i1]);
-    }
-    s.st[mb][nb][r] = pair;
-    s.sb[mb][nb][r] = movmatrix_trans(pair);
-  });
-}
-
-// A state: bf16 as is, or fp32 as the exact widening f(S) (design §1.4). Also writes
-// checkpoints.
-template <int kNB>
-__device__ __forceinline__ void store_state(const StateSink &dst, int col, const StateSlice<kNB> &s) {
-  if (dst.block == nullptr) return;
-  for_each_state_pair<kNB>(col, [&](int mb, int nb, int r, int v, int k) {
-    const uint32_t pair = s.st[mb][nb][r];
-    const int64_t i0 = int64_t{v} * kHeadDim + k, i1 = i0 + kHeadDim;
-    if (dst.dtype == Dtype::kBf16) {
-      uint16_t *b = static_cast<uint16_t *>(dst.block);
-      b[i0] = static_cast<uint16_t>(lo16(pair));
-      b[i1] = static_cast<uint16_t>(hi16(pair));
-    } else {
-      float *b = static_cast<float *>(dst.block);
-      b[i0] = bf16_to_f32(lo16(pair));
-      b[i1] = bf16_to_f32(hi16(pair));
-    }
-  });
 }
 
 // One lane's 16-byte share of a 16x16 A-fragment tile at `offset` of a stage.
@@ -467,18 +276,18 @@ struct WarpChain {
   const uint8_t *stages;
   uint64_t *full, *empty;
   int num_stages, stage_bytes, row_stride, vcol;
-  bool values;         // false for transition slices: v = 0 (design §6.1)
-  uint16_t *out;       // (first token of the span, head, first column of the warp), or
-                       // nullptr: no output (segment pass)
-  int64_t row_pitch;   // out's token stride
-  int col;             // first state row (augmented column) of the warp
+  bool values;        // false for transition slices: v = 0 (design §6.1)
+  uint16_t *out;      // (first token of the span, head, first column of the warp), or
+                      // nullptr: no output (segment pass)
+  int64_t row_pitch;  // out's token stride
+  int col;            // first state row (augmented column) of the warp
   CheckpointSink checkpoints;
 };
 
 // After chunk c of the span: the checkpoint, if the chain has just completed one.
 template <int kNB>
-__device__ __forceinline__ void maybe_checkpoint(const WarpChain &w, const SeqSpan &span,
-                                                 int64_t c, const StateSlice<kNB> &state) {
+__device__ __forceinline__ void maybe_checkpoint(const WarpChain &w, const SeqSpan &span, int64_t c,
+                                                 const StateSlice<kNB> &state) {
   const CheckpointSink &k = w.checkpoints;
   const int64_t done = span.chunk0 + c + 1;  // chunks of the sequence behind this state
   if (span.len - c * kChunk < kChunk || done % k.every_chunks != 0) return;  // partial chunk
@@ -665,19 +474,20 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), kGeneral ? resident_ctas(kN
   if (task.output)
     out = p.out + token_offset(p.out_strides, task.span.b, task.span.t0, task.head) + task.col0 +
           vcol;
-  const WarpChain w{stages,
-                    full,
-                    empty,
-                    p.stages,
-                    stage_bytes(kBlockV),
-                    value_row_stride(kBlockV),
-                    vcol,
-                    task.col0 < kHeadDim,
-                    out,
-                    p.out_strides.token,
-                    task.col0 + vcol,
-                    {task.checkpoint0 >= 0 ? p.checkpoints : nullptr, p.checkpoint_dtype,
-                     task.checkpoint0, p.checkpoint_slots, task.head, p.heads, p.checkpoint_chunks}};
+  const WarpChain w{
+      stages,
+      full,
+      empty,
+      p.stages,
+      stage_bytes(kBlockV),
+      value_row_stride(kBlockV),
+      vcol,
+      task.col0 < kHeadDim,
+      out,
+      p.out_strides.token,
+      task.col0 + vcol,
+      {task.checkpoint0 >= 0 ? p.checkpoints : nullptr, p.checkpoint_dtype, task.checkpoint0,
+       p.checkpoint_slots, task.head, p.heads, p.checkpoint_chunks}};
   if (task.span.num_chunks > 0) {
     if constexpr (prefetched_schedule(kNB, kWarps))
       run_chain_prefetched<kGeneral>(w, task.span, state);

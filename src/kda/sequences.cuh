@@ -47,8 +47,8 @@ __device__ __forceinline__ void seq_bounds(const FwdParams &p, int64_t i, int64_
     len = p.seqlen;
     return;
   }
-  const int64_t b = min(max(load_index(p.cu_seqlens, p.cu_seqlens_dtype, i), int64_t{0}),
-                        p.total_tokens);
+  const int64_t b =
+      min(max(load_index(p.cu_seqlens, p.cu_seqlens_dtype, i), int64_t{0}), p.total_tokens);
   const int64_t e =
       min(max(load_index(p.cu_seqlens, p.cu_seqlens_dtype, i + 1), b), p.total_tokens);
   bos = b;

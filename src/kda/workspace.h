@@ -23,9 +23,9 @@ namespace flash_kda {
 constexpr int kChunk = 16;     // tokens per chunk (design §0)
 constexpr int kHeadDim = 128;  // K = V = D (design §0)
 
-constexpr int kTileElems = 16 * 16;     // one 16x16 operand tile
-constexpr int kTileBytes = kTileElems * 2;  // bf16: 512 B, one lane's 16 B times 32 lanes
-constexpr int kKBlocks = kHeadDim / 16;     // 16-wide blocks of the head dimension
+constexpr int kTileElems = 16 * 16;              // one 16x16 operand tile
+constexpr int kTileBytes = kTileElems * 2;       // bf16: 512 B, one lane's 16 B times 32 lanes
+constexpr int kKBlocks = kHeadDim / 16;          // 16-wide blocks of the head dimension
 constexpr int kOpBytes = kKBlocks * kTileBytes;  // 8 bf16 tiles = 4096 B
 constexpr int kOffKd = 0;
 constexpr int kOffQd = kOffKd + kOpBytes;

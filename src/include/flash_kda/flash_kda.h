@@ -115,7 +115,7 @@ typedef struct flash_kda_fwd_args {
   double scale;
   double lower_bound; /* in [-5, 0] */
   const void *initial_state;
-  void *final_state; /* may be initial_state itself (in place) */
+  void *final_state;           /* may be initial_state itself (in place) */
   int32_t initial_state_dtype; /* flash_kda_dtype: NONE, BF16 or FP32 */
   int32_t final_state_dtype;   /* flash_kda_dtype: NONE, BF16 or FP32 */
   const void *cu_seqlens;      /* int64 (ABI 1) or int32, see cu_seqlens_dtype */
