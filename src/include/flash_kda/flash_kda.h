@@ -203,8 +203,9 @@ FLASH_KDA_API int32_t flash_kda_pick_block_v(int64_t num_seqs, int64_t heads,
                                              int32_t num_sms) FLASH_KDA_NOEXCEPT;
 
 /* The plan of flash_kda_fwd for these arguments: only sizes, mode, block_v, num_sms,
- * checkpoint_every and segment_chunks are read (no pointer), so a caller can size the
- * workspace first. Pure; the same arguments always give the same plan. */
+ * checkpoint_every, segment_chunks and whether cu_seqlens is NULL are read (no memory
+ * behind a pointer), so a caller can size the workspace first. Pure; the same arguments
+ * always give the same plan. */
 FLASH_KDA_API flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
                                                   flash_kda_fwd_plan_info *plan) FLASH_KDA_NOEXCEPT;
 
