@@ -55,6 +55,7 @@ class FwdCall(NamedTuple):
     num_seqs: int  # N
     state_dtype: Optional[torch.dtype]  # dtype of the state tensors given, None if none
     seq_bounds: Optional[list[int]]  # cu_seqlens read on the host, when it was on the CPU
+    strides: tuple  # (batch, token, head) element strides of q, k, v, g, out, beta for the C ABI
 
     @property
     def device(self) -> torch.device:
@@ -286,9 +287,9 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
     _same_device(dict(inputs, **outputs), q.device)
     scale, lower_bound = _scale(scale), _lower_bound(lower_bound)
     mode = resolve_exact(exact)
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("out", out)):
-        _layout.activation_strides(name, x)
-    _layout.beta_strides(beta)
+    strides = tuple(
+        _layout.activation_strides(name, x) for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("out", out))
+    ) + (_layout.beta_strides(beta),)
     _layout.no_self_overlap("out", out)
     device_cu, bounds, N = _cu_seqlens(cu_seqlens, B, T, q.device)
     S = _pool_size(initial_state, final_state, ssm_state_indices, N)
@@ -302,5 +303,5 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
     return FwdCall(
         q, k, v, g, beta, out, _widen(A_log), _widen(dt_bias.reshape(H, HEAD_DIM)), scale, lower_bound,
         initial_state, final_state, device_cu, ssm_state_indices, has_initial_state, every, checkpoints, mode,
-        B, T, H, N, state_dtype, bounds,
+        B, T, H, N, state_dtype, bounds, strides,
     )  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from . import _layout, _native, _validate, fallback
+from . import _native, _validate, fallback
 
 logger = logging.getLogger("flash_kda")
 ENV_SWITCH = "FLA_FLASH_KDA"
@@ -181,9 +181,8 @@ def native_args(call: _validate.FwdCall, num_sms: int, block_v: int = 0, segment
         checkpoint_slots=checkpoints.shape[0] if checkpoints is not None else 0,
         mode=_native.MODE_EXACT if call.exact else _native.MODE_AUTO, segment_chunks=segment_chunks,
     )  # fmt: skip
-    for name in ("q", "k", "v", "g", "out"):
-        setattr(args, f"{name}_strides", _native.Strides(*_layout.activation_strides(name, getattr(call, name))))
-    args.beta_strides = _native.Strides(*_layout.beta_strides(call.beta))
+    for name, strides in zip(("q", "k", "v", "g", "out", "beta"), call.strides):
+        setattr(args, f"{name}_strides", _native.Strides(*strides))
     return args, (cu, indices, has_initial)
 
 
