@@ -36,9 +36,10 @@ __device__ __forceinline__ int64_t state_slot(const FwdParams &p, int64_t i) {
   return slot >= 0 && slot < p.pool_size ? slot : -1;
 }
 
-__device__ __forceinline__ int64_t state_block_offset(const FwdParams &p, int64_t slot,
-                                                      int64_t head) {
-  return (slot * p.heads + head) * kHeadDim * kHeadDim;
+// Element offset of (slot, head) in a [slots, heads, 128, 128] state tensor (states,
+// pools and checkpoints alike).
+__device__ __forceinline__ int64_t state_block_offset(int64_t heads, int64_t slot, int64_t head) {
+  return (slot * heads + head) * kHeadDim * kHeadDim;
 }
 
 // The element `offset` of a bf16 or fp32 tensor.
@@ -59,14 +60,15 @@ __device__ __forceinline__ StateSource initial_source(const FwdParams &p, int64_
   if (p.initial_state == nullptr || slot < 0 ||
       (p.has_initial_state != nullptr && p.has_initial_state[i] == 0))
     return {nullptr, Dtype::kBf16, false};
-  return {element(p.initial_state, p.initial_dtype, state_block_offset(p, slot, head)),
+  return {element(p.initial_state, p.initial_dtype, state_block_offset(p.heads, slot, head)),
           p.initial_dtype, false};
 }
 
 __device__ __forceinline__ StateSink final_sink(const FwdParams &p, int64_t i, int64_t head) {
   const int64_t slot = state_slot(p, i);
   if (p.final_state == nullptr || slot < 0) return {nullptr, Dtype::kNone};
-  return {element(p.final_state, p.final_dtype, state_block_offset(p, slot, head)), p.final_dtype};
+  return {element(p.final_state, p.final_dtype, state_block_offset(p.heads, slot, head)),
+          p.final_dtype};
 }
 
 // The [256][128] bf16 block of segment s: rows 0..127 S^ (V-first), rows 128..255 M^T.

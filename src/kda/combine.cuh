@@ -90,9 +90,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const FwdParam
   const int v = static_cast<int>(blockIdx.x % kCombineCtasPerHead) * kCombineRows + warp;
   const int k0 = 4 * lane;
   const int64_t s0 = first_segment(p, seq);
-  const int64_t count = p.cu_seqlens == nullptr
-                            ? segments_of(p, ceil_div(p.seqlen, kChunk))
-                            : int64_t{p.segment_prefix[seq + 1]} - p.segment_prefix[seq];
+  const int64_t count = segment_count(p, seq);
   if (count < 1) return;  // an empty sequence has no segment (CTA-uniform)
   const int64_t row = int64_t{v} * kHeadDim + k0;
 

@@ -293,7 +293,7 @@ __device__ __forceinline__ void maybe_checkpoint(const WarpChain &w, const SeqSp
   if (span.len - c * kChunk < kChunk || done % k.every_chunks != 0) return;  // partial chunk
   const int64_t slot = k.first + done / k.every_chunks - 1;
   if (slot >= k.slots) return;  // inconsistent cu_seqlens: never write past the buffer
-  const int64_t offset = (slot * k.heads + k.head) * kHeadDim * kHeadDim;
+  const int64_t offset = state_block_offset(k.heads, slot, k.head);
   store_state(StateSink{element(k.base, k.dtype, offset), k.dtype}, w.col, state);
 }
 

@@ -131,6 +131,12 @@ __device__ __forceinline__ int64_t segments_of(const FwdParams &p, int64_t chunk
   return max(int64_t{1}, ceil_div(chunks, p.segment_chunks));
 }
 
+// Segments of sequence i: one count in batched mode, prefix differences in varlen mode.
+__device__ __forceinline__ int64_t segment_count(const FwdParams &p, int64_t i) {
+  if (p.cu_seqlens == nullptr) return segments_of(p, ceil_div(p.seqlen, kChunk));
+  return int64_t{p.segment_prefix[i + 1]} - p.segment_prefix[i];
+}
+
 struct SegmentRef {
   int64_t seq;    // owning sequence
   int64_t index;  // j: position within the sequence
@@ -141,7 +147,7 @@ struct SegmentRef {
 // Global segment s (0 <= s < max_segments); false for the excess of the upper-bound grid.
 __device__ __forceinline__ bool locate_segment(const FwdParams &p, int64_t s, SegmentRef &ref) {
   if (p.cu_seqlens == nullptr) {
-    const int64_t per_seq = segments_of(p, ceil_div(p.seqlen, kChunk));
+    const int64_t per_seq = segment_count(p, 0);
     ref.seq = s / per_seq;
     ref.index = s % per_seq;
     ref.count = per_seq;
@@ -150,7 +156,7 @@ __device__ __forceinline__ bool locate_segment(const FwdParams &p, int64_t s, Se
     if (s >= p.segment_prefix[p.num_seqs]) return false;
     ref.seq = owner_of(p.segment_prefix, p.num_seqs, s);
     ref.index = s - p.segment_prefix[ref.seq];
-    ref.count = p.segment_prefix[ref.seq + 1] - p.segment_prefix[ref.seq];
+    ref.count = segment_count(p, ref.seq);
   }
   const SeqSpan whole = seq_span(p, ref.seq);
   ref.span = sub_span(whole, ref.index * p.segment_chunks, p.segment_chunks);
@@ -159,8 +165,7 @@ __device__ __forceinline__ bool locate_segment(const FwdParams &p, int64_t s, Se
 
 // Global index of segment 0 of sequence i.
 __device__ __forceinline__ int64_t first_segment(const FwdParams &p, int64_t i) {
-  if (p.cu_seqlens == nullptr) return i * segments_of(p, ceil_div(p.seqlen, kChunk));
-  return p.segment_prefix[i];
+  return p.cu_seqlens == nullptr ? i * segment_count(p, i) : p.segment_prefix[i];
 }
 
 // First checkpoint slot of sequence i (flash_kda.h: slots in sequence order).
