@@ -12,10 +12,10 @@
 namespace flash_kda {
 namespace {
 
-// a * b for a, b >= 0, or -1 when the product exceeds `limit`.
+// a * b, or -1 when either is -1 (a failed step before) or the product exceeds `limit`.
 int64_t mul_within(int64_t a, int64_t b, int64_t limit) {
   int64_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r) || r > limit) return -1;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r) || r > limit) return -1;
   return r;
 }
 
