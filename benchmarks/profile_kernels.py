@@ -4,6 +4,7 @@ combine), from the PyTorch profiler (CUPTI sees the library's launches too). Dia
 not a table:
 
     python benchmarks/profile_kernels.py [--exact] T8192-N1-H96 T8192-N1-H6
+    python benchmarks/profile_kernels.py --segments 16 32 T8192-N1-H6   (forced segment lengths)
     ncu --clock-control none -k regex:recurrence python benchmarks/profile_kernels.py --once T8192-N1-H6
 
 ``--once`` runs each shape's forward once without the profiler (for ncu).
@@ -15,9 +16,10 @@ import torch
 from bench_fwd import SHAPES, make_inputs, runner
 
 
-def profile(shape_id, exact, repeats=10, once=False):
+def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0):
     lens, heads = SHAPES[shape_id]
-    run = runner(make_inputs(lens, heads), exact)
+    hook = dict(segment_chunks=segment_chunks) if segment_chunks else {}
+    run = runner(make_inputs(lens, heads), exact, **hook)
     run()
     torch.cuda.synchronize()
     if once:
@@ -31,7 +33,7 @@ def profile(shape_id, exact, repeats=10, once=False):
         if e.device_time_total > 0 and e.count >= repeats:
             name = e.key.split("(")[0].replace("void flash_kda::sm90a::", "")
             rows.append((name[:40], e.device_time_total / repeats, e.count // repeats))
-    mode = "exact" if exact else "auto"
+    mode = "exact" if exact else f"auto L={segment_chunks}" if segment_chunks else "auto"
     print(f"{shape_id} {mode}: " + ", ".join(f"{n} x{c} {t:.1f} us" for n, t, c in sorted(rows, key=lambda r: -r[1])))
 
 
@@ -40,9 +42,11 @@ def main():
     parser.add_argument("shapes", nargs="+")
     parser.add_argument("--exact", action="store_true", help="the exact path (default: automatic)")
     parser.add_argument("--once", action="store_true", help="one forward per shape, no profiler (for ncu)")
+    parser.add_argument("--segments", nargs="*", type=int, default=[0], help="forced segment lengths (chunks)")
     args = parser.parse_args()
     for shape in args.shapes:
-        profile(shape, args.exact, once=args.once)
+        for L in [0] if args.exact else args.segments:
+            profile(shape, args.exact, once=args.once, segment_chunks=L)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,40 @@ def test_many_segments_are_accurate_complete_and_deterministic(shape, segment_ch
         assert s_auto <= STATE_TOLERANCE and s_auto <= RATIO * s_exact + 1e-4, (s_auto, s_exact)
 
 
+def test_combine_start_states_match_an_fp64_chain():
+    """Phase B alone (design section 6.2): the bf16 start states the combine leaves in the
+    workspace against the chain s_{j+1} = s_j X_j + S^_j recomputed in fp64 from the same
+    workspace blocks. Long-memory gates, so transitions are far from zero; 12 segments."""
+    heads, L, P = 2, 4, 12
+    p = long_problem([16 * L * P], heads, torch.float32, True, seed=11, memory="long")
+    call = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=False)
+    plan = dispatch.plan_of(call, segment_chunks=L)
+    assert plan.segment_chunks == L and plan.max_segments == P, plan
+    workspace = torch.zeros(plan.workspace_bytes, dtype=torch.uint8, device=DEV)
+    dispatch.run_native(call, segment_chunks=L, workspace=workspace)
+    torch.cuda.synchronize()
+    # The workspace ends with the segment end states ([P][H][256][128] bf16: S^ rows, then
+    # X rows) and the start states ([P][H][128][128] bf16), design section 1.6.
+    starts_bytes = P * heads * 128 * 128 * 2
+    states_bytes = 2 * starts_bytes
+    tail = workspace[plan.workspace_bytes - states_bytes - starts_bytes : plan.workspace_bytes]
+    blocks = tail[:states_bytes].view(torch.bfloat16).view(P, heads, 256, 128).double()
+    starts = tail[states_bytes:].view(torch.bfloat16).view(P, heads, 128, 128)
+    s_hat, x = blocks[:, :, :128], blocks[:, :, 128:]
+    init = p["initial_state"][0].to(torch.bfloat16)
+    assert_bitwise(starts[0], init, "start_0 = bf(initial state)")
+    assert_bitwise(starts[1], s_hat[0].to(torch.bfloat16), "start_1 = S^_0")
+    s = s_hat[0]
+    for j in range(1, P - 1):
+        s = s @ x[j] + s_hat[j]
+        got = starts[j + 1].double()
+        assert torch.isfinite(got).all() and s.abs().max() > 1e-3, j
+        # bf16 rounding of an fp32 chain that agrees with fp64 to ~1e-6: within one bf16
+        # ulp (2^-8 relative) of the fp64 value everywhere, and mostly its rounding.
+        assert ((got - s).abs() <= 2.0**-8 * s.abs() + 1e-30).all(), j
+        assert (got == s.to(torch.bfloat16).double()).float().mean() > 0.99, j
+
+
 def test_segmented_graph_replay_equals_eager():
     p = make_problem(1, 0, 2, lens=[700, 33, 0, 1029], initial=torch.bfloat16, final=torch.bfloat16, device=DEV)
     eager = outputs(p, exact=False, segment_chunks=4)

@@ -128,6 +128,24 @@ inline LaunchStatus launch_pass(const FwdParams &p, ChainPass pass, int block_v,
   return launch_width<true>(p, pass, block_v, stream);
 }
 
+// Phase B: the X_j ring as deep as the device's shared memory per block allows (three
+// stages on sm_90 / sm_100, two on sm_120's 99 KB).
+inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
+  int device = 0, smem_optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return {err, "combine_kernel device query"};
+  int stages = kCombineMaxStages;
+  while (stages > 2 && combine_smem_bytes(stages) > smem_optin) --stages;
+  const int smem = combine_smem_bytes(stages);
+  err = cudaFuncSetAttribute(combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return {err, "combine_kernel shared-memory attribute"};
+  const int64_t ctas = p.num_seqs * p.heads * kCombineCtasPerHead;
+  combine_kernel<<<static_cast<unsigned>(ctas), kCombineThreads, smem, stream>>>(p, stages);
+  return launch_status("combine_kernel launch");
+}
+
 // Prefixes (varlen) -> K1 over all chunks -> K2: one pass over whole sequences, or the
 // segment pass, the combine and the rerun (design §4.1, §6.2).
 inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
@@ -143,9 +161,7 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (p.segment_chunks == 0) return launch_pass(p, ChainPass::kWhole, p.chain_block_v, stream);
   st = launch_pass(p, ChainPass::kSegment, p.segment_block_v, stream);
   if (st.error != cudaSuccess) return st;
-  const int64_t combine_ctas = p.num_seqs * p.heads * kCombineCtasPerHead;
-  combine_kernel<<<static_cast<unsigned>(combine_ctas), kCombineThreads, 0, stream>>>(p);
-  st = launch_status("combine_kernel launch");
+  st = launch_combine(p, stream);
   if (st.error != cudaSuccess) return st;
   return launch_pass(p, ChainPass::kRerun, p.chain_block_v, stream);
 }

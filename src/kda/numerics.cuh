@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include <cute/arch/copy_sm75.hpp>
+#include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/mma_sm80.hpp>
@@ -157,6 +159,15 @@ __device__ __forceinline__ void mma_f16_f16(uint32_t (&d)[2], const uint32_t (&a
   cute::SM80_16x8x16_F16F16F16F16_TN::fma(d[0], d[1], a[0], a[1], a[2], a[3], b0, b1, d[0], d[1]);
 }
 
+// Four 8x8 bf16 matrices from shared memory, transposed (ldmatrix .x4 .trans): lanes
+// 8 m .. 8 m + 7 give the row addresses of matrix m; lane l receives, in d[m], the
+// elements (rows 2 (l % 4), 2 (l % 4) + 1; column l / 4) of matrix m, i.e. the B fragment
+// of an MMA32 whose K x N block is stored with rows along K.
+__device__ __forceinline__ void ldmatrix_x4_trans(const void *smem_row, uint32_t (&d)[4]) {
+  cute::SM75_U16x8_LDSM_T::copy(*static_cast<const cute::uint128_t *>(smem_row), d[0], d[1], d[2],
+                                d[3]);
+}
+
 // Transpose of an 8x8 matrix of 16-bit values held one row-pair per lane (MOVM).
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   uint32_t y;
@@ -165,6 +176,21 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 }
 
 // ---------------------------------------------------------------- memory
+
+// One thread's asynchronous 16-byte copy global -> shared (cp.async, L2 only), and the
+// group bookkeeping: commit closes this thread's copies issued since the last commit;
+// wait<N> returns when at most N of its groups are still in flight.
+__device__ __forceinline__ void copy16_async(void *smem, const void *gmem) {
+  cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(
+      *static_cast<const cute::uint128_t *>(gmem), *static_cast<cute::uint128_t *>(smem));
+}
+__device__ __forceinline__ void copy_async_commit() {
+  cute::cp_async_fence();
+}
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+  cute::cp_async_wait<N>();
+}
 
 // One elected thread's bulk copy of `bytes` (a multiple of 16, both addresses 16-byte
 // aligned) into shared memory, completing on `bar`'s transaction count.
