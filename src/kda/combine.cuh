@@ -149,8 +149,6 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const FwdParam
   const CombineSmem sm = {
       reinterpret_cast<uint4(*)[kCombineTerms][kKBlocks][32]>(combine_smem),
       reinterpret_cast<uint16_t(*)[kHeadDim][kXRow]>(combine_smem + kTermBytes)};
-  wait_prior_grid();  // the segment pass's end states
-  allow_dependents();
   const int64_t pair = blockIdx.x / kCombineCtasPerHead;
   const int64_t seq = pair / p.heads, head = pair % p.heads;
   const int v0 = static_cast<int>(blockIdx.x % kCombineCtasPerHead) * kCombineRows;

@@ -10,8 +10,6 @@
 #include <cuda.h>          // CUtensorMap (header only: libcuda is reached through the runtime)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
-#include <utility>
-
 #include <flash_kda/flash_kda.h>
 
 #include "arch/table.h"
@@ -26,27 +24,6 @@ namespace flash_kda::FLASH_KDA_ARCH {
 inline LaunchStatus launch_status(const char *stage) {
   const cudaError_t err = cudaGetLastError();
   return {err, err == cudaSuccess ? nullptr : stage};
-}
-
-// Every kernel of a forward after the first: launched with programmatic stream
-// serialization, so that its CTAs are resident and waiting (wait_prior_grid) when the
-// previous kernel ends, instead of launching only then.
-template <typename... Params, typename... Args>
-LaunchStatus launch_dependent(void (*kernel)(Params...), dim3 grid, int threads, int smem,
-                              cudaStream_t stream, const char *stage, Args &&...args) {
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = static_cast<size_t>(smem);
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-  if (err != cudaSuccess) return {err, stage};
-  return launch_status(stage);
 }
 
 // The driver's tensor-map encoder, found once through the runtime, so the library does
@@ -120,9 +97,9 @@ LaunchStatus launch_recurrence(FwdParams p, ChainPass pass, cudaStream_t stream)
   const int64_t units = pass == ChainPass::kWhole ? p.num_seqs : p.max_segments;
   const int columns = pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
   const int64_t ctas = units * p.heads * (columns / kBlockV);
-  return launch_dependent(recurrence_kernel<kNB, kWarps, kGeneral>, dim3(static_cast<unsigned>(ctas)),
-                          32 * (kWarps + 1), smem, stream, "recurrence_kernel launch", p,
-                          value_map);
+  recurrence_kernel<kNB, kWarps, kGeneral>
+      <<<static_cast<unsigned>(ctas), 32 * (kWarps + 1), smem, stream>>>(p, value_map);
+  return launch_status("recurrence_kernel launch");
 }
 
 // The pass at the width the plan chose; the widths are config.h's. The exact path's
@@ -165,8 +142,8 @@ inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
   err = cudaFuncSetAttribute(combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return {err, "combine_kernel shared-memory attribute"};
   const int64_t ctas = p.num_seqs * p.heads * kCombineCtasPerHead;
-  return launch_dependent(combine_kernel, dim3(static_cast<unsigned>(ctas)), kCombineThreads, smem,
-                          stream, "combine_kernel launch", p, stages);
+  combine_kernel<<<static_cast<unsigned>(ctas), kCombineThreads, smem, stream>>>(p, stages);
+  return launch_status("combine_kernel launch");
 }
 
 // Prefixes (varlen) -> K1 over all chunks -> K2: one pass over whole sequences, or the
@@ -177,12 +154,9 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
     const LaunchStatus st = launch_status("prefix_kernel launch");
     if (st.error != cudaSuccess) return st;
   }
-  const dim3 tiles(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads));
-  LaunchStatus st = p.cu_seqlens != nullptr
-                        ? launch_dependent(prepare_kernel, tiles, kPrepareThreads, 0, stream,
-                                           "prepare_kernel launch", p)
-                        : (prepare_kernel<<<tiles, kPrepareThreads, 0, stream>>>(p),
-                           launch_status("prepare_kernel launch"));
+  prepare_kernel<<<dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads)),
+                   kPrepareThreads, 0, stream>>>(p);
+  LaunchStatus st = launch_status("prepare_kernel launch");
   if (st.error != cudaSuccess) return st;
   if (p.segment_chunks == 0) return launch_pass(p, ChainPass::kWhole, p.chain_block_v, stream);
   st = launch_pass(p, ChainPass::kSegment, p.segment_block_v, stream);

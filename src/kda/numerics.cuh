@@ -208,19 +208,6 @@ __device__ __forceinline__ void tensor_copy_g2s(void *smem, const void *desc, in
                                c0, c1, c2, c3);
 }
 
-// Programmatic dependent launch (design §4.1). Every kernel of a forward after the first
-// is launched with programmatic stream serialization, so its CTAs may become resident
-// while the previous kernel still runs: wait_prior_grid() returns once that kernel has
-// completed and its writes are visible (each kernel calls it before touching global
-// memory), and allow_dependents() lets the next kernel's launch begin. In a normal launch
-// both return at once.
-__device__ __forceinline__ void wait_prior_grid() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-__device__ __forceinline__ void allow_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
 // mbarrier wait / arrive that also order the compiler: shared-memory reads of a stage may

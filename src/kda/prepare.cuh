@@ -297,8 +297,6 @@ __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, cons
 
 __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const FwdParams p) {
   __shared__ PrepareSmem sm;
-  wait_prior_grid();  // the varlen prefixes
-  allow_dependents();
   const int64_t h = blockIdx.y;
   ChunkRef ch;
   if (!locate_chunk(p, blockIdx.x, ch)) return;  // excess CTA of varlen's upper-bound grid

@@ -450,8 +450,6 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), kGeneral ? resident_ctas(kN
   uint64_t *empty = full + kMaxStages;
   uint8_t *stages = smem + kBarrierBytes;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  wait_prior_grid();  // records, prefixes, segment states / starts of the previous kernels
-  allow_dependents();
   const ChainTask task = chain_task<kBlockV, kGeneral>(p);
   if (!task.valid) return;  // CTA-uniform: the excess of an upper-bound grid
 

@@ -193,7 +193,6 @@ __device__ __forceinline__ void prefix_counts(const FwdParams &p, int64_t i,
 }
 
 __global__ void __launch_bounds__(kPrefixThreads) prefix_kernel(const FwdParams p) {
-  allow_dependents();  // the first kernel of a forward: nothing to wait for
   __shared__ int64_t warp_total[kPrefixes][kPrefixThreads / 32];
   int32_t *const prefix[kPrefixes] = {p.tile_prefix, p.segment_prefix, p.checkpoint_prefix};
   const int64_t capacity[kPrefixes] = {p.tiles_per_head, p.max_segments, int64_t{1} << 30};
