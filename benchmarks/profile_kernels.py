@@ -4,7 +4,7 @@ combine), from the PyTorch profiler (CUPTI sees the library's launches too). Dia
 not a table:
 
     python benchmarks/profile_kernels.py [--exact] T8192-N1-H96 T8192-N1-H6
-    python benchmarks/profile_kernels.py --segments 16 32 T8192-N1-H6   (forced segment lengths)
+    python benchmarks/profile_kernels.py --segments 16,32 T8192-N1-H6   (forced segment lengths)
     ncu --clock-control none -k regex:recurrence python benchmarks/profile_kernels.py --once T8192-N1-H6
 
 ``--once`` runs each shape's forward once without the profiler (for ncu).
@@ -42,10 +42,10 @@ def main():
     parser.add_argument("shapes", nargs="+")
     parser.add_argument("--exact", action="store_true", help="the exact path (default: automatic)")
     parser.add_argument("--once", action="store_true", help="one forward per shape, no profiler (for ncu)")
-    parser.add_argument("--segments", nargs="*", type=int, default=[0], help="forced segment lengths (chunks)")
+    parser.add_argument("--segments", default="0", help="forced segment lengths in chunks, comma-separated")
     args = parser.parse_args()
     for shape in args.shapes:
-        for L in [0] if args.exact else args.segments:
+        for L in [0] if args.exact else [int(x) for x in args.segments.split(",")]:
             profile(shape, args.exact, once=args.once, segment_chunks=L)
 
 
