@@ -279,13 +279,13 @@ def bench_pool(shape, lens, heads, slots, do_bench):
     return r
 
 
-def sweep_shape(shape, do_bench):
+def sweep_shape(shape, do_bench, widths=(0, 32, 64, 128)):
     """Graph-replay time for each forced segment length and width: the cost model's data."""
     lens, heads = SHAPES[shape]
     p = make_inputs(lens, heads)
     rows = []
     for L in SWEEP_SEGMENTS:
-        for bv in (0, 32, 64, 128):
+        for bv in widths:
             hook = dict(block_v=bv, segment_chunks=L)
             try:
                 ms = time_ms(do_bench, graphed(runner(p, exact=L == 0, **hook)))
@@ -351,6 +351,7 @@ def main():
     parser.add_argument("--shapes", nargs="*", default=None, help="only these shape ids (default: the table)")
     parser.add_argument("--plot", action="store_true", help="also the H sweeps at T=8192 and T=32768")
     parser.add_argument("--sweep", nargs="*", default=[], help="shape ids for the segment-length sweep")
+    parser.add_argument("--sweep-widths", default="0,32,64,128", help="block_v values of the sweep (0: the plan's)")
     parser.add_argument("--pools", action="store_true", help="also the state-pool rows")
     args = parser.parse_args()
     from triton.testing import do_bench
@@ -362,7 +363,8 @@ def main():
     data = dict(environment=env, command=command, results=[], sweep=[], pools=[])
     if args.sweep:
         for shape in args.sweep:
-            data["sweep"] += sweep_shape(shape, do_bench)
+            widths = tuple(int(w) for w in args.sweep_widths.split(","))
+            data["sweep"] += sweep_shape(shape, do_bench, widths)
     else:
         shapes = args.shapes or [s for s, _, _ in TABLE]
         if args.plot:
