@@ -34,11 +34,14 @@ std::string str(int64_t x) {
 // benchmarks/results/h200-sweep.json). Only the ratio of the two paths matters: both run
 // the same K1, which is left out.
 
-constexpr double kLaunchUs = 5.0;        // one more kernel launch on the stream
-constexpr double kCombineBaseUs = 1.2;   // one start-state step of combine_kernel ...
-constexpr double kCombinePairUs = 0.19;  // ... plus this per (sequence, head)
-constexpr double kMargin = 0.9;          // segments only when predicted 10% faster
-constexpr int64_t kMinSegments = 3;      // two segments cost as much as one chain (§6.4)
+constexpr double kLaunchUs = 5.0;           // one more kernel launch on the stream
+constexpr double kWaveUs = 6.0;             // a segment pass's fixed cost per wave of CTAs
+constexpr double kCombineStepUs = 1.25;     // one start-state step per wave of combine CTAs
+constexpr double kCombineFixedUs = 4.0;     // combine_kernel's first two starts and its tail
+constexpr double kMargin = 0.9;             // segments only when predicted 10% faster
+constexpr int64_t kMinSegments = 3;         // two segments cost as much as one chain (§6.4)
+constexpr int64_t kMinSegmentChunks = 8;    // shortest segment considered
+constexpr int64_t kFineSegmentCounts = 64;  // every segment count up to this one is a candidate
 
 double waves(int64_t ctas, int64_t slots) {
   return static_cast<double>(ceil_div(ctas, slots));
@@ -52,13 +55,14 @@ double whole_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms)
 }
 
 // The fastest width for a segment pass that covers `columns` value columns in chains of
-// `links` links.
+// `links` links: each wave of CTAs costs its links plus a fixed part (the start state in,
+// the end state out, the ring filling).
 double best_pass_us(int64_t columns, int64_t links, int32_t num_sms, int32_t &block_v) {
   double best = -1.0;
   for (const RecurrenceShape &s : kRecurrenceShapes) {
     if (s.pass_link_us <= 0) continue;
     const double t = waves(ceil_div(columns, s.block_v), int64_t{num_sms} * s.resident) *
-                     static_cast<double>(links) * s.pass_link_us;
+                     (static_cast<double>(links) * s.pass_link_us + kWaveUs);
     if (best < 0 || t < best) {
       best = t;
       block_v = s.block_v;
@@ -74,8 +78,9 @@ double segmented_us(int64_t pairs, int64_t chunks, int64_t L, int32_t num_sms, i
   // Phase A: value columns of segments 0..P-2, transition columns of segments 1..P-2.
   const int64_t columns_a = pairs * kHeadDim * ((P - 1) + (P - 2));
   const double a = best_pass_us(columns_a, L, num_sms, bv_a);
-  const double step = kCombineBaseUs + kCombinePairUs * static_cast<double>(pairs);
-  const double combine = static_cast<double>(P - 2) * step;
+  const double combine =
+      static_cast<double>(P - 2) * kCombineStepUs * waves(pairs * kCombineCtasPerHead, num_sms) +
+      kCombineFixedUs;
   const double c = best_pass_us(pairs * P * kHeadDim, L, num_sms, bv_c);
   return a + combine + c + 2 * kLaunchUs;
 }
@@ -168,8 +173,10 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
   int64_t L = r.segment_chunks;
   int32_t bv_a = plan.block_v, bv_c = plan.block_v;
   if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && r.num_sms > 0) {
+    // Candidates: the shortest segments that give P = kMinSegments .. kFineSegmentCounts
+    // segments (so that a pass can just fill its waves), then doubling lengths below that.
     double best = kMargin * whole_us(pairs, chunks, plan.block_v, r.num_sms);
-    for (int64_t cand = 8; ceil_div(chunks, cand) >= kMinSegments; cand *= 2) {
+    auto consider = [&](int64_t cand) {
       int32_t a = 0, c = 0;
       const double t = segmented_us(pairs, chunks, cand, r.num_sms, a, c);
       if (t < best) {
@@ -178,7 +185,13 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
         bv_a = a;
         bv_c = c;
       }
+    };
+    for (int64_t P = kMinSegments; P <= kFineSegmentCounts; ++P) {
+      const int64_t cand = ceil_div(chunks, P);
+      if (cand >= kMinSegmentChunks && ceil_div(chunks, cand) == P) consider(cand);
     }
+    for (int64_t cand = kMinSegmentChunks; ceil_div(chunks, cand) > kFineSegmentCounts; cand *= 2)
+      consider(cand);
   }
   if (L > 0 && r.segment_chunks > 0 && r.block_v == 0)
     segmented_us(pairs, chunks, L, r.num_sms, bv_a, bv_c);

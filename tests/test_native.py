@@ -271,3 +271,24 @@ def test_get_workspace_size_beyond_2_pow_50_is_a_value_error(monkeypatch, lib, w
     with pytest.raises(ValueError, match=re.escape("would exceed 2**50 bytes")):
         flash_kda.get_workspace_size(2**31 - 1, 65535, 2**30)
     assert flash_kda.get_workspace_size(2**31 - 1, 1, 1) > 0
+
+
+@pytest.mark.parametrize(
+    "seqlen,heads,segmented",
+    [(8192, 1, True), (8192, 6, True), (8192, 12, True), (131072, 4, True), (8192, 96, False), (1024, 8, False)],
+)
+def test_auto_plan_segments_only_chain_bound_calls(lib, seqlen, heads, segmented):
+    """The cost model (design section 6.3) on an H200-sized GPU: few heads with long
+    sequences are split into at least three segments, many heads or short sequences are
+    not, and exact mode never is."""
+    sizes = dict(batch=1, seqlen=seqlen, heads=heads, num_seqs=1)
+    auto = lib.plan(valid_args(mode=1, **sizes))
+    chunks = -(-seqlen // 16)
+    if segmented:
+        assert auto.segment_chunks >= 8 and -(-chunks // auto.segment_chunks) >= 3, auto
+        assert auto.max_segments == -(-chunks // auto.segment_chunks)
+    else:
+        assert auto.segment_chunks == 0 and auto.max_segments == 0, auto
+    assert lib.plan(valid_args(mode=0, **sizes)).segment_chunks == 0
+    forced = lib.plan(valid_args(mode=1, segment_chunks=40, **sizes))
+    assert forced.segment_chunks == 40 and forced.max_segments == -(-chunks // 40)

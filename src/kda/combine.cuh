@@ -32,13 +32,14 @@
 #endif
 
 #include "kda/chains.cuh"
+#include "kda/config.h"
 
 namespace flash_kda::FLASH_KDA_ARCH {
 
-constexpr int kCombineRows = 16;  // value rows per CTA: one MMA row block
 constexpr int kCombineWarps = 4;  // 32 columns each
 constexpr int kCombineThreads = 32 * kCombineWarps;
-constexpr int kCombineCtasPerHead = kHeadDim / kCombineRows;
+static_assert(kCombineRows == 16 && kCombineCtasPerHead * kCombineRows == kHeadDim,
+              "config.h: one 16-row MMA block per CTA");
 constexpr int kCombineTerms = 3;      // hi, mid, lo
 constexpr int kCombineMaxStages = 3;  // X_j ring depth where shared memory allows
 constexpr int kXRow = kHeadDim + 8;   // padded stage row (272 B): ldmatrix rows conflict-free
@@ -58,7 +59,8 @@ struct CombineSmem {
 };
 
 // One thread's share of the copies of X_j (rows 128..255 of the segment's block) into a stage.
-__device__ __forceinline__ void issue_transition(const uint16_t *block, uint16_t (&stage)[kHeadDim][kXRow]) {
+__device__ __forceinline__ void issue_transition(const uint16_t *block,
+                                                 uint16_t (&stage)[kHeadDim][kXRow]) {
   const uint16_t *x = block + kHeadDim * kHeadDim;
 #pragma unroll
   for (int i = 0; i < kXChunks / kCombineThreads; ++i) {
@@ -98,7 +100,7 @@ __device__ __forceinline__ void emit_state(const float (&d)[4][4], int v0, uint1
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {  // k-block 2 w + half = tiles 2 half, 2 half + 1
-    uint32_t t[4][kCombineTerms];          // A registers 0..3: (tile, row r) pairs
+    uint32_t t[4][kCombineTerms];         // A registers 0..3: (tile, row r) pairs
 #pragma unroll
     for (int reg = 0; reg < 4; ++reg) {
       const int nt = 2 * half + reg / 2, r = reg % 2;
@@ -107,7 +109,8 @@ __device__ __forceinline__ void emit_state(const float (&d)[4][4], int v0, uint1
     }
 #pragma unroll
     for (int term = 0; term < kCombineTerms; ++term)
-      terms[term][2 * warp + half][lane] = make_uint4(t[0][term], t[1][term], t[2][term], t[3][term]);
+      terms[term][2 * warp + half][lane] =
+          make_uint4(t[0][term], t[1][term], t[2][term], t[3][term]);
   }
 }
 
@@ -148,7 +151,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const FwdParam
   extern __shared__ __align__(16) unsigned char combine_smem[];
   const CombineSmem sm = {
       reinterpret_cast<uint4(*)[kCombineTerms][kKBlocks][32]>(combine_smem),
-      reinterpret_cast<uint16_t(*)[kHeadDim][kXRow]>(combine_smem + kTermBytes)};
+      reinterpret_cast<uint16_t (*)[kHeadDim][kXRow]>(combine_smem + kTermBytes)};
   const int64_t pair = blockIdx.x / kCombineCtasPerHead;
   const int64_t seq = pair / p.heads, head = pair % p.heads;
   const int v0 = static_cast<int>(blockIdx.x % kCombineCtasPerHead) * kCombineRows;

@@ -54,6 +54,11 @@ static_assert(shape_is_consistent(kRecurrenceShapes[0]) &&
 static_assert(sizeof(kRecurrenceShapes) / sizeof(kRecurrenceShapes[0]) == kNumRecurrenceShapes,
               "kNumRecurrenceShapes");
 
+// combine_kernel (design §6.2 phase B): value rows per CTA, one MMA row block, so a
+// (sequence, head) takes kCombineCtasPerHead CTAs. The plan's cost model counts them.
+constexpr int kCombineRows = 16;
+constexpr int kCombineCtasPerHead = 128 / kCombineRows;
+
 // CTAs per SM the instantiation <nb, warps> is compiled for (its __launch_bounds__).
 constexpr int resident_ctas(int nb, int warps) {
   for (int i = 0; i < kNumRecurrenceShapes; ++i)
