@@ -295,7 +295,7 @@ __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, cons
   }
 }
 
-__global__ void __launch_bounds__(kPrepareThreads, 14) prepare_kernel(const FwdParams p) {
+__global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const FwdParams p) {
   __shared__ PrepareSmem sm;
   const int64_t h = blockIdx.y;
   ChunkRef ch;
