@@ -64,10 +64,11 @@ def measure_ceilings(do_bench):
     return 2 * nbytes / (_copy_ms(do_bench, nbytes) * 1e-3), 2 * n**3 / (_matmul_ms(do_bench, n) * 1e-3)
 
 
-def make_inputs(lens, heads, seed=0):
+def make_inputs(lens, heads, seed=0, device="cuda"):
     """Random inputs on the GPU (reference.random_problem draws on the CPU, which takes
-    minutes for the 1M-token rows); varlen when the lengths differ."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    minutes for the 1M-token rows); varlen when the lengths differ. ``device`` 'cpu' is for
+    host-side timings (bench_host.py)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
     T = sum(lens)
     batched = len(set(lens)) == 1
     B, Tb = (len(lens), lens[0]) if batched else (1, T)
@@ -75,7 +76,7 @@ def make_inputs(lens, heads, seed=0):
     bf16 = torch.bfloat16
 
     def randn(*shape):
-        return torch.randn(*shape, generator=gen, device="cuda", dtype=bf16)
+        return torch.randn(*shape, generator=gen, device=device, dtype=bf16)
 
     p = dict(
         q=randn(B, Tb, heads, 128),
@@ -83,13 +84,13 @@ def make_inputs(lens, heads, seed=0):
         v=randn(B, Tb, heads, 128),
         g=randn(B, Tb, heads, 128),
         beta=randn(B, Tb, heads),
-        A_log=torch.rand(heads, generator=gen, device="cuda"),
-        dt_bias=torch.rand(heads, 128, generator=gen, device="cuda"),
+        A_log=torch.rand(heads, generator=gen, device=device),
+        dt_bias=torch.rand(heads, 128, generator=gen, device=device),
         initial_state=0.1 * randn(N, heads, 128, 128),
         cu_seqlens=None,
     )
     if not batched:
-        p["cu_seqlens"] = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda")
+        p["cu_seqlens"] = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=device)
     return p
 
 
