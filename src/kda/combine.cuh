@@ -42,7 +42,8 @@ static_assert(kCombineRows == 16 && kCombineCtasPerHead * kCombineRows == kHeadD
               "config.h: one 16-row MMA block per CTA");
 constexpr int kCombineTerms = 3;      // hi, mid, lo
 constexpr int kCombineMaxStages = 3;  // X_j ring depth where shared memory allows
-constexpr int kXRow = kHeadDim + 8;   // padded stage row (272 B): ldmatrix rows conflict-free
+static_assert(kCombineMaxStages == 3, "combine_kernel's ring wait covers depths 3 and 2");
+constexpr int kXRow = kHeadDim + 8;  // padded stage row (272 B): ldmatrix rows conflict-free
 constexpr int kXStageBytes = kHeadDim * kXRow * 2;
 constexpr int kXChunks = kHeadDim * kHeadDim * 2 / 16;  // 16-byte copies per X_j
 // The s_j terms in A-fragment order: [buffer][term][k-block][lane].
@@ -83,6 +84,11 @@ __device__ __forceinline__ void load_pairs(const uint16_t *block, int v0, uint32
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       w[nt][r] = *reinterpret_cast<const uint32_t *>(block + pair_offset(v0, nt, r));
+}
+
+// Accumulator element i (0..3) of tile nt, as fp32, from load_pairs' words.
+__device__ __forceinline__ float pair_element(const uint32_t (&w)[4][2], int nt, int i) {
+  return bf16_to_f32(i % 2 ? hi16(w[nt][i / 2]) : lo16(w[nt][i / 2]));
 }
 
 // x = hi + mid + lo exactly (bf16 pairs), for a pair of fp32 values.
@@ -193,8 +199,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const FwdParam
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        d[nt][i] = bf16_to_f32(i % 2 ? hi16(shat[nt][i / 2]) : lo16(shat[nt][i / 2]));
+      for (int i = 0; i < 4; ++i) d[nt][i] = pair_element(shat, nt, i);
     emit_state(d, v0, segment_start_block(p, s0 + 1, head), sm.terms[1]);
   }
   if (count > 2) load_pairs(segment_state_block(p, s0 + 1, head), v0, shat);
@@ -216,10 +221,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const FwdParam
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float s_hat = bf16_to_f32(i % 2 ? hi16(shat[nt][i / 2]) : lo16(shat[nt][i / 2]));
-        d[nt][i] = add_rn(add_rn(add_rn(acc[2][nt][i], acc[1][nt][i]), acc[0][nt][i]), s_hat);
-      }
+      for (int i = 0; i < 4; ++i)
+        d[nt][i] = add_rn(add_rn(add_rn(acc[2][nt][i], acc[1][nt][i]), acc[0][nt][i]),
+                          pair_element(shat, nt, i));
     emit_state(d, v0, segment_start_block(p, s0 + j + 1, head), sm.terms[(j + 1) % 2]);
     if (j + 2 < count) load_pairs(segment_state_block(p, s0 + j + 1, head), v0, shat);
     stage = stage + 1 == stages ? 0 : stage + 1;

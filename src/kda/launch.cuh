@@ -41,6 +41,17 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
+// The current device's shared memory: the opt-in maximum per block and the total per SM.
+inline cudaError_t shared_memory_limits(int &per_block_optin, int &per_sm) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  return err;
+}
+
 // v as a 4-D tensor (128 columns, heads, tokens, batch) with the caller's strides, for
 // K2's tensor copies: one box is the [16 tokens, kBlockV columns] tile of one head; tokens
 // past the end of a batch row read as zeros.
@@ -72,12 +83,8 @@ cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
 template <int kNB, int kWarps, bool kGeneral>
 LaunchStatus launch_recurrence(FwdParams p, ChainPass pass, cudaStream_t stream) {
   constexpr int kBlockV = 8 * kNB * kWarps;
-  int device = 0, smem_optin = 0, smem_sm = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  int smem_optin = 0, smem_sm = 0;
+  cudaError_t err = shared_memory_limits(smem_optin, smem_sm);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
   p.pass = pass;
   p.block_v = kBlockV;
@@ -131,10 +138,8 @@ inline LaunchStatus launch_pass(const FwdParams &p, ChainPass pass, int block_v,
 // Phase B: the X_j ring as deep as the device's shared memory per block allows (three
 // stages on sm_90 / sm_100, two on sm_120's 99 KB).
 inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
-  int device = 0, smem_optin = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  int smem_optin = 0, smem_sm = 0;
+  cudaError_t err = shared_memory_limits(smem_optin, smem_sm);
   if (err != cudaSuccess) return {err, "combine_kernel device query"};
   int stages = kCombineMaxStages;
   while (stages > 2 && combine_smem_bytes(stages) > smem_optin) --stages;
