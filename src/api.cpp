@@ -5,8 +5,10 @@
 // and a thread-local message.
 #include <flash_kda/flash_kda.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -110,7 +112,7 @@ ProblemSizes sizes_of(const flash_kda_fwd_args &a) {
 }
 
 PlanRequest request_of(const flash_kda_fwd_args &a) {
-  return {a.mode, a.block_v, a.segment_chunks, a.num_sms};
+  return {a.mode, a.block_v, a.segment_chunks, a.num_sms, a.overlap};
 }
 
 // head_dim, sizes and the plan: everything flash_kda_fwd_plan needs. "" or what is wrong.
@@ -253,8 +255,18 @@ void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
   uint8_t *base = static_cast<uint8_t *>(a.workspace);
   p.records = base;
   p.tiles_per_head = tiles_per_head(p.total_tokens, a.num_seqs);
-  p.prepare_tiles =
-      a.cu_seqlens != nullptr ? p.tiles_per_head : a.num_seqs * ceil_div(a.seqlen, kChunk);
+  const int64_t chunks = ceil_div(a.seqlen, kChunk);  // per sequence, batched mode
+  p.prepare_tiles = a.cu_seqlens != nullptr ? p.tiles_per_head : a.num_seqs * chunks;
+  // K1's order (design §4.7): units of the first recurrence pass, a segment or a sequence.
+  p.order_chunks = static_cast<int32_t>(
+      plan.segment_chunks > 0 ? plan.segment_chunks : std::min<int64_t>(chunks, INT32_MAX));
+  p.order_units = static_cast<int32_t>(ceil_div(chunks, p.order_chunks));
+  p.prepare_items = static_cast<int32_t>(
+      std::min<int64_t>(int64_t{p.order_chunks} * p.order_units * a.num_seqs * a.heads, INT32_MAX));
+  p.ready = plan.overlap_min_ctas > 0 ? reinterpret_cast<uint32_t *>(base + plan.ready) : nullptr;
+  p.overlap_min_ctas = plan.overlap_min_ctas;
+  p.sync = reinterpret_cast<OverlapSync *>(base + plan.ready +
+                                           round_up(4 * a.heads * p.tiles_per_head, 128));
   p.tile_prefix = reinterpret_cast<int32_t *>(base + plan.tile_prefix);
   p.segment_prefix = reinterpret_cast<int32_t *>(base + plan.segment_prefix);
   p.checkpoint_prefix = reinterpret_cast<int32_t *>(base + plan.checkpoint_prefix);
@@ -346,6 +358,7 @@ flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
     out->segment_block_v = plan.segment_block_v;
     out->max_segments = plan.max_segments;
     out->workspace_bytes = plan.workspace_bytes;
+    out->overlap_min_ctas = plan.overlap_min_ctas;
     return FLASH_KDA_OK;
   } catch (...) {
     return fail(FLASH_KDA_INTERNAL, fn, "unexpected C++ exception");

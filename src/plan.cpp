@@ -42,6 +42,12 @@ constexpr double kMargin = 0.9;             // segments only when predicted 10% 
 constexpr int64_t kMinSegments = 3;         // two segments cost as much as one chain (§6.4)
 constexpr int64_t kMinSegmentChunks = 8;    // shortest segment considered
 constexpr int64_t kFineSegmentCounts = 64;  // every segment count up to this one is a candidate
+// K1 (design §4.7): one record costs a K1 CTA 12.8 us (T=8192 H=96: 49,152 records in
+// 396 us at 12 CTAs on each of 132 SMs). Fewer CTAs per SM do not make one CTA much
+// faster (3 per SM: ~9.3 us a record), so K1's time is records / CTAs.
+constexpr double kPrepareRecordUs = 12.8;
+constexpr int kPrepareCtasAlone = 12;  // K1's CTAs per SM by itself (__launch_bounds__)
+constexpr double kOverlapUs = 3.0;     // the flags' memset
 
 double waves(int64_t ctas, int64_t slots) {
   return static_cast<double>(ceil_div(ctas, slots));
@@ -85,6 +91,27 @@ double segmented_us(int64_t pairs, int64_t chunks, int64_t L, int32_t num_sms, i
   return a + combine + c + 2 * kLaunchUs;
 }
 
+// K1 beside the whole-sequence pass (design §4.7): k K1 CTAs on every SM next to the
+// pass's one. Returns the fewest k with which the overlapped forward, max(pass, K1 on
+// k CTAs per SM), beats K1 then the pass; 0 where no k does or the overlap cannot run:
+// varlen (records by sequence), segments (the segment pass fills the GPU), a pass of
+// more than one wave (its later CTAs would wait for K1's end), 2^31 items or more (K1's
+// 32-bit counter).
+int32_t overlap_min_ctas(const ProblemSizes &z, const Plan &plan, const PlanRequest &r) {
+  const int32_t num_sms = r.num_sms;
+  if (r.overlap < 0 || z.varlen || plan.segment_chunks > 0 || num_sms < 1) return 0;
+  const int64_t pairs = z.num_seqs * z.heads;
+  const int64_t chunks = ceil_div(z.seqlen, kChunk);
+  if (pairs * (kHeadDim / plan.block_v) > num_sms || 2 * pairs * chunks >= (int64_t{1} << 31))
+    return 0;
+  if (r.overlap > 0) return 1;
+  const double pass = whole_us(pairs, chunks, plan.block_v, num_sms);
+  const double work = static_cast<double>(pairs * chunks) * kPrepareRecordUs / num_sms;
+  for (int k = 1; k <= kPrepareCtasAlone; ++k)
+    if (std::max(pass, work / k) + kOverlapUs < work / kPrepareCtasAlone + pass) return k;
+  return 0;
+}
+
 int32_t width_for(int64_t columns, int32_t num_sms) {
   for (const RecurrenceShape &s : kRecurrenceShapes)
     if (ceil_div(columns, s.block_v) <= num_sms) return s.block_v;
@@ -113,7 +140,10 @@ bool lay_out(int64_t total, int64_t heads, int64_t num_seqs, Plan &plan) {
   plan.segment_starts = add_within(plan.segment_states, states, kMaxWorkspace);
   const int64_t starts =
       mul_within(seg_heads, kHeadDim * kHeadDim * int64_t{sizeof(uint16_t)}, kMaxWorkspace);
-  plan.workspace_bytes = add_within(plan.segment_starts, starts, kMaxWorkspace);
+  plan.ready = add_within(plan.segment_starts, starts, kMaxWorkspace);
+  const int64_t flags =
+      mul_within(heads, tiles, kMaxWorkspace) < 0 ? -1 : ready_bytes(heads, tiles);
+  plan.workspace_bytes = add_within(plan.ready, flags, kMaxWorkspace);
   return plan.workspace_bytes >= 0;
 }
 
@@ -159,6 +189,7 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
   if (r.mode != FLASH_KDA_MODE_EXACT && r.mode != FLASH_KDA_MODE_AUTO)
     return "mode must be EXACT (0) or AUTO (1), got " + str(r.mode);
   if (r.segment_chunks < 0) return "segment_chunks must be >= 0, got " + str(r.segment_chunks);
+  if (r.overlap < -1 || r.overlap > 1) return "overlap must be -1, 0 or 1, got " + str(r.overlap);
   if (r.segment_chunks > 0 && r.mode != FLASH_KDA_MODE_AUTO)
     return "segment_chunks needs mode AUTO, got mode " + str(r.mode);
   const int64_t total = z.batch * z.seqlen;
@@ -202,6 +233,7 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
     plan.segment_block_v = r.block_v != 0 ? r.block_v : bv_a;
     plan.block_v = r.block_v != 0 ? r.block_v : bv_c;
   }
+  plan.overlap_min_ctas = overlap_min_ctas(z, plan, r);
   // Grid sizes: one CTA per (sequence or segment, head, column slice), grid.x < 2^31.
   const int64_t units = plan.segment_chunks > 0 ? plan.max_segments : z.num_seqs;
   const int32_t narrowest =

@@ -23,12 +23,15 @@ struct ProblemSizes {
 };
 
 struct Plan {
-  int32_t block_v;          // recurrence CTA width of the whole-sequence or rerun pass
-  int32_t segment_chunks;   // 0 = one chain per sequence; else chunks per segment
-  int32_t segment_block_v;  // CTA width of the segment pass
-  int64_t max_segments;     // segments the grids are sized for
+  int32_t block_v;           // recurrence CTA width of the whole-sequence or rerun pass
+  int32_t segment_chunks;    // 0 = one chain per sequence; else chunks per segment
+  int32_t segment_block_v;   // CTA width of the segment pass
+  int64_t max_segments;      // segments the grids are sized for
+  int32_t overlap_min_ctas;  // K1 CTAs per SM beside the first pass for it to overlap K1
+                             // (design §4.7); 0 = never
   // Workspace layout, byte offsets from its base (each 128-byte aligned).
   int64_t tile_prefix, segment_prefix, checkpoint_prefix, segment_states, segment_starts;
+  int64_t ready;  // one uint32 ready flag per record (design §4.7)
   int64_t workspace_bytes;
 };
 
@@ -38,6 +41,7 @@ struct PlanRequest {
   int32_t block_v;         // 0 = pick
   int32_t segment_chunks;  // 0 = pick (AUTO mode)
   int32_t num_sms;
+  int32_t overlap;  // 0 = pick, 1 = wherever it can run, -1 = never
 };
 
 // "" when the sizes are within the limits, else what is wrong ("batch * seqlen must be

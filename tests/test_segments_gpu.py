@@ -11,7 +11,7 @@ import pytest
 import torch
 from chunked_gold import gold_chunked
 from conftest import FWD_ARGS, GOLD_ARGS, STATE_VARIANTS, assert_bitwise, clone_outputs, make_problem, rel_err
-from flash_kda import dispatch
+from flash_kda import _sizes, dispatch
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -107,10 +107,13 @@ def test_combine_start_states_match_an_fp64_chain():
     dispatch.run_native(call, segment_chunks=L, workspace=workspace)
     torch.cuda.synchronize()
     # The workspace ends with the segment end states ([P][H][256][128] bf16: S^ rows, then
-    # X rows) and the start states ([P][H][128][128] bf16), design section 1.6.
+    # X rows), the start states ([P][H][128][128] bf16), one 4-byte ready flag per
+    # record (128-byte aligned) and the overlap counters (design section 1.6).
     starts_bytes = P * heads * 128 * 128 * 2
     states_bytes = 2 * starts_bytes
-    tail = workspace[plan.workspace_bytes - states_bytes - starts_bytes : plan.workspace_bytes]
+    flags_bytes = -(-4 * heads * (L * P + 1) // 128) * 128 + _sizes.OVERLAP_SYNC_BYTES
+    end = plan.workspace_bytes - flags_bytes
+    tail = workspace[end - states_bytes - starts_bytes : end]
     blocks = tail[:states_bytes].view(torch.bfloat16).view(P, heads, 256, 128).double()
     starts = tail[states_bytes:].view(torch.bfloat16).view(P, heads, 128, 128)
     s_hat, x = blocks[:, :, :128], blocks[:, :, 128:]

@@ -12,7 +12,7 @@ import os
 import threading
 from typing import NamedTuple, Optional
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIBRARY_NAME = "libflash_kda.so"
 LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
 
@@ -100,6 +100,8 @@ class FwdArgs(ctypes.Structure):
         ("checkpoint_slots", _i64),
         ("mode", _i32),
         ("segment_chunks", _i32),
+        ("overlap", _i32),
+        ("reserved3", _i32),
     ]
 
 
@@ -113,6 +115,8 @@ class FwdPlan(ctypes.Structure):
         ("segment_block_v", _i32),
         ("max_segments", _i64),
         ("workspace_bytes", _i64),
+        ("overlap_min_ctas", _i32),
+        ("reserved", _i32),
     ]
 
 

@@ -6,6 +6,9 @@ from . import _native, _scalars
 # Bytes of one (head, chunk) record, mirrored from src/kda/workspace.h for when the library
 # is absent (tests/test_native.py checks it against flash_kda_record_bytes()).
 RECORD_BYTES = 13952
+# Bytes of the overlapped forward's work counter after the ready flags (workspace.h
+# OverlapSync).
+OVERLAP_SYNC_BYTES = 128
 MAX_WORKSPACE = 2**50  # the library's bound on a workspace (src/plan.h kMaxWorkspace)
 _WHERE = "flash_kda.get_workspace_size"
 # (name, lowest, highest) of each argument: the C ABI's limits (src/plan.h).
@@ -18,9 +21,11 @@ def _prefix_bytes(num_seqs: int) -> int:
 
 
 def _exact_bytes(total: int, heads: int, num_seqs: int) -> int:
-    """src/plan.cpp lay_out with max_segments 0: the records, then three prefix arrays."""
+    """src/plan.cpp lay_out with max_segments 0: the records, three prefix arrays, one
+    4-byte ready flag per record (128-byte aligned) and the overlap counters."""
     tiles = -(-total // 16) + num_seqs
-    return heads * tiles * RECORD_BYTES + 3 * _prefix_bytes(num_seqs)
+    flags = -(-4 * heads * tiles // 128) * 128 + OVERLAP_SYNC_BYTES
+    return heads * tiles * RECORD_BYTES + 3 * _prefix_bytes(num_seqs) + flags
 
 
 def _argument(name: str, x) -> int:

@@ -10,6 +10,8 @@
 #include <cuda.h>          // CUtensorMap (header only: libcuda is reached through the runtime)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
+#include <algorithm>
+
 #include <flash_kda/flash_kda.h>
 
 #include "arch/table.h"
@@ -53,10 +55,9 @@ inline cudaError_t shared_memory_limits(int &per_block_optin, int &per_sm) {
 }
 
 // v as a 4-D tensor (128 columns, heads, tokens, batch) with the caller's strides, for
-// K2's tensor copies: one box is the [16 tokens, kBlockV columns] tile of one head; tokens
+// K2's tensor copies: one box is the [16 tokens, block_v columns] tile of one head; tokens
 // past the end of a batch row read as zeros.
-template <int kBlockV>
-cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
+inline cudaError_t make_value_map(const FwdParams &p, int block_v, CUtensorMap *map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   const Strides &s = p.v_strides;
@@ -69,7 +70,7 @@ cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
   };
   const cuuint64_t strides[3] = {bytes(s.head, p.heads), bytes(s.token, p.seqlen),
                                  bytes(s.batch, p.batch)};
-  const cuuint32_t box[4] = {kBlockV, 1, kChunk, 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(block_v), 1, kChunk, 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
   const CUresult res =
       encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<uint16_t *>(p.v), dims, strides,
@@ -78,61 +79,91 @@ cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// One pass of recurrence_kernel<kNB, kWarps, kGeneral> (grid: units x heads x column
+// One recurrence pass as launched: the instantiation, its grid and block, its shared
+// memory (ring depth from the device's limit) and what it holds on an SM.
+struct PassLaunch {
+  const void *kernel;
+  int64_t ctas;
+  int threads;
+  int smem;  // dynamic shared memory
+  FwdParams params;
+};
+
+// Pass `pass` of recurrence_kernel<kNB, kWarps, kGeneral> (grid: units x heads x column
 // slices).
 template <int kNB, int kWarps, bool kGeneral>
-LaunchStatus launch_recurrence(FwdParams p, ChainPass pass, cudaStream_t stream) {
+LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch &out) {
   constexpr int kBlockV = 8 * kNB * kWarps;
   int smem_optin = 0, smem_sm = 0;
-  cudaError_t err = shared_memory_limits(smem_optin, smem_sm);
+  const cudaError_t err = shared_memory_limits(smem_optin, smem_sm);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
-  p.pass = pass;
-  p.block_v = kBlockV;
+  out.params = p;
+  out.params.pass = pass;
+  out.params.block_v = kBlockV;
   // As deep a ring as lets resident_ctas CTAs share an SM (1 KB per CTA is reserved).
   constexpr int kResident = kGeneral ? resident_ctas(kNB, kWarps) : 1;
   const int per_cta = std::min(smem_optin, smem_sm / kResident - 1024);
-  p.stages = std::min(kMaxStages, (per_cta - kBarrierBytes) / stage_bytes(kBlockV));
-  if (p.stages < 2)
+  out.params.stages = std::min(kMaxStages, (per_cta - kBarrierBytes) / stage_bytes(kBlockV));
+  if (out.params.stages < 2)
     return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
-  const int smem = recurrence_smem_bytes(kBlockV, p.stages);
-  const cudaError_t attr = cudaFuncSetAttribute(recurrence_kernel<kNB, kWarps, kGeneral>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
-  CUtensorMap value_map;
-  err = make_value_map<kBlockV>(p, &value_map);
-  if (err != cudaSuccess) return {err, "recurrence_kernel tensor map of v"};
+  out.kernel = reinterpret_cast<const void *>(recurrence_kernel<kNB, kWarps, kGeneral>);
+  out.smem = recurrence_smem_bytes(kBlockV, out.params.stages);
+  out.threads = 32 * (kWarps + 1);
   const int64_t units = pass == ChainPass::kWhole ? p.num_seqs : p.max_segments;
   const int columns = pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
-  const int64_t ctas = units * p.heads * (columns / kBlockV);
-  recurrence_kernel<kNB, kWarps, kGeneral>
-      <<<static_cast<unsigned>(ctas), 32 * (kWarps + 1), smem, stream>>>(p, value_map);
-  return launch_status("recurrence_kernel launch");
+  out.ctas = units * p.heads * (columns / kBlockV);
+  const cudaError_t attr =
+      cudaFuncSetAttribute(out.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, out.smem);
+  if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
+  return {cudaSuccess, nullptr};
 }
 
 // The pass at the width the plan chose; the widths are config.h's. The exact path's
 // whole-sequence pass without checkpoints takes the specialised kernel (kGeneral false).
 template <bool kGeneral>
-LaunchStatus launch_width(const FwdParams &p, ChainPass pass, int block_v, cudaStream_t stream) {
+LaunchStatus configure_width(const FwdParams &p, ChainPass pass, int block_v, PassLaunch &out) {
   constexpr RecurrenceShape s0 = kRecurrenceShapes[0], s1 = kRecurrenceShapes[1],
                             s2 = kRecurrenceShapes[2];
   static_assert(kNumRecurrenceShapes == 3, "one case per config.h instantiation");
   switch (block_v) {
     case s0.block_v:
-      return launch_recurrence<s0.nb, s0.warps, kGeneral>(p, pass, stream);
+      return configure_recurrence<s0.nb, s0.warps, kGeneral>(p, pass, out);
     case s1.block_v:
-      return launch_recurrence<s1.nb, s1.warps, kGeneral>(p, pass, stream);
+      return configure_recurrence<s1.nb, s1.warps, kGeneral>(p, pass, out);
     case s2.block_v:
-      return launch_recurrence<s2.nb, s2.warps, kGeneral>(p, pass, stream);
+      return configure_recurrence<s2.nb, s2.warps, kGeneral>(p, pass, out);
     default:
       return {cudaErrorInvalidValue, "recurrence_kernel block_v (not in config.h)"};
   }
 }
 
-inline LaunchStatus launch_pass(const FwdParams &p, ChainPass pass, int block_v,
-                                cudaStream_t stream) {
+inline LaunchStatus configure_pass(const FwdParams &p, ChainPass pass, int block_v,
+                                   PassLaunch &out) {
   if (pass == ChainPass::kWhole && p.checkpoints == nullptr)
-    return launch_width<false>(p, pass, block_v, stream);
-  return launch_width<true>(p, pass, block_v, stream);
+    return configure_width<false>(p, pass, block_v, out);
+  return configure_width<true>(p, pass, block_v, out);
+}
+
+// Launches a configured pass. `programmatic`: the pass may start while the previous
+// kernel (K1) still runs (design §4.7).
+inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_t stream) {
+  CUtensorMap value_map;
+  const cudaError_t err = make_value_map(pass.params, pass.params.block_v, &value_map);
+  if (err != cudaSuccess) return {err, "recurrence_kernel tensor map of v"};
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(pass.ctas));
+  config.blockDim = dim3(static_cast<unsigned>(pass.threads));
+  config.dynamicSmemBytes = static_cast<size_t>(pass.smem);
+  config.stream = stream;
+  config.attrs = programmatic ? &attr : nullptr;
+  config.numAttrs = programmatic ? 1 : 0;
+  void *args[] = {&pass.params, &value_map};
+  const cudaError_t launch = cudaLaunchKernelExC(&config, pass.kernel, args);
+  if (launch != cudaSuccess) return {launch, "recurrence_kernel launch"};
+  return launch_status("recurrence_kernel launch");
 }
 
 // Phase B: the X_j ring as deep as the device's shared memory per block allows (three
@@ -151,24 +182,103 @@ inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
   return launch_status("combine_kernel launch");
 }
 
+// What one CTA of a kernel holds on an SM: the registers of its fullest sub-partition
+// (an SM's register file is four of regs_sm / 4; a CTA's warps are spread over them, so
+// ceil(warps / 4) land on one; registers are allocated in units of 8 a thread), shared
+// memory (static, dynamic and the 1 KB the system reserves) and threads. On the H200
+// the exact <1, 4> pass (5 warps of 192 registers) left room for 3 K1 CTAs (4 warps of
+// 40), not the 6 that the SM's total registers suggest: with 4 its CTAs waited for K1's.
+struct Footprint {
+  int sub_partition_regs, smem, threads;
+};
+
+inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, Footprint &f) {
+  cudaFuncAttributes attr;
+  const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  if (err != cudaSuccess) return err;
+  const int warps = (threads + 31) / 32;
+  f.sub_partition_regs = (warps + 3) / 4 * 32 * ((attr.numRegs + 7) / 8 * 8);
+  f.smem = static_cast<int>(attr.sharedSizeBytes) + dynamic_smem + 1024;
+  f.threads = warps * 32;
+  return cudaSuccess;
+}
+
+// Whether K1 overlaps the first recurrence pass (design §4.7), and if so with how many
+// K1 CTAs per SM: as many as leave room on every SM for one CTA of the pass, so that the
+// pass's CTAs become resident beside K1's at once. The plan says how many that must be
+// for the overlap to pay; the pass must fit one wave. (Keeping all of K1's CTAs on the
+// SMs the pass does not use, and letting the surplus on its SMs exit, was tried: on the
+// H200 the pass then waited for K1's end.)
+inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, int &sms, int &alone,
+                                 int &keep) {
+  int device = 0, regs_sm = 0, smem_sm = 0, threads_sm = 0;
+  keep = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess)
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&alone, prepare_overlap_kernel,
+                                                        kPrepareThreads, 0);
+  if (err != cudaSuccess) return {err, "prepare_kernel device query"};
+  if (p.ready == nullptr || p.overlap_min_ctas < 1 || first.ctas > sms)
+    return {cudaSuccess, nullptr};
+  err = cudaDeviceGetAttribute(&regs_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&threads_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device);
+  Footprint k1, k2;
+  if (err == cudaSuccess)
+    err = footprint(reinterpret_cast<const void *>(prepare_overlap_kernel), kPrepareThreads, 0, k1);
+  if (err == cudaSuccess) err = footprint(first.kernel, first.threads, first.smem, k2);
+  if (err != cudaSuccess) return {err, "prepare_kernel / recurrence_kernel attributes"};
+  const int beside =
+      std::min({alone, (regs_sm / 4 - k2.sub_partition_regs) / k1.sub_partition_regs,
+                (smem_sm - k2.smem) / k1.smem, (threads_sm - k2.threads) / k1.threads});
+  if (beside >= p.overlap_min_ctas) keep = beside;
+  return {cudaSuccess, nullptr};
+}
+
 // Prefixes (varlen) -> K1 over all chunks -> K2: one pass over whole sequences, or the
-// segment pass, the combine and the rerun (design §4.1, §6.2).
+// segment pass, the combine and the rerun (design §4.1, §6.2). When K1 overlaps the
+// first pass (design §4.7), that pass is launched while K1 runs and waits on each
+// record's ready flag.
 inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (p.cu_seqlens != nullptr) {
     prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
     const LaunchStatus st = launch_status("prefix_kernel launch");
     if (st.error != cudaSuccess) return st;
   }
-  prepare_kernel<<<dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads)),
-                   kPrepareThreads, 0, stream>>>(p);
-  LaunchStatus st = launch_status("prepare_kernel launch");
+  const bool segmented = p.segment_chunks > 0;
+  PassLaunch first;
+  LaunchStatus st = configure_pass(p, segmented ? ChainPass::kSegment : ChainPass::kWhole,
+                                   segmented ? p.segment_block_v : p.chain_block_v, first);
   if (st.error != cudaSuccess) return st;
-  if (p.segment_chunks == 0) return launch_pass(p, ChainPass::kWhole, p.chain_block_v, stream);
-  st = launch_pass(p, ChainPass::kSegment, p.segment_block_v, stream);
+  int sms = 0, alone = 0, keep = 0;
+  st = plan_overlap(p, first, sms, alone, keep);
   if (st.error != cudaSuccess) return st;
+  const bool overlap = keep > 0;
+  FwdParams k1 = p;
+  if (overlap) {
+    const size_t bytes = static_cast<size_t>(ready_bytes(p.heads, p.tiles_per_head));
+    const cudaError_t err = cudaMemsetAsync(p.ready, 0, bytes, stream);
+    if (err != cudaSuccess) return {err, "ready flags (memset)"};
+    prepare_overlap_kernel<<<static_cast<unsigned>(keep * sms), kPrepareThreads, 0, stream>>>(k1);
+  } else {
+    k1.ready = first.params.ready = nullptr;
+    prepare_kernel<<<dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads)),
+                     kPrepareThreads, 0, stream>>>(k1);
+  }
+  st = launch_status("prepare_kernel launch");
+  if (st.error != cudaSuccess) return st;
+  st = launch_pass(first, overlap, stream);
+  if (st.error != cudaSuccess || !segmented) return st;
   st = launch_combine(p, stream);
   if (st.error != cudaSuccess) return st;
-  return launch_pass(p, ChainPass::kRerun, p.chain_block_v, stream);
+  PassLaunch rerun;
+  st = configure_pass(k1, ChainPass::kRerun, p.chain_block_v, rerun);
+  if (st.error != cudaSuccess) return st;
+  return launch_pass(rerun, false, stream);
 }
 
 inline LaunchStatus launch_probe_unary(int op, const float *x, float *y, int64_t count,

@@ -222,4 +222,30 @@ __device__ __forceinline__ void barrier_arrive(uint64_t *bar) {
   TxBarrier::arrive(bar);
 }
 
+// ---------------------------------------------------------------- K1 / K2 overlap
+
+// design §4.7. K1 lets the first recurrence pass launch while it still runs
+// (programmatic dependent launch: that pass is launched once every K1 CTA has executed
+// this, and never waits for K1's end); each record's readiness is then a flag in global
+// memory, set by K1 with release semantics after the whole CTA has written the record.
+__device__ __forceinline__ void allow_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+__device__ __forceinline__ void publish_flag(uint32_t *flag) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(1u) : "memory");
+}
+
+// Spins until *flag is set (acquire), then orders the generic-proxy writes it made
+// visible before this thread's later bulk copies (async proxy) of the same memory.
+__device__ __forceinline__ void wait_flag(const uint32_t *flag) {
+  uint32_t ready = 0;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(ready) : "l"(flag) : "memory");
+    if (ready != 0) break;
+    __nanosleep(64);
+  }
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
 }  // namespace flash_kda::FLASH_KDA_ARCH

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kda/workspace.h"
+
 namespace flash_kda {
 
 // Element types of state and index tensors; the values are flash_kda_dtype's.
@@ -65,9 +67,22 @@ struct FwdParams {
   int64_t num_seqs;
 
   // Workspace (workspace.h): records, then the prefix arrays, then the segment buffers.
-  uint8_t *records;            // [heads, tiles_per_head, kRecordBytes]
-  int64_t tiles_per_head;      // record stride of one head
-  int64_t prepare_tiles;       // K1 grid.x: exact in batched mode, upper bound in varlen
+  uint8_t *records;        // [heads, tiles_per_head, kRecordBytes]
+  int64_t tiles_per_head;  // record stride of one head
+  int64_t prepare_tiles;   // records per head K1 covers: exact in batched mode, upper
+                           // bound in varlen
+  // K1 beside the first recurrence pass (design §4.7). Order of the items: in batched
+  // mode chunk j of every unit of order_chunks chunks (a segment, or the whole sequence:
+  // order_units per sequence) comes before chunk j + 1, heads innermost.
+  int32_t order_chunks;
+  int32_t order_units;
+  int32_t prepare_items;  // all heads' items (overlap only)
+  // ready[head * tiles_per_head + tile] != 0 once K1 has written that record; nullptr
+  // when the recurrence starts only after K1. The launch overlaps the two when K1 can
+  // keep overlap_min_ctas CTAs per SM beside the first pass (plan.h; 0 = never).
+  uint32_t *ready;
+  int32_t overlap_min_ctas;
+  OverlapSync *sync;           // K1's work counter, after the flags (workspace.h)
   int32_t *tile_prefix;        // [num_seqs + 1], varlen only
   int32_t *segment_prefix;     // [num_seqs + 1], varlen and segmented only
   int32_t *checkpoint_prefix;  // [num_seqs + 1], varlen with checkpoints only

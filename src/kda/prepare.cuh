@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
 // prepare.cuh: K1, the token-parallel half of the forward (design §3.2, §4.4).
 //
-// One CTA computes one 16-token chunk of one head and writes its record (workspace.h):
+// A CTA computes one 16-token chunk of one head and writes its record (workspace.h):
 // decayed keys/queries Kd, Qd, Kr, the chunk decay e, the inverse (I + L)^-1, the causal
-// scores Mqk and bf16 beta. Grid (chunks, heads), 128 threads (4 warps), 15.5 KB static
-// smem. Rows t >= n of a partial chunk are loaded as zeros: k, q and g rows become 0, so
-// Kd/Qd/Ki/Kr rows and gamma are 0 there, as in the reference (design §3.5: free).
+// scores Mqk and bf16 beta. prepare_kernel: grid (chunks, heads), one record per CTA;
+// prepare_overlap_kernel: resident CTAs that take records one after another beside the
+// recurrence (design §4.7). 128 threads (4 warps), 15.5 KB static smem. Rows t >= n of a
+// partial chunk are loaded as zeros: k, q and g rows become 0, so Kd/Qd/Ki/Kr rows and
+// gamma are 0 there, as in the reference (design §3.5: free).
 //
 // Shared-memory layout: the 16x128 tiles are row-major with rows padded to 136 elements,
 // which makes every access below conflict-free: per-channel threads touch 64 contiguous
@@ -295,12 +297,9 @@ __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, cons
   }
 }
 
-__global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const FwdParams p) {
-  __shared__ PrepareSmem sm;
-  const int64_t h = blockIdx.y;
-  ChunkRef ch;
-  if (!locate_chunk(p, blockIdx.x, ch)) return;  // excess CTA of varlen's upper-bound grid
-
+// One record: steps 0-9 of chunk `ch` of head h, written to the workspace.
+__device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
+                                              PrepareSmem &sm) {
   load_chunk(p, h, ch, sm);
   __syncthreads();
   l2_normalize(sm);
@@ -316,6 +315,38 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const FwdParam
   if (threadIdx.x < 32) neumann_inverse(sm);
   __syncthreads();
   store_record(p, h, ch, sm);
+}
+
+// K1 before the recurrence: grid (records, heads), one record per CTA.
+__global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const FwdParams p) {
+  __shared__ PrepareSmem sm;
+  ChunkRef ch;
+  if (!locate_chunk(p, blockIdx.x, ch)) return;  // excess CTA of varlen's upper-bound grid
+  prepare_chunk(p, blockIdx.y, ch, sm);
+}
+
+// K1 beside the first recurrence pass (design §4.7): a grid that the GPU holds at once
+// beside that pass's CTAs (the launch sizes it), which lets the pass launch
+// (allow_dependents) and takes items from a counter in locate_item's order, publishing
+// each record's ready flag once the whole CTA has written it. Bounded to 40 registers
+// (53 unbounded; the loop's state spills 40 bytes, once per record) so that its CTAs
+// stay small beside the pass.
+__global__ void __launch_bounds__(kPrepareThreads, 12) prepare_overlap_kernel(const FwdParams p) {
+  __shared__ PrepareSmem sm;
+  __shared__ uint32_t next;
+  allow_dependents();
+  for (;;) {
+    if (threadIdx.x == 0) next = atomicAdd(&p.sync->next_item, 1u);
+    __syncthreads();
+    const uint32_t i = next;
+    if (i >= static_cast<uint32_t>(p.prepare_items)) return;  // CTA-uniform
+    int64_t h;
+    ChunkRef ch;
+    const bool valid = locate_item(p, static_cast<int32_t>(i), h, ch);
+    if (valid) prepare_chunk(p, h, ch, sm);
+    __syncthreads();  // every record store before the flag; smem and `next` free again
+    if (valid && threadIdx.x == 0) publish_flag(p.ready + h * p.tiles_per_head + ch.tile);
+  }
 }
 
 }  // namespace flash_kda::FLASH_KDA_ARCH

@@ -61,7 +61,8 @@ struct RingPos {
   }
 };
 
-// Producer (one lane): per chunk, wait for a free stage, then the record (a bulk copy)
+// Producer (one lane): per chunk, wait for a free stage and, while K1 may still run, for
+// the record's ready flag; then the record (a bulk copy)
 // and, unless the slice is a transition slice (v = 0), the chunk's value rows
 // [16, kBlockV] (a tensor copy; rows past the end of v read as zeros, rows past the
 // sequence are masked by the consumers). One value-row copy per row (17 copies per
@@ -72,12 +73,13 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtenso
                                                uint64_t *empty) {
   const bool values = t.col0 < kHeadDim;
   const uint32_t bytes = kRecordBytes + (values ? kChunk * value_row_stride(kBlockV) : 0);
-  const uint8_t *records =
-      p.records + (t.head * p.tiles_per_head + t.span.first_tile) * kRecordBytes;
+  const int64_t first = t.head * p.tiles_per_head + t.span.first_tile;
+  const uint8_t *records = p.records + first * kRecordBytes;
   RingPos pos{0, 0};
   for (int64_t c = 0; c < t.span.num_chunks; ++c, pos.advance(p.stages)) {
     const int s = pos.stage;
-    barrier_wait(&empty[s], pos.phase ^ 1u);  // the first round passes at once
+    barrier_wait(&empty[s], pos.phase ^ 1u);                 // the first round passes at once
+    if (p.ready != nullptr) wait_flag(p.ready + first + c);  // K1 still running (§4.7)
     uint8_t *stage = stages + s * stage_bytes(kBlockV);
     TxBarrier::arrive_and_expect_tx(&full[s], bytes);
     bulk_copy_g2s(stage, records + c * kRecordBytes, kRecordBytes, &full[s]);

@@ -123,6 +123,28 @@ __device__ __forceinline__ bool locate_chunk(const FwdParams &p, int64_t x, Chun
   return ref.n > 0;
 }
 
+// K1's item i of the overlapped forward (design §4.7, batched mode): head i % heads of
+// chunk j of unit u, in the order (j, u, head), where a unit is order_chunks chunks of a
+// sequence (a segment, or the whole sequence) and a sequence has order_units of them. The
+// recurrence CTAs walk their units side by side, so they find their records in about
+// the order K1 writes them. False for items past a short last unit. 32-bit: the plan
+// overlaps only calls of fewer than 2^31 items.
+__device__ __forceinline__ bool locate_item(const FwdParams &p, int32_t i, int64_t &head,
+                                            ChunkRef &ref) {
+  const int32_t heads = static_cast<int32_t>(p.heads), per = p.order_units;
+  const int32_t units = static_cast<int32_t>(p.num_seqs) * per;
+  const int32_t slab = i / heads, j = slab / units, u = slab % units;
+  head = i % heads;
+  const int64_t chunks = ceil_div(p.seqlen, kChunk);
+  const int64_t c = int64_t{u % per} * p.order_chunks + j;
+  if (c >= chunks) return false;
+  ref.tile = (u / per) * chunks + c;
+  ref.b = u / per;
+  ref.t0 = c * kChunk;
+  ref.n = static_cast<int>(min(int64_t{kChunk}, p.seqlen - ref.t0));
+  return true;
+}
+
 // ---------------------------------------------------------------- segments (design §6)
 
 // Segments of a sequence of `chunks` chunks: an empty sequence has one, of no chunk, so

@@ -70,4 +70,17 @@ constexpr int64_t tiles_per_head(int64_t total_tokens, int64_t num_seqs) {
   return ceil_div(total_tokens, kChunk) + num_seqs;
 }
 
+// The overlapped forward's work counter (design §4.7), after the ready flags (one uint32
+// per record); the launch zeroes flags and counter together.
+struct OverlapSync {
+  uint32_t next_item;  // K1's next item
+  uint32_t pad[31];    // 128 bytes: the workspace stays 128-byte aligned
+};
+static_assert(sizeof(OverlapSync) == 128, "keeps the workspace 128-byte aligned");
+
+// Bytes of the ready flags and the counters.
+constexpr int64_t ready_bytes(int64_t heads, int64_t tiles) {
+  return round_up(4 * heads * tiles, 128) + static_cast<int64_t>(sizeof(OverlapSync));
+}
+
 }  // namespace flash_kda

@@ -30,7 +30,7 @@
 #define FLASH_KDA_NOEXCEPT
 #endif
 
-#define FLASH_KDA_ABI_VERSION 2
+#define FLASH_KDA_ABI_VERSION 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -150,6 +150,11 @@ typedef struct flash_kda_fwd_args {
   int32_t mode;              /* flash_kda_mode */
   int32_t segment_chunks;    /* AUTO mode: 0 = the library picks; > 0 forces 16-token chunks
                               * per segment (diagnostics and tests) */
+  /* ---- ABI 3 ---- */
+  int32_t overlap;   /* K1 beside the first recurrence pass (design §4.7): 0 = the library
+                      * decides, 1 = wherever it can run, -1 = never (diagnostics and tests;
+                      * no result changes) */
+  int32_t reserved3; /* set to 0 */
 } flash_kda_fwd_args;
 
 /* What flash_kda_fwd will run for some arguments (flash_kda_fwd_plan). */
@@ -160,6 +165,10 @@ typedef struct flash_kda_fwd_plan_info {
   int32_t segment_block_v; /* value columns per CTA of the segment pass (segmented only) */
   int64_t max_segments;    /* segments the grids are sized for (0 when not segmented) */
   int64_t workspace_bytes; /* bytes flash_kda_fwd needs in args->workspace */
+  /* ---- ABI 3 ---- */
+  int32_t overlap_min_ctas; /* K1 beside the first recurrence pass when the device leaves
+                             * room for this many K1 CTAs per SM there; 0 = never */
+  int32_t reserved;
 } flash_kda_fwd_plan_info;
 
 /* Single-instruction probes: the reference calls them to reproduce the exact
