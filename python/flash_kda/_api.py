@@ -10,7 +10,35 @@ _REQUIRED = ("q", "k", "v", "g", "beta", "out", "A_log", "dt_bias")
 
 
 def _check_traceable(tensors: dict, outputs: dict) -> None:
-    """The checks ``torch.compile`` can trace: Python types, devices, grad, inference."""
+    """The checks ``torch.compile`` can trace: Python types, devices, grad, inference.
+
+    One pass decides whether anything is wrong; only then do the checks run one by one
+    (:func:`_report_untraceable`), so that the first fault is reported as before."""
+    q = tensors["q"]
+    ok = isinstance(q, torch.Tensor)
+    if ok:
+        device = q.device
+        grad = torch.is_grad_enabled()
+        ok = device.type in ("cpu", "cuda")
+        for name, x in tensors.items():
+            if not ok:
+                break
+            if x is None:
+                ok = name not in _REQUIRED
+            elif not isinstance(x, torch.Tensor) or (grad and x.requires_grad):
+                ok = False
+            elif x.device != device:
+                ok = name == "cu_seqlens" and x.device.type == "cpu"
+        if ok and not torch.compiler.is_compiling() and not torch.is_inference_mode_enabled():
+            for x in outputs.values():
+                if x is not None and x.is_inference():
+                    ok = False
+    if not ok:
+        _report_untraceable(tensors, outputs)
+
+
+def _report_untraceable(tensors: dict, outputs: dict) -> None:
+    """:func:`_check_traceable` check by check: raises for the first fault."""
     for name, x in tensors.items():
         if (x is not None or name in _REQUIRED) and not isinstance(x, torch.Tensor):
             raise TypeError(f"flash_kda.fwd: {name} must be a torch.Tensor, got {type(x).__name__}")

@@ -38,10 +38,11 @@ def activation_strides(name: str, x: torch.Tensor) -> tuple[int, int, int]:
     a multiple of 8 elements (16 bytes) below 2**39; the base must be 16-byte aligned.
     Dimensions of extent one get stride 0 (the library ignores them; all zero = contiguous).
     """
-    strides = x.stride()
-    ok = strides[3] == 1 and all(
-        n == 1 or (0 < s < MAX_STRIDE and s % VECTOR == 0) for n, s in zip(x.shape[:3], strides[:3])
-    )
+    shape, strides = x.shape, x.stride()
+    ok = strides[3] == 1
+    for n, s in zip(shape[:3], strides[:3]):
+        if n != 1 and not (0 < s < MAX_STRIDE and s % VECTOR == 0):
+            ok = False
     if not ok:
         raise ValueError(
             f"{_WHERE}: {name} must have strides (batch, token, head, 1) with each stride of a dimension longer "
@@ -49,7 +50,7 @@ def activation_strides(name: str, x: torch.Tensor) -> tuple[int, int, int]:
             f"for shape {_shape(x)}"
         )
     aligned(name, x, 16)
-    return tuple(0 if n == 1 else s for n, s in zip(x.shape[:3], strides[:3]))
+    return (0 if shape[0] == 1 else strides[0], 0 if shape[1] == 1 else strides[1], 0 if shape[2] == 1 else strides[2])
 
 
 def beta_strides(x: torch.Tensor) -> tuple[int, int, int]:
@@ -75,8 +76,9 @@ def no_self_overlap(name: str, x: torch.Tensor) -> None:
         span += stride * (size - 1)
 
 
-def byte_range(x: torch.Tensor) -> Optional[tuple[int, int]]:
-    """``[first, last + 1)`` byte addresses covered by the view ``x``; None when empty."""
+def extent(x: torch.Tensor) -> Optional[tuple[int, int]]:
+    """``[low, high)`` byte offsets, relative to ``x.data_ptr()``, covered by the view ``x``
+    (a function of its shape, strides and dtype only); None when empty."""
     if x.numel() == 0:
         return None
     low = high = 0
@@ -85,8 +87,17 @@ def byte_range(x: torch.Tensor) -> Optional[tuple[int, int]]:
             low += (n - 1) * s
         else:
             high += (n - 1) * s
+    size = x.element_size()
+    return low * size, (high + 1) * size
+
+
+def byte_range(x: torch.Tensor) -> Optional[tuple[int, int]]:
+    """``[first, last + 1)`` byte addresses covered by the view ``x``; None when empty."""
+    offsets = extent(x)
+    if offsets is None:
+        return None
     base = x.data_ptr()
-    return base + low * x.element_size(), base + (high + 1) * x.element_size()
+    return base + offsets[0], base + offsets[1]
 
 
 def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -100,27 +111,62 @@ def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
+def overlap_pairs(outputs: dict, inputs: dict, slots: Optional[dict] = None) -> tuple:
+    """The pointer-independent part of :func:`no_aliasing`: every pair of a non-empty output
+    (name -> tensor or None: out, final_state, checkpoints) with a later non-empty output or
+    a non-empty input on the same device, in the order :func:`no_aliasing` reports them.
+
+    Each pair is a tuple ``(writer, other, low, high, may_be_same, writer name, other
+    name)``: ``writer`` and ``other`` index the pointer sequence given to
+    :func:`check_overlaps` (``slots`` maps each name to its index; by default the position
+    in ``outputs`` then ``inputs``); with ``d`` = writer's data_ptr - other's, the two views
+    intersect exactly when ``low < d < high`` (from their :func:`extent`); ``may_be_same``
+    marks final_state against an initial_state of the same shape, strides, dtype and
+    device, which is allowed at ``d == 0``. Plain tuples: this runs on every call that
+    is not a cache hit."""
+    if slots is None:
+        slots = {n: i for i, n in enumerate([*outputs, *inputs])}
+    present = [(n, t, t.device, extent(t)) for n, t in [*outputs.items(), *inputs.items()] if t is not None]
+    pairs = []
+    for i in range(sum(t is not None for t in outputs.values())):
+        name, t, device, span = present[i]
+        if span is None:
+            continue
+        writer, (low, high) = slots[name], span
+        for other, u, u_device, u_span in present[i + 1 :]:
+            if u_span is None or u_device != device:
+                continue
+            may_be_same = (
+                name == "final_state"
+                and other == "initial_state"
+                and t.shape == u.shape
+                and t.stride() == u.stride()
+                and t.dtype == u.dtype
+            )
+            # [base + low, base + high) meets [u_base + u_span) iff u_span[0] - high < base - u_base < u_span[1] - low
+            pairs.append((writer, slots[other], u_span[0] - high, u_span[1] - low, may_be_same, name, other))
+    return tuple(pairs)
+
+
+def check_overlaps(pairs: tuple, pointers) -> None:
+    """The pointer-dependent part of :func:`no_aliasing`: ``ValueError`` for the first pair
+    whose byte ranges at ``pointers`` (data_ptr of each argument, indexed as the pairs say)
+    intersect, unless it is final_state at initial_state's own view."""
+    for writer, other, low, high, may_be_same, name, other_name in pairs:
+        d = pointers[writer] - pointers[other]
+        if low < d < high and not (may_be_same and d == 0):
+            hint = (
+                "; it may only be initial_state itself (same storage offset, shape, strides and dtype)"
+                if {name, other_name} == {"final_state", "initial_state"}
+                else ""
+            )
+            raise ValueError(f"{_WHERE}: {name} must not overlap {other_name} in memory{hint}")
+
+
 def no_aliasing(outputs: dict, inputs: dict) -> None:
     """``outputs`` (name -> tensor or None: out, checkpoints, final_state) must not overlap
     each other nor any of ``inputs``, except that final_state may be initial_state itself.
-    Each view's byte range is computed once (this runs on every call)."""
-    ranges = {}
-    for name, t in list(outputs.items()) + list(inputs.items()):
-        if t is not None and name not in ranges:
-            ranges[name] = (t, t.device, byte_range(t))
-    outs = [n for n, t in outputs.items() if t is not None]
-    others = outs + [n for n, t in inputs.items() if t is not None]
-    for i, name in enumerate(outs):
-        t, device, (low, high) = ranges[name][0], ranges[name][1], ranges[name][2] or (0, 0)
-        for other in others[i + 1 :]:
-            u, u_device, u_range = ranges[other]
-            if u_range is None or u_device != device or not (low < u_range[1] and u_range[0] < high):
-                continue
-            if name == "final_state" and other == "initial_state" and same_view(t, u):
-                continue
-            hint = (
-                "; it may only be initial_state itself (same storage offset, shape, strides and dtype)"
-                if {name, other} == {"final_state", "initial_state"}
-                else ""
-            )
-            raise ValueError(f"{_WHERE}: {name} must not overlap {other} in memory{hint}")
+    Each view's byte extent is computed once; :func:`overlap_pairs` is the part a cached
+    validation keeps, :func:`check_overlaps` the part that runs on every call."""
+    tensors = list(outputs.values()) + list(inputs.values())
+    check_overlaps(overlap_pairs(outputs, inputs), [0 if t is None else t.data_ptr() for t in tensors])

@@ -264,12 +264,172 @@ def _activations(q, k, v, g, beta, out) -> tuple[int, int, int]:
     return B, T, H
 
 
+# ------------------------------------------------------------------ the cached call path
+#
+# Every check above except three reads only the call's *signature*: for each tensor its
+# type, dtype, device, shape and strides; whether grad mode is on and any tensor requires
+# grad; whether inference mode is off and an output is an inference tensor; the scalars;
+# the resolved mode. The three are pointer- or content-dependent: 16-byte alignment
+# (data_ptr), overlap between outputs and the other arguments (data_ptr plus a byte extent
+# that the signature fixes), and the contents of index tensors on the host. check_fwd runs
+# every check on the first two calls of a signature and, at the second, remembers what the
+# checks derived (a _Plan); a later call of the same signature runs only the three, in the
+# order the full validation runs them, so it raises the same error for the same fault. A
+# signature met once (a new token count) thus costs the key and a marker, not a plan.
+
+# The tensor arguments in the order of the signature and the pointer list.
+_TENSORS = ("q", "k", "v", "g", "beta", "out", "A_log", "dt_bias", "initial_state", "final_state", "cu_seqlens",
+            "ssm_state_indices", "has_initial_state", "checkpoints")  # fmt: skip
+_SLOT = {name: i for i, name in enumerate(_TENSORS)}
+_Q, _K, _V, _G, _BETA, _OUT, _A_LOG, _DT_BIAS, _INITIAL, _FINAL, _CU, _INDICES, _HAS_INITIAL, _CHECKPOINTS = range(14)
+_OUTPUTS = (_OUT, _FINAL, _CHECKPOINTS)
+PLAN_CACHE_SIZE = 64  # signatures remembered; the cache is emptied when it is full
+
+
+class _Plan(NamedTuple):
+    """What the full validation derived from a signature (everything but pointers and
+    index contents), and which pointer- and content-dependent checks a call still needs."""
+
+    batch: int
+    seqlen: int
+    heads: int
+    num_seqs: int
+    pool_size: int  # N, or P with ssm_state_indices
+    state_dtype: Optional[torch.dtype]
+    strides: tuple
+    checkpoint_every: int
+    exact: bool
+    device: torch.device
+    early_aligned: tuple  # (slot, name) of q, k, v, g, out when non-empty: 16-byte aligned
+    cu_on_host: bool  # cu_seqlens on the CPU: contents checked, copied to q's device
+    indices_on_host: bool  # ssm_state_indices on the CPU: contents checked
+    late_aligned: tuple  # (slot, name) of initial_state, final_state, checkpoints when non-empty
+    overlaps: tuple  # _layout.overlap_pairs, indexed by slot
+    A_log_ready: bool  # float32 and contiguous: widened by itself when 16-byte aligned
+    dt_bias_ready: bool  # float32, contiguous, [H, 128]: likewise
+
+
+_plans: dict = {}  # signature -> _Plan, or _SEEN after its first call
+_SEEN = object()
+
+
+def _signature(tensors: tuple, scale, lower_bound, checkpoint_every, exact):
+    """Everything the signature-dependent checks read, as a hashable key (with the resolved
+    mode last); None when the call is not cached (scalars of other types than float, int
+    and bool/None, or an argument that does not look like a tensor: the full validation
+    then runs and reports it)."""
+    if type(scale) is not float or type(lower_bound) is not float:
+        return None
+    if checkpoint_every is not None and type(checkpoint_every) is not int:
+        return None
+    if exact is None:
+        mode = os.environ.get(EXACT_ENV) == "1"
+    elif exact is True or exact is False:
+        mode = exact
+    else:
+        return None
+    try:
+        metas = tuple([None if x is None else (type(x), x.dtype, x.device, x.shape, x.stride()) for x in tensors])
+        grad = torch.is_grad_enabled() and any([x is not None and x.requires_grad for x in tensors])
+        written = not torch.is_inference_mode_enabled() and any(
+            [tensors[i] is not None and tensors[i].is_inference() for i in _OUTPUTS]
+        )
+    except Exception:  # not a tensor: the full validation says what is wrong
+        return None
+    return metas, scale, lower_bound, checkpoint_every, grad, written, mode
+
+
+def _plan_of(call: FwdCall, tensors: tuple, overlaps: tuple) -> _Plan:
+    """The _Plan of a call that passed the full validation (its tensors by slot, the
+    overlap pairs the validation tested)."""
+    q, A_log, dt_bias, cu, indices = (tensors[i] for i in (_Q, _A_LOG, _DT_BIAS, _CU, _INDICES))
+    present = lambda slots: tuple((i, _TENSORS[i]) for i in slots if tensors[i] is not None and tensors[i].numel())  # noqa: E731
+    return _Plan(
+        call.batch, call.seqlen, call.heads, call.num_seqs, call.pool_size, call.state_dtype, call.strides,
+        call.checkpoint_every, call.exact, q.device, present((_Q, _K, _V, _G, _OUT)),
+        cu is not None and cu.device.type == "cpu", indices is not None and indices.device.type == "cpu",
+        present((_INITIAL, _FINAL, _CHECKPOINTS)), overlaps,
+        A_log.dtype == torch.float32 and A_log.is_contiguous(),
+        dt_bias.dtype == torch.float32 and dt_bias.is_contiguous() and dt_bias.dim() == 2,
+    )  # fmt: skip
+
+
+def _check_pointers(plan: _Plan, tensors: tuple, scale: float, lower_bound: float) -> FwdCall:
+    """A call whose signature passed the full validation before: only the pointer- and
+    content-dependent checks, in the full validation's order (so the same error for the
+    same fault), then the validated call."""
+    pointers = [0 if x is None else x.data_ptr() for x in tensors]
+    for slot, name in plan.early_aligned:  # activation_strides' alignment, q k v g out
+        if pointers[slot] % 16:
+            _layout.aligned(name, tensors[slot], 16)
+    cu, bounds = tensors[_CU], None
+    if plan.cu_on_host:
+        bounds = _sequences.check_bounds(_sequences.host_list(cu), plan.seqlen)
+        cu = cu.to(plan.device)
+    if plan.indices_on_host:
+        _sequences.check_slots(_sequences.host_list(tensors[_INDICES]), plan.pool_size)
+    for slot, name in plan.late_aligned:  # states and checkpoints (contiguous, aligned)
+        if pointers[slot] % 16:
+            _layout.aligned(name, tensors[slot], 16)
+    _layout.check_overlaps(plan.overlaps, pointers)
+    A_log, dt_bias = tensors[_A_LOG], tensors[_DT_BIAS]
+    if not (plan.A_log_ready and pointers[_A_LOG] % 16 == 0):
+        A_log = _widen(A_log)
+    if not (plan.dt_bias_ready and pointers[_DT_BIAS] % 16 == 0):
+        dt_bias = _widen(dt_bias.reshape(plan.heads, HEAD_DIM))
+    return FwdCall(
+        tensors[_Q], tensors[_K], tensors[_V], tensors[_G], tensors[_BETA], tensors[_OUT], A_log, dt_bias, scale,
+        lower_bound, tensors[_INITIAL], tensors[_FINAL], cu, tensors[_INDICES], tensors[_HAS_INITIAL],
+        plan.checkpoint_every, tensors[_CHECKPOINTS], plan.exact, plan.batch, plan.seqlen, plan.heads, plan.num_seqs,
+        plan.state_dtype, bounds, plan.strides,
+    )  # fmt: skip
+
+
 def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
               cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None, checkpoints=None,
               exact=None) -> FwdCall:  # fmt: skip
     """Validate one ``fwd`` call (arguments as :func:`flash_kda.fwd`); return it as a
     :class:`FwdCall`. Reads no device memory (index tensors on the CPU are read). Raises
-    ``TypeError``, ``ValueError`` or ``RuntimeError`` (grad) before anything is written."""
+    ``TypeError``, ``ValueError`` or ``RuntimeError`` (grad) before anything is written.
+
+    The first two calls of a signature (see :func:`_signature`) run every check; later
+    ones run the pointer- and content-dependent checks only (alignment, aliasing, index
+    tensors on the host), which is all that can differ between them."""
+    tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
+               has_initial_state, checkpoints)  # fmt: skip
+    key = _signature(tensors, scale, lower_bound, checkpoint_every, exact)
+    plan = None if key is None else _plans.get(key)
+    if plan is not None and plan is not _SEEN:
+        return _check_pointers(plan, tensors, scale, lower_bound)
+    if key is not None:
+        exact = key[-1]  # the resolved mode: FLASH_KDA_EXACT is read once per call
+    call, overlaps = _check_all(
+        q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+        ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact,
+    )  # fmt: skip
+    if key is not None:
+        if len(_plans) >= PLAN_CACHE_SIZE:
+            _plans.clear()
+        # A signature gets its plan at its second call: one seen once (a new token count, say)
+        # costs a marker, not a plan.
+        _plans[key] = _SEEN if plan is None else _plan_of(call, tensors, overlaps)
+    return call
+
+
+def check_all(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
+              cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None, checkpoints=None,
+              exact=None) -> FwdCall:  # fmt: skip
+    """Every check of a ``fwd`` call, uncached (what :func:`check_fwd` runs on the first
+    call of a signature)."""
+    return _check_all(
+        q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+        ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact,
+    )[0]  # fmt: skip
+
+
+def _check_all(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+               ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact) -> tuple:  # fmt: skip
+    """:func:`check_all`, returning ``(call, the overlap pairs it tested)``."""
     B, T, H = _activations(q, k, v, g, beta, out)
     _gate_shapes(A_log, dt_bias, H)
     optional = dict(initial_state=initial_state, final_state=final_state, checkpoints=checkpoints)
@@ -283,8 +443,9 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
     inputs = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state)
     inputs.update(ssm_state_indices=ssm_state_indices, has_initial_state=has_initial_state)
     outputs = dict(out=out, final_state=final_state, checkpoints=checkpoints)
-    refuse_grad(dict(inputs, **outputs))
-    _same_device(dict(inputs, **outputs), q.device)
+    arguments = dict(inputs, **outputs)
+    refuse_grad(arguments)
+    _same_device(arguments, q.device)
     scale, lower_bound = _scale(scale), _lower_bound(lower_bound)
     mode = resolve_exact(exact)
     strides = tuple(
@@ -299,9 +460,14 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
         _index_tensor("has_initial_state", has_initial_state, (torch.bool,), "bool", N)
     every = _checkpoints(checkpoint_every, checkpoints, H, state_dtype)
     refuse_inference_outputs(outputs)
-    _layout.no_aliasing(outputs, dict(inputs, cu_seqlens=cu_seqlens))
-    return FwdCall(
+    # _layout.no_aliasing, with the pairs kept for the signature cache
+    overlaps = _layout.overlap_pairs(outputs, dict(inputs, cu_seqlens=cu_seqlens), _SLOT)
+    tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
+               has_initial_state, checkpoints)  # fmt: skip
+    _layout.check_overlaps(overlaps, [0 if x is None else x.data_ptr() for x in tensors])
+    call = FwdCall(
         q, k, v, g, beta, out, _widen(A_log), _widen(dt_bias.reshape(H, HEAD_DIM)), scale, lower_bound,
         initial_state, final_state, device_cu, ssm_state_indices, has_initial_state, every, checkpoints, mode,
         B, T, H, N, state_dtype, bounds, strides,
     )  # fmt: skip
+    return call, overlaps

@@ -12,6 +12,7 @@ with its index tensors on the device can be captured in a CUDA graph.
 import functools
 import logging
 import os
+import struct
 from collections.abc import Sequence
 from typing import Callable, Optional, Union
 
@@ -139,14 +140,24 @@ def _log_once(device, path: str, reason: str) -> None:
         logger.log(logging.WARNING if warn else logging.INFO, "flash_kda.fwd on %s -> %s (%s)", device, path, reason)
 
 
+_DTYPE_CODES = {
+    None: _native.DTYPE_NONE,
+    torch.bfloat16: _native.DTYPE_BF16,
+    torch.float32: _native.DTYPE_FP32,
+    torch.int32: _native.DTYPE_INT32,
+    torch.int64: _native.DTYPE_INT64,
+}
+# The six flash_kda_strides of the struct (q, k, v, g, out, beta: the order of FwdCall.strides)
+# are consecutive, so one pack fills them (six Strides objects cost ~4 us).
+_STRIDES = struct.Struct("=18q")
+assert all(
+    getattr(_native.FwdArgs, f"{name}_strides").offset == _native.FwdArgs.q_strides.offset + 24 * i
+    for i, name in enumerate(("q", "k", "v", "g", "out", "beta"))
+)
+
+
 def _dtype_code(x: Optional[torch.Tensor]) -> int:
-    codes = {
-        torch.bfloat16: _native.DTYPE_BF16,
-        torch.float32: _native.DTYPE_FP32,
-        torch.int32: _native.DTYPE_INT32,
-        torch.int64: _native.DTYPE_INT64,
-    }
-    return _native.DTYPE_NONE if x is None else codes[x.dtype]
+    return _DTYPE_CODES[None if x is None else x.dtype]
 
 
 def _ptr(x: Optional[torch.Tensor]) -> Optional[int]:
@@ -163,16 +174,25 @@ def _word_aligned(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 def native_args(call: _validate.FwdCall, num_sms: int, block_v: int = 0, segment_chunks: int = 0):
     """``(flash_kda_fwd_args, tensors to keep alive until the launch)`` of a call."""
-    cu, indices = _word_aligned(call.cu_seqlens), _word_aligned(call.state_indices)
-    has_initial = None if call.has_initial_state is None else call.has_initial_state.contiguous()
-    checkpoints = call.checkpoints if call.checkpoints is not None and call.checkpoints.numel() else None
+    cu, indices = call.cu_seqlens, call.state_indices
+    if cu is not None:
+        cu = _word_aligned(cu)
+    if indices is not None:
+        indices = _word_aligned(indices)
+    has_initial = call.has_initial_state
+    if has_initial is not None:
+        has_initial = has_initial.contiguous()
+    checkpoints = call.checkpoints
+    if checkpoints is not None and not checkpoints.numel():
+        checkpoints = None
+    initial, final = call.initial_state, call.final_state
     args = _native.FwdArgs(
         block_v=block_v, batch=call.batch, seqlen=call.seqlen, heads=call.heads, head_dim=_validate.HEAD_DIM,
         num_seqs=call.num_seqs, q=call.q.data_ptr(), k=call.k.data_ptr(), v=call.v.data_ptr(), g=call.g.data_ptr(),
         beta=call.beta.data_ptr(), out=call.out.data_ptr(), A_log=call.A_log.data_ptr(),
         dt_bias=call.dt_bias.data_ptr(), scale=call.scale, lower_bound=call.lower_bound,
-        initial_state=_ptr(call.initial_state), final_state=_ptr(call.final_state),
-        initial_state_dtype=_dtype_code(call.initial_state), final_state_dtype=_dtype_code(call.final_state),
+        initial_state=_ptr(initial), final_state=_ptr(final),
+        initial_state_dtype=_dtype_code(initial), final_state_dtype=_dtype_code(final),
         cu_seqlens=_ptr(cu), cu_seqlens_dtype=_dtype_code(cu), num_sms=num_sms,
         state_indices=_ptr(indices), state_indices_dtype=_dtype_code(indices),
         state_pool_size=call.pool_size if indices is not None else 0, has_initial_state=_ptr(has_initial),
@@ -181,8 +201,8 @@ def native_args(call: _validate.FwdCall, num_sms: int, block_v: int = 0, segment
         checkpoint_slots=checkpoints.shape[0] if checkpoints is not None else 0,
         mode=_native.MODE_EXACT if call.exact else _native.MODE_AUTO, segment_chunks=segment_chunks,
     )  # fmt: skip
-    for name, strides in zip(("q", "k", "v", "g", "out", "beta"), call.strides):
-        setattr(args, f"{name}_strides", _native.Strides(*strides))
+    (q, k, v, g, out, beta) = call.strides  # (batch, token, head) of each, in the struct's order
+    _STRIDES.pack_into(args, _native.FwdArgs.q_strides.offset, *q, *k, *v, *g, *out, *beta)
     return args, (cu, indices, has_initial)
 
 
@@ -213,6 +233,35 @@ def _workspace_bytes(lib, args) -> int:
     return size
 
 
+# The current stream and device switch of run_native, through torch's C functions where this
+# torch has them (~1 us a call; torch.cuda.current_stream(device) builds a Stream object and
+# torch.cuda.device(device) parses its argument in Python), else the public API.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_exchange_device = getattr(torch.cuda, "_exchange_device", None)
+_maybe_exchange_device = getattr(torch.cuda, "_maybe_exchange_device", None)
+
+
+def current_stream(index: int) -> int:
+    """The ``cudaStream_t`` (as an int) of the current stream of CUDA device ``index``."""
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+def _launch(lib, cc: int, args, index: int) -> None:
+    """``lib.fwd`` on the current stream of CUDA device ``index``, with ``index`` the
+    current device during the call (as ``with torch.cuda.device(index)``)."""
+    if _exchange_device is None or _maybe_exchange_device is None:
+        with torch.cuda.device(index):
+            lib.fwd(cc, args, current_stream(index))
+        return
+    previous = _exchange_device(index)
+    try:
+        lib.fwd(cc, args, current_stream(index))
+    finally:
+        _maybe_exchange_device(previous)
+
+
 def run_native(
     call: _validate.FwdCall, *, block_v: int = 0, segment_chunks: int = 0, workspace: Optional[torch.Tensor] = None
 ) -> None:
@@ -231,8 +280,7 @@ def run_native(
         workspace = torch.empty(_workspace_bytes(lib, args), dtype=torch.uint8, device=device)
     args.workspace = workspace.data_ptr()
     args.workspace_bytes = workspace.numel()
-    with torch.cuda.device(device):
-        lib.fwd(cc, args, torch.cuda.current_stream(device).cuda_stream)
+    _launch(lib, cc, args, _cuda_index(device))
     del keep_alive  # only now: the stream orders any reuse of their memory after the launch
 
 
