@@ -4,7 +4,8 @@
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 ci/sanitize_cases.py
 
 Every block_v on a batched and a varlen case (with an empty and a partial sequence), in
-exact mode and in AUTO mode with one-chunk segments; then
+exact mode with K1 before and beside the recurrence (design section 4.7; varlen never
+overlaps) and in AUTO mode with one-chunk segments; then
 state pools (in place, padding, has_initial_state), checkpoints, strided views (fused
 projection slices) and garbage device cu_seqlens (non-monotone, negative, past the end,
 2**62), each in exact mode and in AUTO mode with a forced small segment_chunks.
@@ -60,8 +61,9 @@ for block_v in (32, 64, 128):
     for case in CASES:
         args = dict(case)
         p = make_problem(args.pop("batch"), args.pop("seqlen"), args.pop("heads"), device="cuda", **args)
-        for exact, segment_chunks in ((True, 0), (False, 1)):
-            dispatch.run_native(check(p, exact=exact), block_v=block_v, segment_chunks=segment_chunks)
+        for exact, segment_chunks, overlap in ((True, 0, -1), (True, 0, 1), (False, 1, 0)):
+            call = check(p, exact=exact)
+            dispatch.run_native(call, block_v=block_v, segment_chunks=segment_chunks, overlap=overlap)
         torch.cuda.synchronize()
         print(f"block_v={block_v} {case}: out finite {bool(torch.isfinite(p['out']).all())}")
 

@@ -32,10 +32,11 @@ def native_gpu():
     assert Ops(torch.device(DEV)).exact_instructions, "the reference must run the probes"
 
 
-def run_native(p, block_v=0, workspace=None):
-    """The exact-mode native forward on problem p, block_v forced (0: the library's pick)."""
+def run_native(p, block_v=0, workspace=None, overlap=0):
+    """The exact-mode native forward on problem p, block_v forced (0: the library's pick),
+    K1 beside the recurrence as the plan decides (0), forced (1) or never (-1)."""
     native = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=True)
-    dispatch.run_native(native, block_v=block_v, workspace=workspace)
+    dispatch.run_native(native, block_v=block_v, workspace=workspace, overlap=overlap)
 
 
 def reference_outputs(p):
@@ -209,3 +210,55 @@ def test_records_equal_reference_k1(lens):
     got = decode_records(workspace, heads, -(-total // 16) + n_seqs, chunks.tok0.numel())
     for name in ("beta", "e", "Kd", "Qd", "Kr", "Mqk", "INV"):
         assert_bitwise(got[name], ref[name], f"record plane {name}")
+
+
+OVERLAP_SHAPES = [(1, 1000, 1), (2, 333, 3), (1, 2048, 6)]
+
+
+def kernels_of(fn):
+    """Names of the CUDA kernels fn launches (torch profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+@pytest.mark.parametrize("batch,seqlen,heads", OVERLAP_SHAPES, ids=[f"B{b}-T{t}-H{h}" for b, t, h in OVERLAP_SHAPES])
+@pytest.mark.parametrize("block_v", BLOCK_VS)
+def test_overlapped_k1_gives_the_serial_bits(batch, seqlen, heads, block_v):
+    """K1 beside the whole-sequence pass (design section 4.7), forced on: its kernel runs,
+    and out and final state are bitwise those of K1 then the pass, and of the reference."""
+    p = make_problem(batch, seqlen, heads, initial=torch.float32, final=torch.bfloat16, device=DEV, seed=21)
+    serial, overlapped = clone_outputs(p), clone_outputs(p)
+    assert not any("prepare_overlap_kernel" in k for k in kernels_of(lambda: run_native(serial, block_v, overlap=-1)))
+    assert any("prepare_overlap_kernel" in k for k in kernels_of(lambda: run_native(overlapped, block_v, overlap=1)))
+    assert_bitwise(overlapped["out"], serial["out"], "overlapped out")
+    assert_bitwise(overlapped["final_state"], serial["final_state"], "overlapped final_state")
+    ref_out, ref_final = reference_outputs(p)
+    assert_bitwise(overlapped["out"], ref_out, "overlapped out vs reference")
+    assert_bitwise(overlapped["final_state"], ref_final.to(torch.bfloat16), "overlapped final_state vs reference")
+
+
+def test_overlapped_graph_replays_follow_new_inputs():
+    """A captured overlapped forward (memset of the ready flags, K1, the pass) replayed
+    twice, with new inputs copied in between: each replay equals an eager serial call on
+    the same inputs (stale flags from the first replay would let the pass read records
+    before the second replay's K1 wrote them)."""
+    a = make_problem(1, 2048, 6, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=31)
+    b = make_problem(1, 2048, 6, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=32)
+    graphed = clone_outputs(a)
+    workspace = torch.empty(flash_kda.get_workspace_size(2048, 6, 1), dtype=torch.uint8, device=DEV)
+    run_native(graphed, workspace=workspace, overlap=1)  # warm-up outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_native(graphed, workspace=workspace, overlap=1)
+    for source in (a, b, a):
+        for name in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state"):
+            graphed[name].copy_(source[name])
+        graphed["out"].fill_(float("nan"))
+        graph.replay()
+        expect = clone_outputs(source)
+        run_native(expect, overlap=-1)
+        torch.cuda.synchronize()
+        assert_bitwise(graphed["out"], expect["out"], "replay out")
+        assert_bitwise(graphed["final_state"], expect["final_state"], "replay final_state")

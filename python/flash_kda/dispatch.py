@@ -172,7 +172,7 @@ def _word_aligned(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return x.clone(memory_format=torch.contiguous_format)
 
 
-def native_args(call: _validate.FwdCall, num_sms: int, block_v: int = 0, segment_chunks: int = 0):
+def native_args(call: _validate.FwdCall, num_sms: int, block_v: int = 0, segment_chunks: int = 0, overlap: int = 0):
     """``(flash_kda_fwd_args, tensors to keep alive until the launch)`` of a call."""
     cu, indices = call.cu_seqlens, call.state_indices
     if cu is not None:
@@ -200,6 +200,7 @@ def native_args(call: _validate.FwdCall, num_sms: int, block_v: int = 0, segment
         checkpoint_every=call.checkpoint_every if checkpoints is not None else 0,
         checkpoint_slots=checkpoints.shape[0] if checkpoints is not None else 0,
         mode=_native.MODE_EXACT if call.exact else _native.MODE_AUTO, segment_chunks=segment_chunks,
+        overlap=overlap,
     )  # fmt: skip
     (q, k, v, g, out, beta) = call.strides  # (batch, token, head) of each, in the struct's order
     _STRIDES.pack_into(args, _native.FwdArgs.q_strides.offset, *q, *k, *v, *g, *out, *beta)
@@ -211,9 +212,10 @@ def validated(*args, exact: bool = True, **keywords) -> _validate.FwdCall:
     return _validate.check_fwd(*args, exact=exact, **keywords)
 
 
-def plan_of(call: _validate.FwdCall, block_v: int = 0, segment_chunks: int = 0) -> _native.FwdPlan:
-    """The library's plan (block_v, segments, workspace bytes) for a validated CUDA call."""
-    args, _ = native_args(call, device_facts(_cuda_index(call.device))[1], block_v, segment_chunks)
+def plan_of(call: _validate.FwdCall, block_v: int = 0, segment_chunks: int = 0, overlap: int = 0) -> _native.FwdPlan:
+    """The library's plan (block_v, segments, K1 overlap, workspace bytes) for a validated
+    CUDA call."""
+    args, _ = native_args(call, device_facts(_cuda_index(call.device))[1], block_v, segment_chunks, overlap)
     return _native.load().plan(args)
 
 
@@ -263,19 +265,26 @@ def _launch(lib, cc: int, args, index: int) -> None:
 
 
 def run_native(
-    call: _validate.FwdCall, *, block_v: int = 0, segment_chunks: int = 0, workspace: Optional[torch.Tensor] = None
+    call: _validate.FwdCall,
+    *,
+    block_v: int = 0,
+    segment_chunks: int = 0,
+    overlap: int = 0,
+    workspace: Optional[torch.Tensor] = None,
 ) -> None:
     """Call the C ABI on the current stream of the call's device.
 
     ``block_v`` 0 lets the library pick (tests force 32/64/128); ``segment_chunks`` > 0
-    forces the segment length of AUTO mode (``call.exact`` False); ``workspace`` (uint8 on
+    forces the segment length of AUTO mode (``call.exact`` False); ``overlap`` 1 / -1
+    forces K1 beside the whole-sequence pass on / off (0: the plan decides, design
+    section 4.7; no result changes); ``workspace`` (uint8 on
     the device, at least ``lib.plan(args).workspace_bytes``) may be given to inspect the
     records afterwards; by default it comes from PyTorch's allocator.
     """
     lib = _native.load()
     device = call.device
     cc, num_sms = device_facts(_cuda_index(device))
-    args, keep_alive = native_args(call, num_sms, block_v, segment_chunks)
+    args, keep_alive = native_args(call, num_sms, block_v, segment_chunks, overlap)
     if workspace is None:
         workspace = torch.empty(_workspace_bytes(lib, args), dtype=torch.uint8, device=device)
     args.workspace = workspace.data_ptr()
