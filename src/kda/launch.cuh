@@ -213,6 +213,7 @@ inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, in
                                  int &keep) {
   int device = 0, regs_sm = 0, smem_sm = 0, threads_sm = 0;
   keep = 0;
+  if (p.ready == nullptr || p.overlap_min_ctas < 1) return {cudaSuccess, nullptr};
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -220,8 +221,7 @@ inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, in
     err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&alone, prepare_overlap_kernel,
                                                         kPrepareThreads, 0);
   if (err != cudaSuccess) return {err, "prepare_kernel device query"};
-  if (p.ready == nullptr || p.overlap_min_ctas < 1 || first.ctas > sms)
-    return {cudaSuccess, nullptr};
+  if (first.ctas > sms) return {cudaSuccess, nullptr};
   err = cudaDeviceGetAttribute(&regs_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device);
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
