@@ -265,8 +265,7 @@ void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
       std::min<int64_t>(int64_t{p.order_chunks} * p.order_units * a.num_seqs * a.heads, INT32_MAX));
   p.ready = plan.overlap_min_ctas > 0 ? reinterpret_cast<uint32_t *>(base + plan.ready) : nullptr;
   p.overlap_min_ctas = plan.overlap_min_ctas;
-  p.sync = reinterpret_cast<OverlapSync *>(base + plan.ready +
-                                           round_up(4 * a.heads * p.tiles_per_head, 128));
+  p.sync = reinterpret_cast<OverlapSync *>(base + plan.overlap_sync);
   p.tile_prefix = reinterpret_cast<int32_t *>(base + plan.tile_prefix);
   p.segment_prefix = reinterpret_cast<int32_t *>(base + plan.segment_prefix);
   p.checkpoint_prefix = reinterpret_cast<int32_t *>(base + plan.checkpoint_prefix);

@@ -143,6 +143,7 @@ bool lay_out(int64_t total, int64_t heads, int64_t num_seqs, Plan &plan) {
   plan.ready = add_within(plan.segment_starts, starts, kMaxWorkspace);
   const int64_t flags =
       mul_within(heads, tiles, kMaxWorkspace) < 0 ? -1 : ready_bytes(heads, tiles);
+  plan.overlap_sync = add_within(plan.ready, flags - int64_t{sizeof(OverlapSync)}, kMaxWorkspace);
   plan.workspace_bytes = add_within(plan.ready, flags, kMaxWorkspace);
   return plan.workspace_bytes >= 0;
 }

@@ -31,7 +31,8 @@ struct Plan {
                              // (design §4.7); 0 = never
   // Workspace layout, byte offsets from its base (each 128-byte aligned).
   int64_t tile_prefix, segment_prefix, checkpoint_prefix, segment_states, segment_starts;
-  int64_t ready;  // one uint32 ready flag per record (design §4.7)
+  int64_t ready;         // one uint32 ready flag per record (design §4.7)
+  int64_t overlap_sync;  // K1's work counter after the flags (workspace.h OverlapSync)
   int64_t workspace_bytes;
 };
 

@@ -55,9 +55,9 @@ inline cudaError_t shared_memory_limits(int &per_block_optin, int &per_sm) {
 }
 
 // v as a 4-D tensor (128 columns, heads, tokens, batch) with the caller's strides, for
-// K2's tensor copies: one box is the [16 tokens, block_v columns] tile of one head; tokens
+// K2's tensor copies: one box is the [16 tokens, p.block_v columns] tile of one head; tokens
 // past the end of a batch row read as zeros.
-inline cudaError_t make_value_map(const FwdParams &p, int block_v, CUtensorMap *map) {
+inline cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   const Strides &s = p.v_strides;
@@ -70,7 +70,7 @@ inline cudaError_t make_value_map(const FwdParams &p, int block_v, CUtensorMap *
   };
   const cuuint64_t strides[3] = {bytes(s.head, p.heads), bytes(s.token, p.seqlen),
                                  bytes(s.batch, p.batch)};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(block_v), 1, kChunk, 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(p.block_v), 1, kChunk, 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
   const CUresult res =
       encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<uint16_t *>(p.v), dims, strides,
@@ -148,7 +148,7 @@ inline LaunchStatus configure_pass(const FwdParams &p, ChainPass pass, int block
 // kernel (K1) still runs (design §4.7).
 inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_t stream) {
   CUtensorMap value_map;
-  const cudaError_t err = make_value_map(pass.params, pass.params.block_v, &value_map);
+  const cudaError_t err = make_value_map(pass.params, &value_map);
   if (err != cudaSuccess) return {err, "recurrence_kernel tensor map of v"};
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -211,7 +211,7 @@ inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, 
 // H200 the pass then waited for K1's end.)
 inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, int &sms, int &alone,
                                  int &keep) {
-  int device = 0, regs_sm = 0, smem_sm = 0, threads_sm = 0;
+  int device = 0, regs_sm = 0, smem_optin = 0, smem_sm = 0, threads_sm = 0;
   keep = 0;
   if (p.ready == nullptr || p.overlap_min_ctas < 1) return {cudaSuccess, nullptr};
   cudaError_t err = cudaGetDevice(&device);
@@ -223,8 +223,7 @@ inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, in
   if (err != cudaSuccess) return {err, "prepare_kernel device query"};
   if (first.ctas > sms) return {cudaSuccess, nullptr};
   err = cudaDeviceGetAttribute(&regs_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  if (err == cudaSuccess) err = shared_memory_limits(smem_optin, smem_sm);
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&threads_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device);
   Footprint k1, k2;

@@ -66,7 +66,8 @@ struct FwdParams {
   int64_t heads;
   int64_t num_seqs;
 
-  // Workspace (workspace.h): records, then the prefix arrays, then the segment buffers.
+  // Workspace (plan.cpp lay_out): records, the prefix arrays, the segment buffers, then
+  // the ready flags and K1's counter.
   uint8_t *records;        // [heads, tiles_per_head, kRecordBytes]
   int64_t tiles_per_head;  // record stride of one head
   int64_t prepare_tiles;   // records per head K1 covers: exact in batched mode, upper
