@@ -5,20 +5,31 @@ not a table:
 
     python benchmarks/profile_kernels.py [--exact] T8192-N1-H96 T8192-N1-H6
     python benchmarks/profile_kernels.py --segments 16,32 T8192-N1-H6   (forced segment lengths)
+    python benchmarks/profile_kernels.py --segments 64 --block-v 64,128 T32768-N1-H6   (and widths)
     ncu --clock-control none -k regex:recurrence python benchmarks/profile_kernels.py --once T8192-N1-H6
 
 ``--once`` runs each shape's forward once without the profiler (for ncu).
 """
 
 import argparse
+import re
 
 import torch
 from bench_fwd import SHAPES, make_inputs, runner
 
+PASS_CODES = {"0": "plain", "1": "general", "2": "states"}  # recurrence_kernel's PassCode
 
-def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0):
+
+def kernel_name(key):
+    """A kernel's short name: no namespace or parameter list, the PassCode by name."""
+    name = re.sub(r"^void |flash_kda::(sm\w+::)?", "", key)
+    name = re.sub(r"\(FwdParams.*$", "", name)
+    return re.sub(r"\(PassCode\)(\d)", lambda m: PASS_CODES.get(m.group(1), m.group(1)), name)
+
+
+def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0, block_v=0):
     lens, heads = SHAPES[shape_id]
-    hook = dict(segment_chunks=segment_chunks) if segment_chunks else {}
+    hook = {k: v for k, v in dict(segment_chunks=segment_chunks, block_v=block_v).items() if v}
     run = runner(make_inputs(lens, heads), exact, **hook)
     run()
     torch.cuda.synchronize()
@@ -31,9 +42,9 @@ def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0):
     rows = []
     for e in prof.key_averages():
         if e.device_time_total > 0 and e.count >= repeats:
-            name = e.key.split("(")[0].replace("void flash_kda::sm90a::", "")
-            rows.append((name[:40], e.device_time_total / repeats, e.count // repeats))
+            rows.append((kernel_name(e.key), e.device_time_total / repeats, e.count // repeats))
     mode = "exact" if exact else f"auto L={segment_chunks}" if segment_chunks else "auto"
+    mode += f" block_v={block_v}" if block_v else ""
     print(f"{shape_id} {mode}: " + ", ".join(f"{n} x{c} {t:.1f} us" for n, t, c in sorted(rows, key=lambda r: -r[1])))
 
 
@@ -43,10 +54,12 @@ def main():
     parser.add_argument("--exact", action="store_true", help="the exact path (default: automatic)")
     parser.add_argument("--once", action="store_true", help="one forward per shape, no profiler (for ncu)")
     parser.add_argument("--segments", default="0", help="forced segment lengths in chunks, comma-separated")
+    parser.add_argument("--block-v", default="0", help="forced block_v values, comma-separated (0: the plan's)")
     args = parser.parse_args()
     for shape in args.shapes:
         for L in [0] if args.exact else [int(x) for x in args.segments.split(",")]:
-            profile(shape, args.exact, once=args.once, segment_chunks=L)
+            for bv in [int(x) for x in args.block_v.split(",")]:
+                profile(shape, args.exact, once=args.once, segment_chunks=L, block_v=bv)
 
 
 if __name__ == "__main__":

@@ -30,9 +30,9 @@ std::string str(int64_t x) {
 }
 
 // ---------------------------------------------------------------- cost model
-// Microseconds on the H200 (config.h; fitted to the segment-length sweep in
-// benchmarks/results/h200-sweep.json). Only the ratio of the two paths matters: both run
-// the same K1, which is left out.
+// Microseconds on the H200 (config.h; fitted to per-kernel profiles at forced segment
+// lengths, benchmarks/results/h200-kernels.txt). Only the ratio of the two paths matters:
+// both run the same K1, which is left out.
 
 constexpr double kLaunchUs = 5.0;           // one more kernel launch on the stream
 constexpr double kWaveUs = 6.0;             // a segment pass's fixed cost per wave of CTAs
@@ -60,15 +60,30 @@ double whole_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms)
          s.whole_link_us;
 }
 
-// The fastest width for a segment pass that covers `columns` value columns in chains of
-// `links` links: each wave of CTAs costs its links plus a fixed part (the start state in,
-// the end state out, the ring filling).
-double best_pass_us(int64_t columns, int64_t links, int32_t num_sms, int32_t &block_v) {
+// A pass of `ctas` CTAs in chains of `links` links, `resident` CTAs per SM: each wave
+// costs its links plus a fixed part (the start state in, the end state out, the ring
+// filling). A last wave of at most one CTA per SM runs its links at `alone_us`.
+double pass_us(int64_t ctas, int64_t links, int32_t num_sms, int resident, double link_us,
+               double alone_us) {
+  const int64_t slots = int64_t{num_sms} * resident;
+  const int64_t rest = ctas % slots;
+  double t = static_cast<double>(ctas / slots) * (static_cast<double>(links) * link_us + kWaveUs);
+  if (rest > 0) t += static_cast<double>(links) * (rest <= num_sms ? alone_us : link_us) + kWaveUs;
+  return t;
+}
+
+// The fastest width for a pass of segments (code kStates: phase A; kGeneral: the rerun)
+// that covers `columns` value columns in chains of `links` links.
+double best_pass_us(PassCode code, int64_t columns, int64_t links, int32_t num_sms,
+                    int32_t &block_v) {
   double best = -1.0;
   for (const RecurrenceShape &s : kRecurrenceShapes) {
-    if (s.pass_link_us <= 0) continue;
-    const double t = waves(ceil_div(columns, s.block_v), int64_t{num_sms} * s.resident) *
-                     (static_cast<double>(links) * s.pass_link_us + kWaveUs);
+    const bool states = code == PassCode::kStates;
+    const double link_us = states ? s.states_link_us : s.rerun_link_us;
+    if (link_us <= 0) continue;
+    const double t = pass_us(ceil_div(columns, s.block_v), links, num_sms,
+                             states ? s.states_resident : s.resident, link_us,
+                             states ? s.states_alone_us : link_us);
     if (best < 0 || t < best) {
       best = t;
       block_v = s.block_v;
@@ -83,11 +98,11 @@ double segmented_us(int64_t pairs, int64_t chunks, int64_t L, int32_t num_sms, i
   const int64_t P = std::max<int64_t>(ceil_div(chunks, L), 2);
   // Phase A: value columns of segments 0..P-2, transition columns of segments 1..P-2.
   const int64_t columns_a = pairs * kHeadDim * ((P - 1) + (P - 2));
-  const double a = best_pass_us(columns_a, L, num_sms, bv_a);
+  const double a = best_pass_us(PassCode::kStates, columns_a, L, num_sms, bv_a);
   const double combine =
       static_cast<double>(P - 2) * kCombineStepUs * waves(pairs * kCombineCtasPerHead, num_sms) +
       kCombineFixedUs;
-  const double c = best_pass_us(pairs * P * kHeadDim, L, num_sms, bv_c);
+  const double c = best_pass_us(PassCode::kGeneral, pairs * P * kHeadDim, L, num_sms, bv_c);
   return a + combine + c + 2 * kLaunchUs;
 }
 

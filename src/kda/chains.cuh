@@ -9,6 +9,7 @@
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
 #endif
 
+#include "kda/config.h"
 #include "kda/numerics.cuh"
 #include "kda/sequences.cuh"
 
@@ -90,24 +91,32 @@ struct ChainTask {
   SeqSpan span;
   StateSource source;
   StateSink sink;
-  bool output;          // write the output rows
   int64_t checkpoint0;  // first checkpoint slot of the sequence, -1 for none
 };
 
+// The pass an instantiation (config.h: PassCode) runs: fixed at compile time except in the
+// general kernel.
+template <PassCode kCode>
+__device__ __forceinline__ ChainPass pass_of(const FwdParams &p) {
+  if constexpr (kCode == PassCode::kPlain) return ChainPass::kWhole;
+  if constexpr (kCode == PassCode::kStates) return ChainPass::kSegment;
+  return p.pass == ChainPass::kRerun ? ChainPass::kRerun : ChainPass::kWhole;
+}
+
 // The task of this CTA. Grid: units x heads x slices, units = sequences (kWhole) or
-// segments (kSegment, kRerun); slices = kColumns / block_v.
-template <int kBlockV, bool kGeneral>
+// segments (kSegment, kRerun); slices = columns / block_v.
+template <int kBlockV, PassCode kCode>
 __device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
-  const int columns = kGeneral && p.pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
+  const ChainPass pass = pass_of<kCode>(p);
+  const int columns = pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
   const int slices = columns / kBlockV;
   const int64_t unit = blockIdx.x / slices;
   ChainTask t;
   t.col0 = static_cast<int>(blockIdx.x % slices) * kBlockV;
   t.head = unit % p.heads;
-  t.output = !kGeneral || p.pass != ChainPass::kSegment;
   t.checkpoint0 = -1;
   t.sink = {nullptr, Dtype::kNone};
-  if (!kGeneral || p.pass == ChainPass::kWhole) {
+  if (pass == ChainPass::kWhole) {
     t.seq = unit / p.heads;
     t.valid = true;
     t.span = seq_span(p, t.seq);
@@ -120,12 +129,12 @@ __device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
     // In the segment pass, the last segment's end state is never needed; segment 0 starts
     // from the true initial state, so its transition is not needed either.
     t.valid = locate_segment(p, s, seg) &&
-              (p.pass == ChainPass::kRerun ||
+              (pass == ChainPass::kRerun ||
                (seg.index + 1 < seg.count && !(transition && seg.index == 0)));
     if (!t.valid) return t;
     t.seq = seg.seq;
     t.span = seg.span;
-    if (p.pass == ChainPass::kSegment) {  // design §6.2 phase A
+    if (pass == ChainPass::kSegment) {  // design §6.2 phase A
       t.source = transition       ? StateSource{nullptr, Dtype::kBf16, true}
                  : seg.index == 0 ? initial_source(p, t.seq, t.head)
                                   : StateSource{nullptr, Dtype::kBf16, false};
@@ -135,7 +144,7 @@ __device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
       if (seg.index + 1 == seg.count) t.sink = final_sink(p, t.seq, t.head);
     }
   }
-  if (kGeneral && t.valid && t.output && p.checkpoints != nullptr)
+  if (kCode == PassCode::kGeneral && t.valid && p.checkpoints != nullptr)
     t.checkpoint0 = first_checkpoint(p, t.seq);
   return t;
 }

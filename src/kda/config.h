@@ -8,24 +8,40 @@
 
 namespace flash_kda {
 
-// One width of recurrence_kernel<kNB, kWarps, kGeneral>: kWarps compute warps of kNB
+// The code a recurrence_kernel instantiation carries (launch.cuh: configure_pass). Each
+// leaves out the branches of the passes it never runs: the link loop is latency-bound,
+// and dead branches cost it registers and instructions (benchmarks/NOTES.md steps 10, 25).
+enum class PassCode {
+  kPlain,    // the whole-sequence pass without checkpoints (the exact path's kernel)
+  kGeneral,  // passes with output and checkpoints: the whole pass with checkpoints, the rerun
+  kStates,   // the segment pass (phase A): states only, so no Pq, no Mqk U, no output rows
+};
+
+// One width of recurrence_kernel<kNB, kWarps, kCode>: kWarps compute warps of kNB
 // blocks of 8 value columns, so block_v = 8 kNB kWarps columns per CTA.
 struct RecurrenceShape {
   int block_v;
   int nb;     // 8-column blocks per warp
   int warps;  // compute warps (plus one producer warp)
-  // The general kernel's CTAs per SM (its __launch_bounds__ minimum). A sub-partition
-  // holds 16K registers: two CTAs of <1, 4> (10 warps, 3 on one sub-partition) allow 168
-  // a thread and its latency schedule needs 209 (ptxas, CUDA 13.0; 52 bytes spilled at
-  // 168); two of <1, 8> allow 102 and it needs 79.
+  // CTAs per SM the general kernel and the segment pass are compiled for (register_cap,
+  // __launch_bounds__). A sub-partition holds 16K registers: two CTAs of <1, 4> (10 warps,
+  // 3 on one sub-partition) allow 168 a thread and its latency schedule needs 209 (ptxas,
+  // CUDA 13.0; 52 bytes spilled at 168); two of <1, 8> allow 96 and it needs 79; two
+  // segment-pass CTAs of <2, 8> (18 warps, 5 on one) allow 96 and it needs 93, the
+  // general <2, 8> kernel 132.
   int resident;
+  int states_resident;
   // Cost-model inputs (plan.cpp), one chunk link in microseconds on the H200: of the
   // exact path's whole-sequence kernel alone on its SM (K2 time / 512 links at T = 8192,
-  // N = 1, H = 6 / 48 / 96), and of the general kernel in the segment passes at
-  // `resident` CTAs per SM (fitted to benchmarks/results/h200-sweep.json; 0: never
-  // used for segments, as <1, 4> was slowest there at every segment length).
+  // N = 1, H = 6 / 48 / 96); of the segment pass at states_resident CTAs per SM and at
+  // one (a grid of at most one CTA per SM); of the rerun at `resident` (fitted to
+  // per-kernel profiles, benchmarks/NOTES.md step 25; <1, 8> was profiled only at two
+  // per SM; 0: never used for segments, as <1, 4> was slowest there at every segment
+  // length).
   double whole_link_us;
-  double pass_link_us;
+  double states_link_us;
+  double states_alone_us;
+  double rerun_link_us;
 };
 
 // block_v -> <kNB, kWarps>, chosen on the H200 with benchmarks/bench_fwd.py --block-v
@@ -38,14 +54,15 @@ struct RecurrenceShape {
 // Three widths instead of the style's two: each width's best shape differs and the
 // benchmarks above show the gain.
 constexpr RecurrenceShape kRecurrenceShapes[] = {
-    {32, 1, 4, 1, 0.64, 0.0},
-    {64, 1, 8, 2, 0.88, 1.51},
-    {128, 2, 8, 1, 1.26, 1.08},
+    {32, 1, 4, 1, 1, 0.64, 0.0, 0.0, 0.0},
+    {64, 1, 8, 2, 2, 0.88, 1.10, 1.10, 1.65},
+    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.20},
 };
 constexpr int kNumRecurrenceShapes = 3;
 
 constexpr bool shape_is_consistent(const RecurrenceShape &s) {
-  return s.block_v == 8 * s.nb * s.warps && 128 % s.block_v == 0 && s.resident >= 1;
+  return s.block_v == 8 * s.nb * s.warps && 128 % s.block_v == 0 && s.resident >= 1 &&
+         s.states_resident >= 1;
 }
 static_assert(shape_is_consistent(kRecurrenceShapes[0]) &&
                   shape_is_consistent(kRecurrenceShapes[1]) &&
@@ -59,13 +76,28 @@ static_assert(sizeof(kRecurrenceShapes) / sizeof(kRecurrenceShapes[0]) == kNumRe
 constexpr int kCombineRows = 16;
 constexpr int kCombineCtasPerHead = 128 / kCombineRows;
 
-// CTAs per SM the instantiation <nb, warps> is compiled for (its __launch_bounds__).
-constexpr int resident_ctas(int nb, int warps) {
+// CTAs per SM the instantiation <nb, warps, code> is compiled for (its __launch_bounds__):
+// the whole-sequence kernel runs one per SM (its grid is at most one wave).
+constexpr int resident_ctas(int nb, int warps, PassCode code) {
+  if (code == PassCode::kPlain) return 1;
   for (int i = 0; i < kNumRecurrenceShapes; ++i)
     if (kRecurrenceShapes[i].nb == nb && kRecurrenceShapes[i].warps == warps)
-      return kRecurrenceShapes[i].resident;
+      return code == PassCode::kStates ? kRecurrenceShapes[i].states_resident
+                                       : kRecurrenceShapes[i].resident;
   return 1;
 }
+
+// Registers a thread may hold so that `ctas` CTAs of `warps` warps share an SM: the warps
+// spread over four sub-partitions of 16K registers each, allocated 8 a thread at a time.
+// __launch_bounds__ alone counts the SM's 64K as one pool, which let the <2, 8> segment
+// pass take 103 registers where two CTAs need at most 96.
+constexpr int register_cap(int warps, int ctas) {
+  const int per_partition = (ctas * warps + 3) / 4;
+  const int cap = 16384 / (32 * per_partition) / 8 * 8;
+  return cap > 255 ? 255 : cap;
+}
+static_assert(register_cap(9, 2) == 96 && register_cap(5, 2) == 168 && register_cap(5, 1) == 255,
+              "register_cap");
 
 // The table entry of a block_v, or nullptr.
 constexpr const RecurrenceShape *recurrence_shape(int block_v) {

@@ -89,9 +89,9 @@ struct PassLaunch {
   FwdParams params;
 };
 
-// Pass `pass` of recurrence_kernel<kNB, kWarps, kGeneral> (grid: units x heads x column
+// Pass `pass` of recurrence_kernel<kNB, kWarps, kCode> (grid: units x heads x column
 // slices).
-template <int kNB, int kWarps, bool kGeneral>
+template <int kNB, int kWarps, PassCode kCode>
 LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch &out) {
   constexpr int kBlockV = 8 * kNB * kWarps;
   int smem_optin = 0, smem_sm = 0;
@@ -101,12 +101,12 @@ LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch
   out.params.pass = pass;
   out.params.block_v = kBlockV;
   // As deep a ring as lets resident_ctas CTAs share an SM (1 KB per CTA is reserved).
-  constexpr int kResident = kGeneral ? resident_ctas(kNB, kWarps) : 1;
+  constexpr int kResident = resident_ctas(kNB, kWarps, kCode);
   const int per_cta = std::min(smem_optin, smem_sm / kResident - 1024);
   out.params.stages = std::min(kMaxStages, (per_cta - kBarrierBytes) / stage_bytes(kBlockV));
   if (out.params.stages < 2)
     return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
-  out.kernel = reinterpret_cast<const void *>(recurrence_kernel<kNB, kWarps, kGeneral>);
+  out.kernel = reinterpret_cast<const void *>(recurrence_kernel<kNB, kWarps, kCode>);
   out.smem = recurrence_smem_bytes(kBlockV, out.params.stages);
   out.threads = 32 * (kWarps + 1);
   const int64_t units = pass == ChainPass::kWhole ? p.num_seqs : p.max_segments;
@@ -118,30 +118,32 @@ LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch
   return {cudaSuccess, nullptr};
 }
 
-// The pass at the width the plan chose; the widths are config.h's. The exact path's
-// whole-sequence pass without checkpoints takes the specialised kernel (kGeneral false).
-template <bool kGeneral>
+// The pass at the width the plan chose; the widths are config.h's.
+template <PassCode kCode>
 LaunchStatus configure_width(const FwdParams &p, ChainPass pass, int block_v, PassLaunch &out) {
   constexpr RecurrenceShape s0 = kRecurrenceShapes[0], s1 = kRecurrenceShapes[1],
                             s2 = kRecurrenceShapes[2];
   static_assert(kNumRecurrenceShapes == 3, "one case per config.h instantiation");
   switch (block_v) {
     case s0.block_v:
-      return configure_recurrence<s0.nb, s0.warps, kGeneral>(p, pass, out);
+      return configure_recurrence<s0.nb, s0.warps, kCode>(p, pass, out);
     case s1.block_v:
-      return configure_recurrence<s1.nb, s1.warps, kGeneral>(p, pass, out);
+      return configure_recurrence<s1.nb, s1.warps, kCode>(p, pass, out);
     case s2.block_v:
-      return configure_recurrence<s2.nb, s2.warps, kGeneral>(p, pass, out);
+      return configure_recurrence<s2.nb, s2.warps, kCode>(p, pass, out);
     default:
       return {cudaErrorInvalidValue, "recurrence_kernel block_v (not in config.h)"};
   }
 }
 
+// The instantiation of a pass (chains.cuh: PassCode): the whole-sequence pass without
+// checkpoints and the segment pass have their own, the rerun and checkpoints the general one.
 inline LaunchStatus configure_pass(const FwdParams &p, ChainPass pass, int block_v,
                                    PassLaunch &out) {
+  if (pass == ChainPass::kSegment) return configure_width<PassCode::kStates>(p, pass, block_v, out);
   if (pass == ChainPass::kWhole && p.checkpoints == nullptr)
-    return configure_width<false>(p, pass, block_v, out);
-  return configure_width<true>(p, pass, block_v, out);
+    return configure_width<PassCode::kPlain>(p, pass, block_v, out);
+  return configure_width<PassCode::kGeneral>(p, pass, block_v, out);
 }
 
 // Launches a configured pass. `programmatic`: the pass may start while the previous

@@ -62,17 +62,20 @@ struct RingPos {
 };
 
 // Producer (one lane): per chunk, wait for a free stage and, while K1 may still run, for
-// the record's ready flag; then the record (a bulk copy)
+// the record's ready flag; then the record (a bulk copy; without kQueries, the segment
+// pass, two that leave out Qd and its 4 KB)
 // and, unless the slice is a transition slice (v = 0), the chunk's value rows
 // [16, kBlockV] (a tensor copy; rows past the end of v read as zeros, rows past the
 // sequence are masked by the consumers). One value-row copy per row (17 copies per
 // chunk) left the consumers waiting for data a third of the time.
-template <int kBlockV>
+template <int kBlockV, bool kQueries>
 __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtensorMap *value_map,
                                                const ChainTask &t, uint8_t *stages, uint64_t *full,
                                                uint64_t *empty) {
+  static_assert(kOffQd + kOpBytes == kOffKrT, "Qd is the second operand plane");
+  constexpr uint32_t kRecordRead = kQueries ? kRecordBytes : kRecordBytes - kOpBytes;
   const bool values = t.col0 < kHeadDim;
-  const uint32_t bytes = kRecordBytes + (values ? kChunk * value_row_stride(kBlockV) : 0);
+  const uint32_t bytes = kRecordRead + (values ? kChunk * value_row_stride(kBlockV) : 0);
   const int64_t first = t.head * p.tiles_per_head + t.span.first_tile;
   const uint8_t *records = p.records + first * kRecordBytes;
   RingPos pos{0, 0};
@@ -82,7 +85,13 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtenso
     if (p.ready != nullptr) wait_flag(p.ready + first + c);  // K1 still running (§4.7)
     uint8_t *stage = stages + s * stage_bytes(kBlockV);
     TxBarrier::arrive_and_expect_tx(&full[s], bytes);
-    bulk_copy_g2s(stage, records + c * kRecordBytes, kRecordBytes, &full[s]);
+    const uint8_t *record = records + c * kRecordBytes;
+    if constexpr (kQueries) {
+      bulk_copy_g2s(stage, record, kRecordBytes, &full[s]);
+    } else {
+      bulk_copy_g2s(stage, record, kOffQd, &full[s]);
+      bulk_copy_g2s(stage + kOffKrT, record + kOffKrT, kRecordBytes - kOffKrT, &full[s]);
+    }
     if (values)
       tensor_copy_g2s(stage + kRecordBytes, value_map, t.col0, static_cast<int32_t>(t.head),
                       static_cast<int32_t>(t.span.t0 + c * kChunk), static_cast<int32_t>(t.span.b),
@@ -107,11 +116,12 @@ struct ScoreFrags {
   Frag qd[kKBlocks];
 };
 
+template <bool kQueries>
 __device__ __forceinline__ void load_score_frags(const uint8_t *stage, ScoreFrags &f) {
 #pragma unroll
   for (int kb = 0; kb < kKBlocks; ++kb) {
     f.kd[kb] = lds_frag(stage, kOffKd + kb * kTileBytes);
-    f.qd[kb] = lds_frag(stage, kOffQd + kb * kTileBytes);
+    if constexpr (kQueries) f.qd[kb] = lds_frag(stage, kOffQd + kb * kTileBytes);
   }
 }
 
@@ -158,8 +168,9 @@ __device__ __forceinline__ void load_link_inputs(const uint8_t *stage, int n, in
 
 // Step 2: Pk = Kd S^T, Pq = Qd S^T, fp32 accumulation over k-blocks 0..7 in order
 // (required); the two chains interleave. kd(kb) / qd(kb) give the A fragments;
-// after(kb) runs once the HMMAs of k-block kb are issued.
-template <int kNB, typename KdOf, typename QdOf, typename After>
+// after(kb) runs once the HMMAs of k-block kb are issued. Without kQueries (the segment
+// pass writes no output) only Pk: a third of the link's HMMAs fewer.
+template <bool kQueries, int kNB, typename KdOf, typename QdOf, typename After>
 __device__ __forceinline__ void chunk_projections(KdOf kd, QdOf qd, After after,
                                                   const StateSlice<kNB> &s, float (&pk)[kNB][4],
                                                   float (&pq)[kNB][4]) {
@@ -169,11 +180,13 @@ __device__ __forceinline__ void chunk_projections(KdOf kd, QdOf qd, After after,
     for (int i = 0; i < 4; ++i) pk[nb][i] = pq[nb][i] = 0.f;
 #pragma unroll
   for (int kb = 0; kb < kKBlocks; ++kb) {
-    const Frag a_k = kd(kb), a_q = qd(kb);
+    const Frag a_k = kd(kb);
+    Frag a_q;
+    if constexpr (kQueries) a_q = qd(kb);
 #pragma unroll
     for (int nb = 0; nb < kNB; ++nb) {
       mma_bf16_f32(pk[nb], a_k.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
-      mma_bf16_f32(pq[nb], a_q.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
+      if constexpr (kQueries) mma_bf16_f32(pq[nb], a_q.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
     }
     after(kb);
   }
@@ -279,8 +292,8 @@ struct WarpChain {
   uint64_t *full, *empty;
   int num_stages, stage_bytes, row_stride, vcol;
   bool values;        // false for transition slices: v = 0 (design §6.1)
-  uint16_t *out;      // (first token of the span, head, first column of the warp), or
-                      // nullptr: no output (segment pass)
+  uint16_t *out;      // (first token of the span, head, first column of the warp); nullptr
+                      // in the segment pass
   int64_t row_pitch;  // out's token stride
   int col;            // first state row (augmented column) of the warp
   CheckpointSink checkpoints;
@@ -303,10 +316,10 @@ __device__ __forceinline__ void maybe_checkpoint(const WarpChain &w, const SeqSp
 // and writes the checkpoints between runs: the link loops themselves carry no checkpoint
 // code (inside the loop it grew the <1, 4> link from 296 to 519 instructions, and the
 // chain 10% slower at H = 6).
-template <bool kGeneral, int kNB, typename Links>
+template <PassCode kCode, int kNB, typename Links>
 __device__ __forceinline__ void run_in_intervals(const WarpChain &w, const SeqSpan &span,
                                                  StateSlice<kNB> &state, Links links) {
-  if constexpr (!kGeneral) {
+  if constexpr (kCode != PassCode::kGeneral) {
     links(0, span.num_chunks);
     return;
   }
@@ -324,19 +337,17 @@ __device__ __forceinline__ void run_in_intervals(const WarpChain &w, const SeqSp
 }
 
 // Steps 5, 8 for chunk c, unless the pass writes no output (the segment pass).
-template <bool kGeneral, int kNB>
+template <bool kOutput, int kNB>
 __device__ __forceinline__ void store_chunk_output(const WarpChain &w, int64_t c, int n,
                                                    const float (&pq)[kNB][4],
                                                    const float (&mu)[kNB][4]) {
-  if constexpr (kGeneral)
-    if (w.out == nullptr) return;
-  store_output(pq, mu, n, w.out + c * kChunk * w.row_pitch, w.row_pitch);
+  if constexpr (kOutput) store_output(pq, mu, n, w.out + c * kChunk * w.row_pitch, w.row_pitch);
 }
 
 // Rows of chunk c whose values are read (transition slices read none, design §6.1).
-template <bool kGeneral>
+template <PassCode kCode>
 __device__ __forceinline__ int value_rows(const WarpChain &w, int n) {
-  if constexpr (kGeneral) return w.values ? n : 0;
+  if constexpr (kCode == PassCode::kStates) return w.values ? n : 0;
   return n;
 }
 
@@ -366,20 +377,21 @@ __host__ __device__ constexpr bool prefetched_schedule(int nb, int warps) {
 // next link's fragments replace the consumed ones k-block by k-block, so that no
 // shared-memory traffic delays the movmatrix steps after the chain (ncu, H200: the
 // movmatrix behind a burst of 16 fragment loads was the second largest stall).
-template <bool kGeneral, int kNB>
+template <PassCode kCode, int kNB>
 __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const SeqSpan &span,
                                                      StateSlice<kNB> &state) {
+  constexpr bool kOutput = kCode != PassCode::kStates;
   ScoreFrags frags;
   RingPos pos{0, 0}, next_pos{0, 0};
   next_pos.advance(w.num_stages);
   wait_chunk(w, pos);
-  load_score_frags(stage_of(w, pos), frags);
-  run_in_intervals<kGeneral>(w, span, state, [&](int64_t c0, int64_t c1) {
+  load_score_frags<kOutput>(stage_of(w, pos), frags);
+  run_in_intervals<kCode>(w, span, state, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c, pos = next_pos, next_pos.advance(w.num_stages)) {
       const uint8_t *stage = stage_of(w, pos);
       const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
       LinkInputs<kNB> in;
-      load_link_inputs(stage, value_rows<kGeneral>(w, n), w.vcol, w.row_stride, in);
+      load_link_inputs(stage, value_rows<kCode>(w, n), w.vcol, w.row_stride, in);
       Frag krt[kKBlocks];
 #pragma unroll
       for (int mb = 0; mb < kKBlocks; ++mb) krt[mb] = lds_frag(stage, kOffKrT + mb * kTileBytes);
@@ -391,17 +403,17 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
         if (!has_next) return;
         if (kb == 0) wait_chunk(w, next_pos);
         frags.kd[kb] = lds_frag(next, kOffKd + kb * kTileBytes);
-        frags.qd[kb] = lds_frag(next, kOffQd + kb * kTileBytes);
+        if constexpr (kOutput) frags.qd[kb] = lds_frag(next, kOffQd + kb * kTileBytes);
       };
       float pk[kNB][4], pq[kNB][4];
-      chunk_projections([&](int kb) { return frags.kd[kb]; }, [&](int kb) { return frags.qd[kb]; },
-                        prefetch, state, pk, pq);
+      chunk_projections<kOutput>([&](int kb) { return frags.kd[kb]; },
+                                 [&](int kb) { return frags.qd[kb]; }, prefetch, state, pk, pq);
       uint32_t ub[kNB][2];
       solve_u(in, pk, ub);
       float mu[kNB][4];
-      output_scores(in.mqk, ub, mu);
+      if constexpr (kOutput) output_scores(in.mqk, ub, mu);
       update_state([&](int mb) { return krt[mb]; }, in.e, ub, state);
-      store_chunk_output<kGeneral>(w, c, n, pq, mu);
+      store_chunk_output<kOutput>(w, c, n, pq, mu);
     }
   });
 }
@@ -409,50 +421,54 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
 // Streamed schedule (when registers are short, or many heads fill the GPU). Operand fragments
 // are read from shared memory where they are used, which keeps the wide state slice in
 // registers without spilling; the stage is released at the end of the link.
-template <bool kGeneral, int kNB>
+template <PassCode kCode, int kNB>
 __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const SeqSpan &span,
                                                    StateSlice<kNB> &state) {
+  constexpr bool kOutput = kCode != PassCode::kStates;
   RingPos pos{0, 0};
-  run_in_intervals<kGeneral>(w, span, state, [&](int64_t c0, int64_t c1) {
+  run_in_intervals<kCode>(w, span, state, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c, pos.advance(w.num_stages)) {
       const uint8_t *stage = stage_of(w, pos);
       const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
       wait_chunk(w, pos);
       LinkInputs<kNB> in;
-      load_link_inputs(stage, value_rows<kGeneral>(w, n), w.vcol, w.row_stride, in);
+      load_link_inputs(stage, value_rows<kCode>(w, n), w.vcol, w.row_stride, in);
       float pk[kNB][4], pq[kNB][4];
-      chunk_projections([&](int kb) { return lds_frag(stage, kOffKd + kb * kTileBytes); },
-                        [&](int kb) { return lds_frag(stage, kOffQd + kb * kTileBytes); },
-                        [](int) {}, state, pk, pq);
+      chunk_projections<kOutput>([&](int kb) { return lds_frag(stage, kOffKd + kb * kTileBytes); },
+                                 [&](int kb) { return lds_frag(stage, kOffQd + kb * kTileBytes); },
+                                 [](int) {}, state, pk, pq);
       uint32_t ub[kNB][2];
       solve_u(in, pk, ub);
       float mu[kNB][4];
-      output_scores(in.mqk, ub, mu);
+      if constexpr (kOutput) output_scores(in.mqk, ub, mu);
       update_state([&](int mb) { return lds_frag(stage, kOffKrT + mb * kTileBytes); }, in.e, ub,
                    state);
       release_chunk(w, pos);
-      store_chunk_output<kGeneral>(w, c, n, pq, mu);
+      store_chunk_output<kOutput>(w, c, n, pq, mu);
     }
   });
 }
 
 // kWarps compute warps of kNB blocks of 8 value columns, plus the producer warp;
-// config.h lists the widths, launch.cuh launches them. kGeneral = false is the exact
-// path's whole-sequence pass without checkpoints, compiled without the branches of the
-// other passes: with them its chain ran 10% slower at H = 6 on the H200 (212 registers, now
-// 188 for <1, 4>; 197 before the passes existed), although the link had the same
-// instructions. It runs one CTA per SM (its grid is at most one wave); the general
-// kernel runs resident_ctas (config.h), as the segment passes fill the GPU.
-template <int kNB, int kWarps, bool kGeneral>
-__global__ void __launch_bounds__(32 * (kWarps + 1), kGeneral ? resident_ctas(kNB, kWarps) : 1)
-    recurrence_kernel(const FwdParams p, const __grid_constant__ CUtensorMap value_map) {
+// config.h lists the widths, launch.cuh launches them. kCode (config.h) says which passes
+// the instantiation serves. kPlain is the exact path's whole-sequence pass without
+// checkpoints, compiled without the branches of the other passes: with them its chain ran
+// 10% slower at H = 6 on the H200 (212 registers, now 188 for <1, 4>; 197 before the
+// passes existed), although the link had the same instructions. It runs one CTA per SM
+// (its grid is at most one wave); kGeneral and kStates run resident_ctas (config.h), as
+// the segment passes fill the GPU, within register_cap's registers. kStates, the segment
+// pass, writes states only: no Pq, no Mqk U and no Qd copy (benchmarks/NOTES.md step 25).
+template <int kNB, int kWarps, PassCode kCode>
+__global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, kCode))
+    __maxnreg__(register_cap(kWarps + 1, resident_ctas(kNB, kWarps, kCode)))
+        recurrence_kernel(const FwdParams p, const __grid_constant__ CUtensorMap value_map) {
   constexpr int kBlockV = 8 * kNB * kWarps;
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t *full = reinterpret_cast<uint64_t *>(smem);
   uint64_t *empty = full + kMaxStages;
   uint8_t *stages = smem + kBarrierBytes;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const ChainTask task = chain_task<kBlockV, kGeneral>(p);
+  const ChainTask task = chain_task<kBlockV, kCode>(p);
   if (!task.valid) return;  // CTA-uniform: the excess of an upper-bound grid
 
   if (threadIdx.x == 0) {
@@ -465,7 +481,8 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), kGeneral ? resident_ctas(kN
   __syncthreads();
 
   if (warp == kWarps) {  // producer warp; no CTA-wide barrier follows
-    if (lane == 0) produce_chunks<kBlockV>(p, &value_map, task, stages, full, empty);
+    if (lane == 0)
+      produce_chunks<kBlockV, kCode != PassCode::kStates>(p, &value_map, task, stages, full, empty);
     return;
   }
 
@@ -473,7 +490,7 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), kGeneral ? resident_ctas(kN
   StateSlice<kNB> state;
   load_state(task.source, task.col0 + vcol, state);
   uint16_t *out = nullptr;
-  if (task.output)
+  if constexpr (kCode != PassCode::kStates)
     out = p.out + token_offset(p.out_strides, task.span.b, task.span.t0, task.head) + task.col0 +
           vcol;
   const WarpChain w{
@@ -492,9 +509,9 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), kGeneral ? resident_ctas(kN
        p.checkpoint_slots, task.head, p.heads, p.checkpoint_chunks}};
   if (task.span.num_chunks > 0) {
     if constexpr (prefetched_schedule(kNB, kWarps))
-      run_chain_prefetched<kGeneral>(w, task.span, state);
+      run_chain_prefetched<kCode>(w, task.span, state);
     else
-      run_chain_streamed<kGeneral>(w, task.span, state);
+      run_chain_streamed<kCode>(w, task.span, state);
   }
   store_state(task.sink, task.col0 + vcol, state);
 }
