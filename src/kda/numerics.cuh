@@ -3,8 +3,9 @@
 // inline PTX. Every rounding point of the kernels goes through one of these helpers, so
 // the result never depends on compiler flags (-ftz, -fmad, --use_fast_math): fp32 ops
 // that the ledger wants flushed are written with .ftz, 16-bit arithmetic is an exact
-// fp32 operation followed by one RNE conversion, and no helper can be contracted into an
-// FMA. The reference (python/flash_kda/reference.py) mirrors each helper.
+// fp32 operation followed by one RNE conversion (or a paired 16-bit instruction with
+// provably the same correctly rounded result: bf16x2_mul), and no helper can be
+// contracted into an FMA. The reference (python/flash_kda/reference.py) mirrors each helper.
 #pragma once
 #ifndef FLASH_KDA_ARCH
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
@@ -141,6 +142,19 @@ __device__ __forceinline__ uint32_t bf16_mul(uint32_t a, uint32_t b) {
   return f32_to_bf16(mul_rn(bf16_to_f32(a), bf16_to_f32(b)));
 }
 
+// bf16_mul on both halves at once (HMUL2.BF16, sm_90+): the correctly rounded (RNE) bf16
+// product, subnormals kept (mul.bf16x2 has no .ftz). bf16_mul is that same correctly rounded
+// product: the fp32 product of two bf16 (8-bit significands) is exact unless its lowest bit
+// lies below 2^-149, and then its magnitude is at most 255 * 255 * 2^-150, so even after the
+// fp32 rounding (error <= 2^-150) it stays below 2^-134, the smallest bf16 rounding
+// boundary: both give the same signed zero. (Checked on the CPU for every pair of finite
+// bf16 against the exact product.)
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
 // ---------------------------------------------------------------- tensor-core products
 // MMA32 of design §0: mma.sync m16n8k16 bf16 x bf16 + fp32. Fragments follow the PTX
 // ISA layout: with g = lane / 4 and c = lane % 4, a[0..3] hold A rows (g, g+8) x column
@@ -157,6 +171,15 @@ __device__ __forceinline__ void mma_bf16_f32(float (&acc)[4], const uint32_t (&a
 __device__ __forceinline__ void mma_f16_f16(uint32_t (&d)[2], const uint32_t (&a)[4], uint32_t b0,
                                             uint32_t b1) {
   cute::SM80_16x8x16_F16F16F16F16_TN::fma(d[0], d[1], a[0], a[1], a[2], a[3], b0, b1, d[0], d[1]);
+}
+
+// Four 8x8 16-bit matrices from shared memory (ldmatrix .x4): lanes 8 m .. 8 m + 7 give the
+// row addresses of matrix m; lane l receives, in d[m], the elements (row l / 4; columns
+// 2 (l % 4), 2 (l % 4) + 1) of matrix m, i.e. an A fragment (or two B^T fragments) of an
+// MMA whose tile is stored row-major.
+__device__ __forceinline__ void ldmatrix_x4(const void *smem_row, uint32_t (&d)[4]) {
+  cute::SM75_U32x4_LDSM_N::copy(*static_cast<const cute::uint128_t *>(smem_row), d[0], d[1], d[2],
+                                d[3]);
 }
 
 // Four 8x8 bf16 matrices from shared memory, transposed (ldmatrix .x4 .trans): lanes
@@ -220,6 +243,13 @@ __device__ __forceinline__ void barrier_wait(uint64_t *bar, uint32_t phase) {
 __device__ __forceinline__ void barrier_arrive(uint64_t *bar) {
   asm volatile("" ::: "memory");
   TxBarrier::arrive(bar);
+}
+
+// CTA barrier `id` (1..15; __syncthreads is barrier 0) over `threads` threads, which may
+// reach it at different points of the code: barrier.sync without .aligned (bar.sync is
+// the .aligned form, for one program point shared by all warps).
+__device__ __forceinline__ void cta_barrier(uint32_t id, uint32_t threads) {
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---------------------------------------------------------------- K1 / K2 overlap

@@ -10,10 +10,13 @@
 // gamma are 0 there, as in the reference (design §3.5: free).
 //
 // Shared-memory layout: the 16x128 tiles are row-major with rows padded to 136 elements,
-// which makes every access below conflict-free: per-channel threads touch 64 contiguous
-// bytes per warp, and fragment gathers (4-byte words of rows g, g + 8) land in banks
-// 4 g + cq + const. The first version staged the record in fragment order with 2-byte
-// scattered stores; ncu on the H200 showed the L1 pipe 88% busy at 2.4 TB/s of DRAM.
+// which makes every access below conflict-free: per-channel threads touch 128 contiguous
+// bytes of one row per warp, and the ldmatrix fragment gathers read 8 rows of 16 bytes
+// at a time, which land in banks 4 r .. 4 r + 3. The first version staged the record in
+// fragment order with 2-byte scattered stores; ncu on the H200 showed the L1 pipe 88%
+// busy at 2.4 TB/s of DRAM. K1 is issue-bound (ncu on the H200: SM issue 77%), so the
+// per-channel steps work on channel pairs (4-byte words, paired bf16 products) and the
+// fragments come from ldmatrix.
 #pragma once
 #ifndef FLASH_KDA_ARCH
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
@@ -29,13 +32,13 @@ constexpr int kRow = kHeadDim + 8;                     // padded row of a 16x128
 constexpr float kLog2eF = 1.44269502162933349609375f;  // LOG2E_F, design §0
 
 struct PrepareSmem {
-  // Raw q, k, g; then in place, column by column: q -> q_hat -> Qd, k -> k_hat -> Kd,
-  // g -> Ki (each channel's thread owns its column from the gate on).
+  // Raw q, k, g; then in place: q -> q_hat -> Qd, k -> k_hat -> Kd, g -> Ki (from the
+  // gate on, each thread owns two columns over half the rows).
   alignas(16) uint16_t x[3][kChunk][kRow];
   alignas(16) uint16_t inv[kTileElems];       // INV in A-fragment order
   alignas(16) uint16_t mqk[kTileElems];       // Mqk in A-fragment order
   alignas(16) uint16_t lmat[kChunk][kChunk];  // L (fp16 bits), row-major
-  float decay[kHeadDim];                      // e[k] = EX2(G[15][k])
+  alignas(8) float decay[kHeadDim];           // G[7][k] (hand-off), then e[k] = EX2(G[15][k])
   float beta_h[kChunk];                       // f(hf(b_t)) for L, step 8
   alignas(16) uint16_t beta_bf[kChunk];       // bf(b_t) for K2
 };
@@ -107,52 +110,94 @@ __device__ __forceinline__ void l2_normalize(PrepareSmem &sm) {
   }
 }
 
-// Steps 1, 3, 4 for channel `ch`: G[t] = cumulative sum of gamma (sequential, fp32, FTZ).
-__device__ __forceinline__ void gate_cumsum(const FwdParams &p, int64_t h, int n, int ch,
-                                            const PrepareSmem &sm, float (&G)[kChunk]) {
-  const float a = ex2_approx(mul_ftz(__ldg(p.A_log + h), kLog2eF));
-  const float dt = __ldg(p.dt_bias + h * kHeadDim + ch);
-  float acc = 0.f;
-#pragma unroll
-  for (int t = 0; t < kChunk; ++t) {
-    float gamma = 0.f;
-    if (t < n) {
-      const float y = mul_ftz(add_ftz(bf16_to_f32(sm.x[kG][t][ch]), dt), a);
-      gamma = mul_ftz(p.gate_scale, sigmoid_tanh(y));
-    }
-    acc = add_ftz(acc, gamma);  // design §3.2 step 4: a separate add, not fused; required
-    G[t] = acc;
-  }
-}
-
-// Steps 5, 6 for channel `ch`, in place: e = EX2(G[15]); Qd = (q (*) E+) (*) sb,
-// Kd = k (*) E+, Ki = k (*) E-. Order required (scale last). Kr = Ki (*) bf(e) is formed
-// when the record is written.
-__device__ __forceinline__ void apply_decays(const FwdParams &p, int ch, const float (&G)[kChunk],
-                                             PrepareSmem &sm) {
-  sm.decay[ch] = ex2_approx(G[kChunk - 1]);
-#pragma unroll
-  for (int t = 0; t < kChunk; ++t) {
-    const uint32_t e_plus = f32_to_bf16(ex2_approx(G[t]));
-    const uint32_t e_minus = f32_to_bf16(ex2_approx(-G[t]));
-    const uint32_t q_hat = sm.x[kQ][t][ch], k_hat = sm.x[kK][t][ch];
-    sm.x[kQd][t][ch] = static_cast<uint16_t>(bf16_mul(bf16_mul(q_hat, e_plus), p.scale_bf16));
-    sm.x[kKd][t][ch] = static_cast<uint16_t>(bf16_mul(k_hat, e_plus));
-    sm.x[kKi][t][ch] = static_cast<uint16_t>(bf16_mul(k_hat, e_minus));
-  }
-}
-
 // The 4-byte word holding elements (row, col), (row, col + 1) of a padded tile.
 __device__ __forceinline__ uint32_t tile_pair(const uint16_t (&tile)[kChunk][kRow], int row,
                                               int col) {
   return *reinterpret_cast<const uint32_t *>(&tile[row][col]);
 }
 
-// Lane's A fragment of the 16x16 block of `tile` at columns [16 kb, 16 kb + 16).
+// Steps 1, 3-6 run per channel, two channels and half the chunk per thread: thread =
+// (channel pair cp = tid % 64, i.e. channels 2 cp and 2 cp + 1; token half th = tid / 64,
+// i.e. rows 8 th .. 8 th + 7). The pair makes every shared-memory access a 4-byte word
+// (a warp reads 128 contiguous bytes of one row) and every bf16 product a paired
+// HMUL2; the halves keep all 128 threads busy. The two halves of a channel sit in
+// different warps (0-1 and 2-3) and meet once: the first hands G[7] to the second
+// through sm.decay across barrier 1, which the halves reach at different points of the
+// code (the second before its sums, the first after them), so each channel's cumulative
+// sum is still the one sequential chain of step 4. Both halves wait there: with the
+// first half only arriving (bar.arrive), racecheck reported the next __syncthreads'
+// accesses as hazards.
+constexpr int kPairs = kHeadDim / 2;
+constexpr uint32_t kHandoffBarrier = 1;
+static_assert(kPrepareThreads == 2 * kPairs, "thread = (channel pair, token half)");
+
+// Steps 1, 3, 4: G[j] = cumulative sum of gamma up to row 8 th + j of both channels
+// (sequential, fp32, FTZ). Ends with sm.decay[c] = e[c] = EX2(G[15][c]) (step 5).
+__device__ __forceinline__ void gate_cumsum(const FwdParams &p, int64_t h, int n, PrepareSmem &sm,
+                                            float2 (&G)[kChunk / 2]) {
+  const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
+  const float a = ex2_approx(mul_ftz(__ldg(p.A_log + h), kLog2eF));
+  const float2 dt = __ldg(reinterpret_cast<const float2 *>(p.dt_bias + h * kHeadDim) + cp);
+  float2 gamma[kChunk / 2];
+#pragma unroll
+  for (int j = 0; j < kChunk / 2; ++j) {  // rows t >= n: gamma = 0 (selected, not branched)
+    const int t = 8 * th + j;
+    const uint32_t w = tile_pair(sm.x[kG], t, 2 * cp);
+    const float y0 = mul_ftz(add_ftz(bf16_to_f32(lo16(w)), dt.x), a);
+    const float y1 = mul_ftz(add_ftz(bf16_to_f32(hi16(w)), dt.y), a);
+    const float g0 = mul_ftz(p.gate_scale, sigmoid_tanh(y0));
+    const float g1 = mul_ftz(p.gate_scale, sigmoid_tanh(y1));
+    gamma[j] = t < n ? make_float2(g0, g1) : make_float2(0.f, 0.f);
+  }
+  float2 *const handoff = reinterpret_cast<float2 *>(sm.decay) + cp;
+  float2 acc = make_float2(0.f, 0.f);
+  if (th == 1) {  // G[7] of the first half
+    cta_barrier(kHandoffBarrier, kPrepareThreads);
+    acc = *handoff;
+  }
+#pragma unroll
+  for (int j = 0; j < kChunk / 2; ++j) {
+    // design §3.2 step 4: a separate add, not fused; required
+    acc = make_float2(add_ftz(acc.x, gamma[j].x), add_ftz(acc.y, gamma[j].y));
+    G[j] = acc;
+  }
+  if (th == 0) {
+    *handoff = acc;
+    cta_barrier(kHandoffBarrier, kPrepareThreads);
+  } else {
+    *handoff = make_float2(ex2_approx(acc.x), ex2_approx(acc.y));
+  }
+}
+
+// Step 6, in place on rows 8 th .. 8 th + 7 of both channels: Qd = (q (*) E+) (*) sb,
+// Kd = k (*) E+, Ki = k (*) E-. Order required (scale last). Kr = Ki (*) bf(e) is formed
+// when the record is written.
+__device__ __forceinline__ void apply_decays(const FwdParams &p, const float2 (&G)[kChunk / 2],
+                                             PrepareSmem &sm) {
+  const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
+  const uint32_t sb = p.scale_bf16 | (p.scale_bf16 << 16);
+#pragma unroll
+  for (int j = 0; j < kChunk / 2; ++j) {
+    const int t = 8 * th + j;
+    const uint32_t e_plus = pack_bf16x2(ex2_approx(G[j].x), ex2_approx(G[j].y));
+    const uint32_t e_minus = pack_bf16x2(ex2_approx(-G[j].x), ex2_approx(-G[j].y));
+    uint32_t *const q = reinterpret_cast<uint32_t *>(&sm.x[kQ][t][2 * cp]);
+    uint32_t *const k = reinterpret_cast<uint32_t *>(&sm.x[kK][t][2 * cp]);
+    uint32_t *const ki = reinterpret_cast<uint32_t *>(&sm.x[kKi][t][2 * cp]);
+    const uint32_t q_hat = *q, k_hat = *k;
+    *q = bf16x2_mul(bf16x2_mul(q_hat, e_plus), sb);  // -> Qd
+    *k = bf16x2_mul(k_hat, e_plus);                  // -> Kd
+    *ki = bf16x2_mul(k_hat, e_minus);
+  }
+}
+
+// Lane's A fragment of the 16x16 block of `tile` at columns [16 kb, 16 kb + 16): one
+// ldmatrix, matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15), rows first.
 __device__ __forceinline__ uint4 a_frag(const uint16_t (&tile)[kChunk][kRow], int kb) {
-  const int lane = threadIdx.x % 32, g = lane / 4, c0 = 16 * kb + 2 * (lane % 4);
-  return make_uint4(tile_pair(tile, g, c0), tile_pair(tile, g + 8, c0), tile_pair(tile, g, c0 + 8),
-                    tile_pair(tile, g + 8, c0 + 8));
+  const int lane = threadIdx.x % 32;
+  uint32_t d[4];
+  ldmatrix_x4(&tile[lane % 8 + 8 * (lane / 8 % 2)][16 * kb + 8 * (lane / 16)], d);
+  return make_uint4(d[0], d[1], d[2], d[3]);
 }
 
 // Steps 7, 8: warp w computes columns [8 (w % 2), +8) of L = Kd Ki^T (w < 2, scaled by
@@ -164,21 +209,40 @@ __device__ __forceinline__ void chunk_scores(PrepareSmem &sm) {
   const bool is_l = warp < 2;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int kb = 0; kb < kKBlocks; ++kb) {
-    const uint4 av = a_frag(sm.x[is_l ? kKd : kQd], kb);
-    const uint32_t a[4] = {av.x, av.y, av.z, av.w};
-    // B^T rows j = 8 nb + g of Ki: words of row j at columns 16 kb + 2 cq and + 8.
-    const int j = 8 * nb + g, c0 = 16 * kb + 2 * cq;
-    mma_bf16_f32(acc, a, tile_pair(sm.x[kKi], j, c0), tile_pair(sm.x[kKi], j, c0 + 8));
-  }
+  for (int kb = 0; kb < kKBlocks; kb += 2) {
+    // B^T rows 8 nb + g of Ki for k-blocks kb and kb + 1: one ldmatrix whose matrix m is
+    // rows 8 nb .. 8 nb + 7 at columns 16 kb + 8 m.
+    uint32_t b[4];
+    ldmatrix_x4(&sm.x[kKi][8 * nb + lane % 8][16 * kb + 8 * (lane / 8)], b);
 #pragma unroll
-  for (int idx = 0; idx < 4; ++idx) {
-    const int i = g + 8 * (idx / 2), j = 8 * nb + 2 * cq + idx % 2;
-    if (is_l) {
-      const float l_raw = f16_to_f32(f32_to_f16(acc[idx]));
-      sm.lmat[i][j] = static_cast<uint16_t>(i > j ? f32_to_f16(mul_ftz(l_raw, sm.beta_h[i])) : 0u);
-    } else {
-      sm.mqk[frag_a_index(i, j)] = static_cast<uint16_t>(i >= j ? f32_to_bf16(acc[idx]) : 0u);
+    for (int s = 0; s < 2; ++s) {
+      const uint4 av = a_frag(sm.x[is_l ? kKd : kQd], kb + s);
+      const uint32_t a[4] = {av.x, av.y, av.z, av.w};
+      mma_bf16_f32(acc, a, b[2 * s], b[2 * s + 1]);
+    }
+  }
+  // acc[2 r + c] is element (g + 8 r, j0 + c): each row's two columns go out as one word
+  // (a zeroed element is +0 before the conversion, i.e. bits 0 as before).
+  const int j0 = 8 * nb + 2 * cq;
+  if (is_l) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = g + 8 * r;
+      const float beta = sm.beta_h[i];
+      float l[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float l_raw = f16_to_f32(f32_to_f16(acc[2 * r + c]));
+        l[c] = i > j0 + c ? mul_ftz(l_raw, beta) : 0.f;
+      }
+      *reinterpret_cast<uint32_t *>(&sm.lmat[i][j0]) = pack_f16x2(l[0], l[1]);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = g + 8 * r;
+      *reinterpret_cast<uint32_t *>(&sm.mqk[frag_a_index(i, j0)]) =
+          pack_bf16x2(i >= j0 ? acc[2 * r] : 0.f, i >= j0 + 1 ? acc[2 * r + 1] : 0.f);
     }
   }
 }
@@ -235,26 +299,27 @@ __device__ __forceinline__ void neumann_inverse(PrepareSmem &sm) {
   const Tile16 p8 = mma16(p4, p4);
   const Tile16 n3 = add_f16(n2, mma16(n2, p8));
 #pragma unroll
-  for (int idx = 0; idx < 8; ++idx) {
-    const int nb = idx / 4, r = (idx / 2) % 2, half = idx % 2;
-    const uint32_t bits = half ? hi16(n3.c[nb][r]) : lo16(n3.c[nb][r]);
-    sm.inv[frag_a_index(g + 8 * r, 8 * nb + 2 * cq + half)] =
-        static_cast<uint16_t>(f32_to_bf16(f16_to_f32(bits)));
+  for (int idx = 0; idx < 4; ++idx) {  // the two halves of a word are adjacent in sm.inv
+    const int nb = idx / 2, r = idx % 2;
+    const uint32_t pair = n3.c[nb][r];
+    *reinterpret_cast<uint32_t *>(&sm.inv[frag_a_index(g + 8 * r, 8 * nb + 2 * cq)]) =
+        pack_bf16x2(f16_to_f32(lo16(pair)), f16_to_f32(hi16(pair)));
   }
 }
 
 // Lane's A fragment of key block mb of Kr^T (rows k = 16 mb + i, columns t):
 // Kr[t][k] = Ki[t][k] (*) bf(e[k]), design §3.2 step 6 (required: Kr from the rounded Ki).
+// The pairs (Ki[t][k], Ki[t + 1][k]) come from one ldmatrix.trans, matrix m = rows
+// t in 8 (m / 2) .. + 7 at columns k in 16 mb + 8 (m % 2) .. + 7; each word is then one
+// paired product with bf(e[k]) in both halves.
 __device__ __forceinline__ uint4 kr_t_frag(const PrepareSmem &sm, int mb) {
-  const int lane = threadIdx.x % 32, k0 = 16 * mb + lane / 4, t0 = 2 * (lane % 4);
-  uint32_t w[4];
-#pragma unroll
-  for (int reg = 0; reg < 4; ++reg) {
-    const int k = k0 + 8 * (reg % 2), t = t0 + 8 * (reg / 2);
-    const uint32_t e_bf = f32_to_bf16(sm.decay[k]);
-    w[reg] = bf16_mul(sm.x[kKi][t][k], e_bf) | (bf16_mul(sm.x[kKi][t + 1][k], e_bf) << 16);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
+  const int lane = threadIdx.x % 32, k = 16 * mb + lane / 4;
+  uint32_t ki[4];
+  ldmatrix_x4_trans(&sm.x[kKi][lane % 8 + 8 * (lane / 16)][16 * mb + 8 * (lane / 8 % 2)], ki);
+  const float e0 = sm.decay[k], e1 = sm.decay[k + 8];
+  const uint32_t e0_bf = pack_bf16x2(e0, e0), e1_bf = pack_bf16x2(e1, e1);
+  return make_uint4(bf16x2_mul(ki[0], e0_bf), bf16x2_mul(ki[1], e1_bf), bf16x2_mul(ki[2], e0_bf),
+                    bf16x2_mul(ki[3], e1_bf));
 }
 
 // uint4 number i (0..31) of the decay plane: floats f = 4 i .. 4 i + 3 hold e[k] with
@@ -275,14 +340,17 @@ __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, cons
                                              const PrepareSmem &sm) {
   uint4 *rec =
       reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes);
-  const int tid = threadIdx.x, lane = tid % 32;
-  for (int idx = tid; idx < 2 * 8 * 32; idx += kPrepareThreads) {  // Kd, Qd: tiles 0..15
-    const int tile = idx / 32;
-    rec[(tile < 8 ? kOffKd : kOffQd) / 16 + idx % 256] =
-        a_frag(sm.x[tile < 8 ? kKd : kQd], tile % 8);
+  // Unsigned thread numbers and fixed trip counts: with a signed tid the compiler kept
+  // the signed division of the tile number and, for a strided loop, remainder loops.
+  const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  constexpr uint32_t kWarps = kPrepareThreads / 32;
+#pragma unroll
+  for (uint32_t i = 0; i < kKBlocks / kWarps; ++i) {  // k-block kb of Kd, Qd and Kr^T
+    const uint32_t kb = warp + kWarps * i;
+    rec[kOffKd / 16 + 32 * kb + lane] = a_frag(sm.x[kKd], kb);
+    rec[kOffQd / 16 + 32 * kb + lane] = a_frag(sm.x[kQd], kb);
+    rec[kOffKrT / 16 + 32 * kb + lane] = kr_t_frag(sm, kb);
   }
-  for (int idx = tid; idx < 8 * 32; idx += kPrepareThreads)
-    rec[kOffKrT / 16 + idx] = kr_t_frag(sm, idx / 32);
   if (tid < 32) {
     rec[kOffInv / 16 + lane] = reinterpret_cast<const uint4 *>(sm.inv)[lane];
   } else if (tid < 64) {
@@ -290,7 +358,7 @@ __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, cons
   } else if (tid < 96) {
     rec[kOffDecay / 16 + lane] = decay_vec(sm, lane);
   } else if (tid < 96 + (kRecordBytes - kOffBeta) / 16) {
-    const int i = tid - 96;  // beta (32 B), then zero padding
+    const uint32_t i = tid - 96;  // beta (32 B), then zero padding
     uint4 v = make_uint4(0, 0, 0, 0);
     if (i < 2) v = reinterpret_cast<const uint4 *>(sm.beta_bf)[i];
     rec[kOffBeta / 16 + i] = v;
@@ -304,10 +372,10 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   __syncthreads();
   l2_normalize(sm);
   __syncthreads();
-  {  // each thread owns channel threadIdx.x from here to the barrier
-    float G[kChunk];
-    gate_cumsum(p, h, ch.n, threadIdx.x, sm, G);
-    apply_decays(p, threadIdx.x, G, sm);
+  {  // each thread owns its (channel pair, token half) from here to the barrier
+    float2 G[kChunk / 2];
+    gate_cumsum(p, h, ch.n, sm, G);
+    apply_decays(p, G, sm);
   }
   __syncthreads();
   chunk_scores(sm);
