@@ -95,6 +95,14 @@ def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, what: str) -> N
 NAN = float("nan")
 
 
+def kernels_of(fn):
+    """Names of the CUDA kernels fn launches (torch profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
 def nan_like(x):
     return torch.full_like(x, NAN)
 

@@ -13,6 +13,7 @@ from conftest import (
     call,
     clone_outputs,
     gold_of,
+    kernels_of,
     make_problem,
     rel_err,
     state_id,
@@ -213,14 +214,6 @@ def test_records_equal_reference_k1(lens):
 
 
 OVERLAP_SHAPES = [(1, 1000, 1), (2, 333, 3), (1, 2048, 6)]
-
-
-def kernels_of(fn):
-    """Names of the CUDA kernels fn launches (torch profiler)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
 
 
 @pytest.mark.parametrize("batch,seqlen,heads", OVERLAP_SHAPES, ids=[f"B{b}-T{t}-H{h}" for b, t, h in OVERLAP_SHAPES])

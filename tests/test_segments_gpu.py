@@ -6,11 +6,21 @@ element is written, and the result is deterministic and graph-capturable."""
 
 import json
 import os
+import re
 
 import pytest
 import torch
 from chunked_gold import gold_chunked
-from conftest import FWD_ARGS, GOLD_ARGS, STATE_VARIANTS, assert_bitwise, clone_outputs, make_problem, rel_err
+from conftest import (
+    FWD_ARGS,
+    GOLD_ARGS,
+    STATE_VARIANTS,
+    assert_bitwise,
+    clone_outputs,
+    kernels_of,
+    make_problem,
+    rel_err,
+)
 from flash_kda import _sizes, dispatch
 
 pytestmark = pytest.mark.gpu
@@ -62,6 +72,24 @@ def test_two_segments_equal_the_exact_path(shape, segment_chunks, variant):
         auto = outputs(p, exact=False, segment_chunks=segment_chunks, block_v=block_v)
         assert_bitwise(auto["out"], exact["out"], f"out block_v={block_v}")
         assert_bitwise(auto["final_state"], exact["final_state"], f"final_state block_v={block_v}")
+
+
+def pass_codes(kernels):
+    """The PassCode (config.h: 0 whole pass, 1 general, 2 segment pass) of every
+    recurrence_kernel among the profiled kernel names."""
+    return sorted(int(m.group(1)) for k in kernels if (m := re.search(r"recurrence_kernel<.*PassCode\)(\d)>", k)))
+
+
+@pytest.mark.parametrize("block_v", (32, 64, 128))
+def test_each_pass_runs_its_own_kernel(block_v):
+    """The segment pass runs the state-only instantiation (kStates: no Pq, no output), the
+    rerun the general one, and the exact whole pass the plain one (design section 4.5);
+    their bits cannot tell them apart, the profiler can."""
+    p = make_problem(heads=3, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=9, batch=2, seqlen=1000)
+    segmented = kernels_of(lambda: run(clone_outputs(p), exact=False, segment_chunks=8, block_v=block_v))
+    assert pass_codes(segmented) == [1, 2], segmented
+    whole = kernels_of(lambda: run(clone_outputs(p), exact=True, block_v=block_v))
+    assert pass_codes(whole) == [0], whole
 
 
 # ------------------------------------------------------------------ many segments
