@@ -148,6 +148,11 @@ def overlap_pairs(outputs: dict, inputs: dict, slots: Optional[dict] = None) -> 
     return tuple(pairs)
 
 
+def pointers(tensors) -> list:
+    """``data_ptr()`` of each tensor, 0 for None: the pointer sequence of :func:`check_overlaps`."""
+    return [0 if t is None else t.data_ptr() for t in tensors]
+
+
 def check_overlaps(pairs: tuple, pointers) -> None:
     """The pointer-dependent part of :func:`no_aliasing`: ``ValueError`` for the first pair
     whose byte ranges at ``pointers`` (data_ptr of each argument, indexed as the pairs say)
@@ -168,5 +173,4 @@ def no_aliasing(outputs: dict, inputs: dict) -> None:
     each other nor any of ``inputs``, except that final_state may be initial_state itself.
     Each view's byte extent is computed once; :func:`overlap_pairs` is the part a cached
     validation keeps, :func:`check_overlaps` the part that runs on every call."""
-    tensors = list(outputs.values()) + list(inputs.values())
-    check_overlaps(overlap_pairs(outputs, inputs), [0 if t is None else t.data_ptr() for t in tensors])
+    check_overlaps(overlap_pairs(outputs, inputs), pointers([*outputs.values(), *inputs.values()]))

@@ -358,7 +358,7 @@ def _check_pointers(plan: _Plan, tensors: tuple, scale: float, lower_bound: floa
     """A call whose signature passed the full validation before: only the pointer- and
     content-dependent checks, in the full validation's order (so the same error for the
     same fault), then the validated call."""
-    pointers = [0 if x is None else x.data_ptr() for x in tensors]
+    pointers = _layout.pointers(tensors)
     for slot, name in plan.early_aligned:  # activation_strides' alignment, q k v g out
         if pointers[slot] % 16:
             _layout.aligned(name, tensors[slot], 16)
@@ -403,10 +403,7 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
         return _check_pointers(plan, tensors, scale, lower_bound)
     if key is not None:
         exact = key[-1]  # the resolved mode: FLASH_KDA_EXACT is read once per call
-    call, overlaps = _check_all(
-        q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-        ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact,
-    )  # fmt: skip
+    call, overlaps = _check_all(tensors, scale, lower_bound, checkpoint_every, exact)
     if key is not None:
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.clear()
@@ -421,15 +418,16 @@ def check_all(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
               exact=None) -> FwdCall:  # fmt: skip
     """Every check of a ``fwd`` call, uncached (what :func:`check_fwd` runs on the first
     call of a signature)."""
-    return _check_all(
-        q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-        ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact,
-    )[0]  # fmt: skip
+    tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
+               has_initial_state, checkpoints)  # fmt: skip
+    return _check_all(tensors, scale, lower_bound, checkpoint_every, exact)[0]
 
 
-def _check_all(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-               ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact) -> tuple:  # fmt: skip
-    """:func:`check_all`, returning ``(call, the overlap pairs it tested)``."""
+def _check_all(tensors: tuple, scale, lower_bound, checkpoint_every, exact) -> tuple:
+    """:func:`check_all` on the tensor arguments in slot order (``_TENSORS``), returning
+    ``(call, the overlap pairs it tested)``."""
+    (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
+     has_initial_state, checkpoints) = tensors  # fmt: skip
     B, T, H = _activations(q, k, v, g, beta, out)
     _gate_shapes(A_log, dt_bias, H)
     optional = dict(initial_state=initial_state, final_state=final_state, checkpoints=checkpoints)
@@ -462,9 +460,7 @@ def _check_all(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initia
     refuse_inference_outputs(outputs)
     # _layout.no_aliasing, with the pairs kept for the signature cache
     overlaps = _layout.overlap_pairs(outputs, dict(inputs, cu_seqlens=cu_seqlens), _SLOT)
-    tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
-               has_initial_state, checkpoints)  # fmt: skip
-    _layout.check_overlaps(overlaps, [0 if x is None else x.data_ptr() for x in tensors])
+    _layout.check_overlaps(overlaps, _layout.pointers(tensors))
     call = FwdCall(
         q, k, v, g, beta, out, _widen(A_log), _widen(dt_bias.reshape(H, HEAD_DIM)), scale, lower_bound,
         initial_state, final_state, device_cu, ssm_state_indices, has_initial_state, every, checkpoints, mode,

@@ -283,13 +283,14 @@ def run_native(
     """
     lib = _native.load()
     device = call.device
-    cc, num_sms = device_facts(_cuda_index(device))
+    index = _cuda_index(device)
+    cc, num_sms = device_facts(index)
     args, keep_alive = native_args(call, num_sms, block_v, segment_chunks, overlap)
     if workspace is None:
         workspace = torch.empty(_workspace_bytes(lib, args), dtype=torch.uint8, device=device)
     args.workspace = workspace.data_ptr()
     args.workspace_bytes = workspace.numel()
-    _launch(lib, cc, args, _cuda_index(device))
+    _launch(lib, cc, args, index)
     del keep_alive  # only now: the stream orders any reuse of their memory after the launch
 
 

@@ -136,7 +136,7 @@ LaunchStatus configure_width(const FwdParams &p, ChainPass pass, int block_v, Pa
   }
 }
 
-// The instantiation of a pass (chains.cuh: PassCode): the whole-sequence pass without
+// The instantiation of a pass (config.h: PassCode): the whole-sequence pass without
 // checkpoints and the segment pass have their own, the rerun and checkpoints the general one.
 inline LaunchStatus configure_pass(const FwdParams &p, ChainPass pass, int block_v,
                                    PassLaunch &out) {
@@ -211,9 +211,8 @@ inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, 
 // for the overlap to pay; the pass must fit one wave. (Keeping all of K1's CTAs on the
 // SMs the pass does not use, and letting the surplus on its SMs exit, was tried: on the
 // H200 the pass then waited for K1's end.)
-inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, int &sms, int &alone,
-                                 int &keep) {
-  int device = 0, regs_sm = 0, smem_optin = 0, smem_sm = 0, threads_sm = 0;
+inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, int &sms, int &keep) {
+  int device = 0, alone = 0, regs_sm = 0, smem_optin = 0, smem_sm = 0, threads_sm = 0;
   keep = 0;
   if (p.ready == nullptr || p.overlap_min_ctas < 1) return {cudaSuccess, nullptr};
   cudaError_t err = cudaGetDevice(&device);
@@ -255,8 +254,8 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   LaunchStatus st = configure_pass(p, segmented ? ChainPass::kSegment : ChainPass::kWhole,
                                    segmented ? p.segment_block_v : p.chain_block_v, first);
   if (st.error != cudaSuccess) return st;
-  int sms = 0, alone = 0, keep = 0;
-  st = plan_overlap(p, first, sms, alone, keep);
+  int sms = 0, keep = 0;
+  st = plan_overlap(p, first, sms, keep);
   if (st.error != cudaSuccess) return st;
   const bool overlap = keep > 0;
   FwdParams k1 = p;
