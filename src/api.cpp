@@ -265,6 +265,7 @@ void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
       std::min<int64_t>(int64_t{p.order_chunks} * p.order_units * a.num_seqs * a.heads, INT32_MAX));
   p.ready = plan.overlap_min_ctas > 0 ? reinterpret_cast<uint32_t *>(base + plan.ready) : nullptr;
   p.overlap_min_ctas = plan.overlap_min_ctas;
+  p.overlap_max_ctas = plan.overlap_max_ctas;
   p.sync = reinterpret_cast<OverlapSync *>(base + plan.overlap_sync);
   p.tile_prefix = reinterpret_cast<int32_t *>(base + plan.tile_prefix);
   p.segment_prefix = reinterpret_cast<int32_t *>(base + plan.segment_prefix);
@@ -358,6 +359,7 @@ flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
     out->max_segments = plan.max_segments;
     out->workspace_bytes = plan.workspace_bytes;
     out->overlap_min_ctas = plan.overlap_min_ctas;
+    out->overlap_max_ctas = plan.overlap_max_ctas;
     return FLASH_KDA_OK;
   } catch (...) {
     return fail(FLASH_KDA_INTERNAL, fn, "unexpected C++ exception");

@@ -38,16 +38,24 @@ constexpr double kLaunchUs = 5.0;           // one more kernel launch on the str
 constexpr double kWaveUs = 6.0;             // a segment pass's fixed cost per wave of CTAs
 constexpr double kCombineStepUs = 1.25;     // one start-state step per wave of combine CTAs
 constexpr double kCombineFixedUs = 4.0;     // combine_kernel's first two starts and its tail
-constexpr double kMargin = 0.9;             // segments only when predicted 10% faster
+constexpr double kMargin = 0.9;             // segments only when the forward is predicted
+                                            // 10% faster
 constexpr int64_t kMinSegments = 3;         // two segments cost as much as one chain (§6.4)
 constexpr int64_t kMinSegmentChunks = 8;    // shortest segment considered
 constexpr int64_t kFineSegmentCounts = 64;  // every segment count up to this one is a candidate
-// K1 (design §4.7): one record costs a K1 CTA 12.8 us (T=8192 H=96: 49,152 records in
-// 396 us at 12 CTAs on each of 132 SMs). Fewer CTAs per SM do not make one CTA much
-// faster (3 per SM: ~9.3 us a record), so K1's time is records / CTAs.
-constexpr double kPrepareRecordUs = 12.8;
+// K1 (design §4.7), one record per K1 CTA: 11.6 us at 12 CTAs on each SM (T=8192 H=96:
+// 49,152 records in 360 us on 132 SMs), 6.2 us at 3 per SM beside a pass (H=24: 12,288
+// records on 396 CTAs in 194 us). While K1 runs beside it, the pass's links take 1.3x as
+// long (T=8192: H=96 <2, 8> 1.33x, H=24 <1, 4> 1.27x; benchmarks/NOTES.md step 28).
+constexpr double kPrepareRecordUs = 11.6;
+constexpr double kPrepareBesideRecordUs = 6.2;
+constexpr double kBesideSlowdown = 1.3;
 constexpr int kPrepareCtasAlone = 12;  // K1's CTAs per SM by itself (__launch_bounds__)
 constexpr double kOverlapUs = 3.0;     // the flags' memset
+// Where the SMs the pass leaves free can write this share of the records the pass reads,
+// one K1 CTA per SM beside the pass is enough (H200, step 28: T=8192 H=96 0.781 ms with
+// one and the free SMs, 0.787 with three; T=32768 H=96 3.22 against 3.40).
+constexpr double kFreeSupply = 0.4;
 
 double waves(int64_t ctas, int64_t slots) {
   return static_cast<double>(ceil_div(ctas, slots));
@@ -106,24 +114,57 @@ double segmented_us(int64_t pairs, int64_t chunks, int64_t L, int32_t num_sms, i
   return a + combine + c + 2 * kLaunchUs;
 }
 
-// K1 beside the whole-sequence pass (design §4.7): k K1 CTAs on every SM next to the
-// pass's one. Returns the fewest k with which the overlapped forward, max(pass, K1 on
-// k CTAs per SM), beats K1 then the pass; 0 where no k does or the overlap cannot run:
-// varlen (records by sequence), segments (the segment pass fills the GPU), a pass of
-// more than one wave (its later CTAs would wait for K1's end), 2^31 items or more (K1's
-// 32-bit counter).
-int32_t overlap_min_ctas(const ProblemSizes &z, const Plan &plan, const PlanRequest &r) {
-  const int32_t num_sms = r.num_sms;
-  if (r.overlap < 0 || z.varlen || plan.segment_chunks > 0 || num_sms < 1) return 0;
+// K1 alone on the GPU.
+double prepare_us(int64_t records, int32_t num_sms) {
+  return static_cast<double>(records) * kPrepareRecordUs / (num_sms * kPrepareCtasAlone);
+}
+
+// K1 then the whole-sequence pass (k = 0), or K1 beside the pass (design §4.7): k K1
+// CTAs on each of the pass's SMs and kPrepareCtasAlone on each SM it leaves free. While K1
+// runs, the pass advances kBesideSlowdown times slower; the forward ends when both have.
+double k1_and_pass_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms, int k) {
+  const double pass = whole_us(pairs, chunks, block_v, num_sms);
+  const double records = static_cast<double>(pairs * chunks);
+  if (k == 0) return prepare_us(pairs * chunks, num_sms) + pass;
+  const int64_t ctas = pairs * (kHeadDim / block_v), free = std::max<int64_t>(num_sms - ctas, 0);
+  const double rate =
+      static_cast<double>(std::min<int64_t>(ctas, num_sms) * k) / kPrepareBesideRecordUs +
+      static_cast<double>(free * kPrepareCtasAlone) / kPrepareRecordUs;
+  const double beside = records / rate;
+  return beside + std::max(0.0, pass - beside / kBesideSlowdown) + kOverlapUs;
+}
+
+// K1 CTAs per SM kept beside the pass at its start (at least overlap_min_ctas): one where
+// the free SMs write at least kFreeSupply of the records as fast as the pass reads them,
+// else as many as fit.
+int32_t overlap_max_ctas(int64_t pairs, int32_t block_v, int32_t num_sms) {
+  const int64_t free = num_sms - pairs * (kHeadDim / block_v);
+  const double free_rate = static_cast<double>(free * kPrepareCtasAlone) / kPrepareRecordUs;
+  const double pass_rate = static_cast<double>(pairs) / recurrence_shape(block_v)->whole_link_us;
+  return free_rate >= kFreeSupply * pass_rate ? 1 : kPrepareCtasAlone;
+}
+
+// Whether K1 can run beside the whole-sequence pass: not for varlen (records by sequence),
+// segments (the segment pass fills the GPU), a pass of more than one wave (its later CTAs
+// would wait for K1's end) or 2^31 items or more (K1's 32-bit counter).
+bool can_overlap(const ProblemSizes &z, int32_t block_v, int32_t segment_chunks,
+                 const PlanRequest &r) {
   const int64_t pairs = z.num_seqs * z.heads;
-  const int64_t chunks = ceil_div(z.seqlen, kChunk);
-  if (pairs * (kHeadDim / plan.block_v) > num_sms || 2 * pairs * chunks >= (int64_t{1} << 31))
-    return 0;
+  return r.overlap >= 0 && !z.varlen && segment_chunks == 0 && r.num_sms >= 1 &&
+         pairs * (kHeadDim / block_v) <= r.num_sms &&
+         2 * pairs * ceil_div(z.seqlen, kChunk) < (int64_t{1} << 31);
+}
+
+// The fewest K1 CTAs per SM beside the whole-sequence pass with which the overlap beats K1
+// then the pass (the launch overlaps where that many fit); 0 where none does or it cannot
+// run.
+int32_t overlap_min_ctas(const ProblemSizes &z, const Plan &plan, const PlanRequest &r) {
+  if (!can_overlap(z, plan.block_v, plan.segment_chunks, r)) return 0;
   if (r.overlap > 0) return 1;
-  const double pass = whole_us(pairs, chunks, plan.block_v, num_sms);
-  const double work = static_cast<double>(pairs * chunks) * kPrepareRecordUs / num_sms;
+  const int64_t pairs = z.num_seqs * z.heads, chunks = ceil_div(z.seqlen, kChunk);
+  const double serial = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0);
   for (int k = 1; k <= kPrepareCtasAlone; ++k)
-    if (std::max(pass, work / k) + kOverlapUs < work / kPrepareCtasAlone + pass) return k;
+    if (k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, k) < serial) return k;
   return 0;
 }
 
@@ -222,7 +263,14 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
   if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && r.num_sms > 0) {
     // Candidates: the shortest segments that give P = kMinSegments .. kFineSegmentCounts
     // segments (so that a pass can just fill its waves), then doubling lengths below that.
-    double best = kMargin * whole_us(pairs, chunks, plan.block_v, r.num_sms);
+    // K1 runs alone before the segment passes; beside the whole-sequence pass where that
+    // can run and pays with the H200's fit per width (config.h).
+    const double k1 = prepare_us(pairs * chunks, r.num_sms);
+    double whole = k1 + whole_us(pairs, chunks, plan.block_v, r.num_sms);
+    if (can_overlap(z, plan.block_v, 0, r))
+      whole = std::min(whole, k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms,
+                                             recurrence_shape(plan.block_v)->prepare_beside));
+    double best = kMargin * whole - k1;  // the segmented recurrence to beat
     auto consider = [&](int64_t cand) {
       int32_t a = 0, c = 0;
       const double t = segmented_us(pairs, chunks, cand, r.num_sms, a, c);
@@ -250,6 +298,9 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
     plan.block_v = r.block_v != 0 ? r.block_v : bv_c;
   }
   plan.overlap_min_ctas = overlap_min_ctas(z, plan, r);
+  if (plan.overlap_min_ctas > 0)
+    plan.overlap_max_ctas =
+        std::max(plan.overlap_min_ctas, overlap_max_ctas(pairs, plan.block_v, r.num_sms));
   // Grid sizes: one CTA per (sequence or segment, head, column slice), grid.x < 2^31.
   const int64_t units = plan.segment_chunks > 0 ? plan.max_segments : z.num_seqs;
   const int32_t narrowest =

@@ -300,7 +300,8 @@ def test_auto_plan_segments_only_chain_bound_calls(lib, seqlen, heads, segmented
         (0, 1, 8192, 6, False, "runs"),  # exact, few heads: K1 hides behind the 512-link chain
         (0, 1, 8192, 24, False, "runs"),
         (1, 8, 1024, 8, False, "runs"),  # block_v 64: five K1 CTAs fit beside <1, 8>
-        (0, 1, 8192, 96, False, "needs room"),  # pays only with more K1 CTAs than fit
+        (0, 1, 8192, 96, False, "runs"),  # K1 also fills the 36 SMs the 96 pass CTAs leave
+        (1, 1, 8192, 64, False, "runs"),  # 128 pass CTAs: K1 needs room beside them
         (1, 1, 8192, 6, False, "never"),  # segmented: the segment pass fills the GPU
         (0, 64, 512, 8, False, "never"),  # 512 CTAs of the pass: more than one wave
         (0, 1, 8192, 6, True, "never"),  # varlen: records by sequence
@@ -310,16 +311,25 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
     """K1 beside the whole-sequence pass (design section 4.7) on an H200-sized GPU. The
     plan's overlap_min_ctas is the fewest K1 CTAs per SM beside the pass with which the
     overlap pays; on the H200 three fit beside the <1, 4> and <2, 8> passes, five beside
-    <1, 8> (block_v 64). Chain-bound calls need at most that many; T=8192 H=96 needs more
-    (K1 there is 40% of the call);
-    varlen, segmented and multi-wave calls never overlap. overlap=1 forces it where it
-    can run, -1 turns it off."""
+    <1, 8> (block_v 64), and every call here needs at most that many. overlap_max_ctas
+    (>= overlap_min_ctas) is how many the first K1 grid keeps beside the pass: one where
+    the SMs the pass leaves free can carry K1 (T=8192 H=96: 96 pass CTAs on 132 SMs), all
+    that fit where the pass fills the GPU (H=64 at block_v 64: 128 CTAs).
+    Varlen, segmented and multi-wave calls never overlap. overlap=1 forces it where it can
+    run, -1 turns it off."""
     sizes = dict(batch=batch, seqlen=seqlen, heads=heads, num_seqs=batch)
     if varlen:
         sizes.update(cu_seqlens=0xA000, num_seqs=3)
     plan = lib.plan(valid_args(mode=mode, **sizes))
     k, fit = plan.overlap_min_ctas, 5 if plan.block_v == 64 else 3
-    assert {"runs": 1 <= k <= fit, "needs room": k > fit, "never": k == 0}[expect], (k, plan.block_v)
+    assert {"runs": 1 <= k <= fit, "never": k == 0}[expect], (k, plan.block_v)
+    free_sms = 132 - batch * heads * (128 // plan.block_v)
+    if expect == "never":
+        assert plan.overlap_max_ctas == 0
+    elif free_sms >= 36:
+        assert plan.overlap_max_ctas == k == 1, (plan.overlap_max_ctas, k, free_sms)
+    else:
+        assert plan.overlap_max_ctas >= fit, (plan.overlap_max_ctas, free_sms)
     assert lib.plan(valid_args(mode=mode, overlap=-1, **sizes)).overlap_min_ctas == 0
     forced = lib.plan(valid_args(mode=mode, overlap=1, **sizes)).overlap_min_ctas
     assert forced == (0 if expect == "never" else 1)

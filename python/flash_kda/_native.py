@@ -116,7 +116,7 @@ class FwdPlan(ctypes.Structure):
         ("max_segments", _i64),
         ("workspace_bytes", _i64),
         ("overlap_min_ctas", _i32),
-        ("reserved", _i32),
+        ("overlap_max_ctas", _i32),
     ]
 
 

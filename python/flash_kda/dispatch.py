@@ -226,7 +226,7 @@ def _workspace_bytes(lib, args) -> int:
     """``lib.plan(args).workspace_bytes``, remembered per plan input (a plan call and its
     argument struct cost ~25 us of the ~120 us a call spends on the CPU)."""
     key = (args.batch, args.seqlen, args.heads, args.num_seqs, bool(args.cu_seqlens), args.checkpoint_every,
-           args.mode, args.block_v, args.segment_chunks, args.num_sms)  # fmt: skip
+           args.mode, args.block_v, args.segment_chunks, args.num_sms, args.overlap)  # fmt: skip
     size = _plans.get(key)
     if size is None:
         if len(_plans) >= 4096:

@@ -42,6 +42,10 @@ struct RecurrenceShape {
   double states_link_us;
   double states_alone_us;
   double rerun_link_us;
+  // K1 CTAs that fit on an SM beside one CTA of the whole-sequence pass on the H200 (the
+  // launch computes the device's own, launch.cuh plan_overlap); the plan's choice between
+  // segments and the whole pass assumes it.
+  int prepare_beside;
 };
 
 // block_v -> <kNB, kWarps>, chosen on the H200 with benchmarks/bench_fwd.py --block-v
@@ -54,9 +58,9 @@ struct RecurrenceShape {
 // Three widths instead of the style's two: each width's best shape differs and the
 // benchmarks above show the gain.
 constexpr RecurrenceShape kRecurrenceShapes[] = {
-    {32, 1, 4, 1, 1, 0.64, 0.0, 0.0, 0.0},
-    {64, 1, 8, 2, 2, 0.88, 1.10, 1.10, 1.65},
-    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.20},
+    {32, 1, 4, 1, 1, 0.64, 0.0, 0.0, 0.0, 3},
+    {64, 1, 8, 2, 2, 0.88, 1.10, 1.10, 1.65, 5},
+    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.20, 3},
 };
 constexpr int kNumRecurrenceShapes = 3;
 

@@ -168,6 +168,25 @@ inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_
   return launch_status("recurrence_kernel launch");
 }
 
+// More CTAs of prepare_overlap_kernel, launched programmatically after the pass.
+inline LaunchStatus launch_prepare_extra(const FwdParams &k1, int64_t ctas, cudaStream_t stream) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(ctas));
+  config.blockDim = dim3(kPrepareThreads);
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  FwdParams params = k1;
+  void *args[] = {&params};
+  const cudaError_t launch =
+      cudaLaunchKernelExC(&config, reinterpret_cast<const void *>(prepare_overlap_kernel), args);
+  if (launch != cudaSuccess) return {launch, "prepare_overlap_kernel launch (free SMs)"};
+  return launch_status("prepare_overlap_kernel launch (free SMs)");
+}
+
 // Phase B: the X_j ring as deep as the device's shared memory per block allows (three
 // stages on sm_90 / sm_100, two on sm_120's 99 KB).
 inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
@@ -211,9 +230,10 @@ inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, 
 // for the overlap to pay; the pass must fit one wave. (Keeping all of K1's CTAs on the
 // SMs the pass does not use, and letting the surplus on its SMs exit, was tried: on the
 // H200 the pass then waited for K1's end.)
-inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, int &sms, int &keep) {
-  int device = 0, alone = 0, regs_sm = 0, smem_optin = 0, smem_sm = 0, threads_sm = 0;
-  keep = 0;
+inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, int &sms, int &keep,
+                                 int &alone) {
+  int device = 0, regs_sm = 0, smem_optin = 0, smem_sm = 0, threads_sm = 0;
+  keep = alone = 0;
   if (p.ready == nullptr || p.overlap_min_ctas < 1) return {cudaSuccess, nullptr};
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess)
@@ -235,7 +255,7 @@ inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, in
   const int beside =
       std::min({alone, (regs_sm / 4 - k2.sub_partition_regs) / k1.sub_partition_regs,
                 (smem_sm - k2.smem) / k1.smem, (threads_sm - k2.threads) / k1.threads});
-  if (beside >= p.overlap_min_ctas) keep = beside;
+  if (beside >= p.overlap_min_ctas) keep = std::min(beside, p.overlap_max_ctas);
   return {cudaSuccess, nullptr};
 }
 
@@ -254,8 +274,8 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   LaunchStatus st = configure_pass(p, segmented ? ChainPass::kSegment : ChainPass::kWhole,
                                    segmented ? p.segment_block_v : p.chain_block_v, first);
   if (st.error != cudaSuccess) return st;
-  int sms = 0, keep = 0;
-  st = plan_overlap(p, first, sms, keep);
+  int sms = 0, keep = 0, alone = 0;
+  st = plan_overlap(p, first, sms, keep, alone);
   if (st.error != cudaSuccess) return st;
   const bool overlap = keep > 0;
   FwdParams k1 = p;
@@ -272,7 +292,15 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   st = launch_status("prepare_kernel launch");
   if (st.error != cudaSuccess) return st;
   st = launch_pass(first, overlap, stream);
-  if (st.error != cudaSuccess || !segmented) return st;
+  if (st.error != cudaSuccess) return st;
+  if (overlap && first.ctas < sms && alone > keep) {
+    // More K1 CTAs, launched once every pass CTA is resident: they fill the SMs the pass
+    // leaves free (on its own SMs keep CTAs already leave no room) and share K1's counter.
+    const int64_t extra = int64_t{alone - keep} * (sms - first.ctas);
+    st = launch_prepare_extra(k1, extra, stream);
+    if (st.error != cudaSuccess) return st;
+  }
+  if (!segmented) return st;
   st = launch_combine(p, stream);
   if (st.error != cudaSuccess) return st;
   PassLaunch rerun;

@@ -83,6 +83,7 @@ struct FwdParams {
   // keep overlap_min_ctas CTAs per SM beside the first pass (plan.h; 0 = never).
   uint32_t *ready;
   int32_t overlap_min_ctas;
+  int32_t overlap_max_ctas;    // K1 CTAs per SM kept beside the pass at its start (plan.h)
   OverlapSync *sync;           // K1's work counter, after the flags (workspace.h)
   int32_t *tile_prefix;        // [num_seqs + 1], varlen only
   int32_t *segment_prefix;     // [num_seqs + 1], varlen and segmented only

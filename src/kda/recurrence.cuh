@@ -359,16 +359,32 @@ __device__ __forceinline__ void wait_chunk(const WarpChain &w, RingPos pos) {
   barrier_wait(&w.full[pos.stage], pos.phase);
 }
 
-__device__ __forceinline__ void release_chunk(const WarpChain &w, RingPos pos) {
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) barrier_arrive(&w.empty[pos.stage]);
-}
-
 // Whether a warp can hold a whole stage plus the next link's fragments in registers: with
 // five warps per CTA a thread may use 255 registers, with nine only 168 (three warps share
 // one sub-partition's 64 KB register file), and kNB = 4 needs 128 for its state alone.
 __host__ __device__ constexpr bool prefetched_schedule(int nb, int warps) {
   return warps == 4 && nb <= 2;
+}
+
+// Arrivals of one compute warp on a stage's empty barrier. The latency schedule releases a
+// stage right after issuing its loads, and there every lane arrives for its own reads: an
+// mbarrier arrive releases the arriving thread's accesses, and with one lane arriving after
+// __syncwarp() (which ptxas compiled to a NOP there) racecheck reported the other lanes'
+// reads against the producer's next copy into the stage (H200). The streamed schedule
+// releases a stage at the end of the link; one lane arriving there is 1% faster at T=8192
+// H=96 (<2, 8>).
+__host__ __device__ constexpr int release_lanes(int nb, int warps) {
+  return prefetched_schedule(nb, warps) ? 32 : 1;
+}
+
+template <int kLanes>
+__device__ __forceinline__ void release_chunk(const WarpChain &w, RingPos pos) {
+  if constexpr (kLanes == 32) {
+    barrier_arrive(&w.empty[pos.stage]);
+  } else {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) barrier_arrive(&w.empty[pos.stage]);
+  }
 }
 
 // Latency-bound schedule (few heads, the chain is the run time). A link starts
@@ -395,7 +411,7 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
       Frag krt[kKBlocks];
 #pragma unroll
       for (int mb = 0; mb < kKBlocks; ++mb) krt[mb] = lds_frag(stage, kOffKrT + mb * kTileBytes);
-      release_chunk(w, pos);
+      release_chunk<32>(w, pos);
 
       const bool has_next = c + 1 < span.num_chunks;
       const uint8_t *next = stage_of(w, next_pos);
@@ -443,7 +459,7 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
       if constexpr (kOutput) output_scores(in.mqk, ub, mu);
       update_state([&](int mb) { return lds_frag(stage, kOffKrT + mb * kTileBytes); }, in.e, ub,
                    state);
-      release_chunk(w, pos);
+      release_chunk<1>(w, pos);
       store_chunk_output<kOutput>(w, c, n, pq, mu);
     }
   });
@@ -468,13 +484,14 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
   uint64_t *empty = full + kMaxStages;
   uint8_t *stages = smem + kBarrierBytes;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  allow_dependents();  // K1 on the SMs this pass leaves free, where it overlaps (design §4.7)
   const ChainTask task = chain_task<kBlockV, kCode>(p);
   if (!task.valid) return;  // CTA-uniform: the excess of an upper-bound grid
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
       TxBarrier::init(&full[s], 1);
-      TxBarrier::init(&empty[s], kWarps);
+      TxBarrier::init(&empty[s], kWarps * release_lanes(kNB, kWarps));
     }
     cutlass::arch::fence_barrier_init();
   }

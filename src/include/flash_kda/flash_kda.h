@@ -168,7 +168,9 @@ typedef struct flash_kda_fwd_plan_info {
   /* ---- ABI 3 ---- */
   int32_t overlap_min_ctas; /* K1 beside the first recurrence pass when the device leaves
                              * room for this many K1 CTAs per SM there; 0 = never */
-  int32_t reserved;
+  int32_t overlap_max_ctas; /* K1 CTAs per SM kept beside the pass at its start (at most
+                             * what fits); more fill the SMs it leaves free once it runs.
+                             * (Named `reserved` and 0 before this field existed.) */
 } flash_kda_fwd_plan_info;
 
 /* Single-instruction probes: the reference calls them to reproduce the exact
