@@ -157,8 +157,8 @@ def time_fla(p, do_bench):
 
 
 def plan_of(p, exact):
-    """The library's plan (block_v, segment_chunks, segment_block_v, overlap_min_ctas) for
-    problem p."""
+    """The library's plan (block_v, segment_chunks, segment_block_v, overlap_min_ctas,
+    overlap_max_ctas) for problem p."""
     from flash_kda import dispatch
 
     plan = dispatch.plan_of(dispatch.validated(*_plan_args(p), exact=exact))
@@ -167,6 +167,7 @@ def plan_of(p, exact):
         segment_chunks=plan.segment_chunks,
         segment_block_v=plan.segment_block_v,
         overlap_min_ctas=plan.overlap_min_ctas,
+        overlap_max_ctas=plan.overlap_max_ctas,
     )
 
 
@@ -317,8 +318,9 @@ def markdown(results, env, command):
         f"{env['copy_tb_s']:.2f} TB/s, bf16 matmul {env['matmul_tflop_s']:.0f} TFLOP/s. Times in ms: "
         "medians of eager calls and of CUDA-graph replays; `auto` is the default path, `exact` "
         "the bit-exact one (FLASH_KDA_EXACT=1); plan = segment chunks / block_v of the auto path; "
-        "'K1 beside if >=k fit': K1 overlaps the whole-sequence pass where k of its CTAs per SM fit "
-        "beside the pass (design 4.7; on the H200 3 fit beside block_v 32 and 128, 5 beside 64).",
+        "'K1 beside if >=k fit, keeps m': K1 overlaps the whole-sequence pass where k of its CTAs per SM "
+        "fit beside the pass (design 4.7; on the H200 3 fit beside block_v 32 and 128, 5 beside 64), and its "
+        "first grid keeps at most m there (more fill the SMs the pass leaves free).",
         "",
         "| shape | H | plan | auto | auto graph | exact | exact graph | floor | auto graph / floor | fla |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -329,7 +331,7 @@ def markdown(results, env, command):
         if not plan["segment_chunks"]:
             plan_s = f"whole bv={plan['block_v']}"
         if plan.get("overlap_min_ctas"):
-            plan_s += f" K1 beside if >={plan['overlap_min_ctas']} fit"
+            plan_s += f" K1 beside if >={plan['overlap_min_ctas']} fit, keeps {plan.get('overlap_max_ctas', 'all')}"
         fla = f"{r['fla_ms']:.3f}" if r.get("fla_ms") else "-"
         lines.append(
             f"| {r['shape']} | {r['heads']} | {plan_s} | {r['auto_ms']:.3f} | {r['auto_graph_ms']:.3f} | "
