@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: MIT
 """Shared fixtures and helpers: GPU skipping, random problems, the bitwise comparison."""
 
+import collections
+
 import pytest
 import torch
 
@@ -96,11 +98,11 @@ NAN = float("nan")
 
 
 def kernels_of(fn):
-    """Names of the CUDA kernels fn launches (torch profiler)."""
+    """The CUDA kernels fn launches (torch profiler): name -> number of launches."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    return collections.Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 def nan_like(x):
