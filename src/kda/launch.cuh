@@ -11,6 +11,9 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <utility>
 
 #include <flash_kda/flash_kda.h>
 
@@ -43,15 +46,75 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// The current device's shared memory: the opt-in maximum per block and the total per SM.
-inline cudaError_t shared_memory_limits(int &per_block_optin, int &per_sm) {
+// What one CTA of a kernel holds on an SM: the registers of its fullest sub-partition
+// (an SM's register file is four of regs_sm / 4; a CTA's warps are spread over them, so
+// ceil(warps / 4) land on one; registers are allocated in units of 8 a thread), shared
+// memory (static, dynamic and the 1 KB the system reserves) and threads. On the H200
+// the exact <1, 4> pass (5 warps of 192 registers) left room for 3 K1 CTAs (4 warps of
+// 40), not the 6 that the SM's total registers suggest: with 4 its CTAs waited for K1's.
+struct Footprint {
+  int sub_partition_regs, smem, threads;
+};
+
+inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, Footprint &f) {
+  cudaFuncAttributes attr;
+  const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  if (err != cudaSuccess) return err;
+  const int warps = (threads + 31) / 32;
+  f.sub_partition_regs = (warps + 3) / 4 * 32 * ((attr.numRegs + 7) / 8 * 8);
+  f.smem = static_cast<int>(attr.sharedSizeBytes) + dynamic_smem + 1024;
+  f.threads = warps * 32;
+  return cudaSuccess;
+}
+
+// What the launches read about the current device: its attributes, and K1's occupancy and
+// footprint (a property of the module). Queried once per device and remembered (they do
+// not change while the process runs): ~10 runtime queries fewer a call.
+struct DeviceFacts {
+  int sms, regs_sm, smem_optin, smem_sm, threads_sm;
+  int k1_alone;  // prepare_overlap_kernel CTAs per SM by itself
+  Footprint k1;  // what one of them holds
+};
+
+inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
+  const std::pair<int *, cudaDeviceAttr> attrs[] = {
+      {&f.sms, cudaDevAttrMultiProcessorCount},
+      {&f.regs_sm, cudaDevAttrMaxRegistersPerMultiprocessor},
+      {&f.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin},
+      {&f.smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor},
+      {&f.threads_sm, cudaDevAttrMaxThreadsPerMultiProcessor}};
+  for (const auto &[value, attr] : attrs) {
+    const cudaError_t err = cudaDeviceGetAttribute(value, attr, device);
+    if (err != cudaSuccess) return err;
+  }
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &f.k1_alone, prepare_overlap_kernel, kPrepareThreads, 0);
+  if (err != cudaSuccess) return err;
+  return footprint(reinterpret_cast<const void *>(prepare_overlap_kernel), kPrepareThreads, 0,
+                   f.k1);
+}
+
+// The current device's facts: devices 0..63 are queried on first use (a failed query is
+// not remembered), others on every call.
+inline cudaError_t device_facts(DeviceFacts &out) {
+  constexpr int kRemembered = 64;
+  static std::atomic<bool> known[kRemembered];
+  static DeviceFacts facts[kRemembered];
+  static std::mutex filling;
   int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-  return err;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < 0 || device >= kRemembered) return query_device_facts(device, out);
+  if (!known[device].load(std::memory_order_acquire)) {
+    const std::lock_guard<std::mutex> lock(filling);
+    if (!known[device].load(std::memory_order_relaxed)) {
+      const cudaError_t query = query_device_facts(device, facts[device]);
+      if (query != cudaSuccess) return query;
+      known[device].store(true, std::memory_order_release);
+    }
+  }
+  out = facts[device];
+  return cudaSuccess;
 }
 
 // v as a 4-D tensor (128 columns, heads, tokens, batch) with the caller's strides, for
@@ -94,15 +157,15 @@ struct PassLaunch {
 template <int kNB, int kWarps, PassCode kCode>
 LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch &out) {
   constexpr int kBlockV = 8 * kNB * kWarps;
-  int smem_optin = 0, smem_sm = 0;
-  const cudaError_t err = shared_memory_limits(smem_optin, smem_sm);
+  DeviceFacts device;
+  const cudaError_t err = device_facts(device);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
   out.params = p;
   out.params.pass = pass;
   out.params.block_v = kBlockV;
   // As deep a ring as lets resident_ctas CTAs share an SM (1 KB per CTA is reserved).
   constexpr int kResident = resident_ctas(kNB, kWarps, kCode);
-  const int per_cta = std::min(smem_optin, smem_sm / kResident - 1024);
+  const int per_cta = std::min(device.smem_optin, device.smem_sm / kResident - 1024);
   out.params.stages = std::min(kMaxStages, (per_cta - kBarrierBytes) / stage_bytes(kBlockV));
   if (out.params.stages < 2)
     return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
@@ -190,38 +253,17 @@ inline LaunchStatus launch_prepare_extra(const FwdParams &k1, int64_t ctas, cuda
 // Phase B: the X_j ring as deep as the device's shared memory per block allows (three
 // stages on sm_90 / sm_100, two on sm_120's 99 KB).
 inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
-  int smem_optin = 0, smem_sm = 0;
-  cudaError_t err = shared_memory_limits(smem_optin, smem_sm);
+  DeviceFacts device;
+  cudaError_t err = device_facts(device);
   if (err != cudaSuccess) return {err, "combine_kernel device query"};
   int stages = kCombineMaxStages;
-  while (stages > 2 && combine_smem_bytes(stages) > smem_optin) --stages;
+  while (stages > 2 && combine_smem_bytes(stages) > device.smem_optin) --stages;
   const int smem = combine_smem_bytes(stages);
   err = cudaFuncSetAttribute(combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return {err, "combine_kernel shared-memory attribute"};
   const int64_t ctas = p.num_seqs * p.heads * kCombineCtasPerHead;
   combine_kernel<<<static_cast<unsigned>(ctas), kCombineThreads, smem, stream>>>(p, stages);
   return launch_status("combine_kernel launch");
-}
-
-// What one CTA of a kernel holds on an SM: the registers of its fullest sub-partition
-// (an SM's register file is four of regs_sm / 4; a CTA's warps are spread over them, so
-// ceil(warps / 4) land on one; registers are allocated in units of 8 a thread), shared
-// memory (static, dynamic and the 1 KB the system reserves) and threads. On the H200
-// the exact <1, 4> pass (5 warps of 192 registers) left room for 3 K1 CTAs (4 warps of
-// 40), not the 6 that the SM's total registers suggest: with 4 its CTAs waited for K1's.
-struct Footprint {
-  int sub_partition_regs, smem, threads;
-};
-
-inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, Footprint &f) {
-  cudaFuncAttributes attr;
-  const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
-  if (err != cudaSuccess) return err;
-  const int warps = (threads + 31) / 32;
-  f.sub_partition_regs = (warps + 3) / 4 * 32 * ((attr.numRegs + 7) / 8 * 8);
-  f.smem = static_cast<int>(attr.sharedSizeBytes) + dynamic_smem + 1024;
-  f.threads = warps * 32;
-  return cudaSuccess;
 }
 
 // Whether K1 overlaps the first recurrence pass (design §4.7), and if so with how many
@@ -232,29 +274,20 @@ inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, 
 // H200 the pass then waited for K1's end.)
 inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, int &sms, int &keep,
                                  int &alone) {
-  int device = 0, regs_sm = 0, smem_optin = 0, smem_sm = 0, threads_sm = 0;
-  keep = alone = 0;
+  keep = alone = sms = 0;
   if (p.ready == nullptr || p.overlap_min_ctas < 1) return {cudaSuccess, nullptr};
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess)
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&alone, prepare_overlap_kernel,
-                                                        kPrepareThreads, 0);
+  DeviceFacts d;
+  cudaError_t err = device_facts(d);
   if (err != cudaSuccess) return {err, "prepare_kernel device query"};
+  sms = d.sms;
+  alone = d.k1_alone;
   if (first.ctas > sms) return {cudaSuccess, nullptr};
-  err = cudaDeviceGetAttribute(&regs_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device);
-  if (err == cudaSuccess) err = shared_memory_limits(smem_optin, smem_sm);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&threads_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device);
-  Footprint k1, k2;
-  if (err == cudaSuccess)
-    err = footprint(reinterpret_cast<const void *>(prepare_overlap_kernel), kPrepareThreads, 0, k1);
-  if (err == cudaSuccess) err = footprint(first.kernel, first.threads, first.smem, k2);
-  if (err != cudaSuccess) return {err, "prepare_kernel / recurrence_kernel attributes"};
+  Footprint k2;
+  err = footprint(first.kernel, first.threads, first.smem, k2);
+  if (err != cudaSuccess) return {err, "recurrence_kernel attributes"};
   const int beside =
-      std::min({alone, (regs_sm / 4 - k2.sub_partition_regs) / k1.sub_partition_regs,
-                (smem_sm - k2.smem) / k1.smem, (threads_sm - k2.threads) / k1.threads});
+      std::min({alone, (d.regs_sm / 4 - k2.sub_partition_regs) / d.k1.sub_partition_regs,
+                (d.smem_sm - k2.smem) / d.k1.smem, (d.threads_sm - k2.threads) / d.k1.threads});
   if (beside >= p.overlap_min_ctas) keep = std::min(beside, p.overlap_max_ctas);
   return {cudaSuccess, nullptr};
 }
