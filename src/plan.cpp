@@ -45,8 +45,9 @@ constexpr int64_t kMinSegmentChunks = 8;    // shortest segment considered
 constexpr int64_t kFineSegmentCounts = 64;  // every segment count up to this one is a candidate
 // K1 (design §4.7), one record per K1 CTA: 11.6 us at 12 CTAs on each SM (T=8192 H=96:
 // 49,152 records in 360 us on 132 SMs), 6.2 us at 3 per SM beside a pass (H=24: 12,288
-// records on 396 CTAs in 194 us). While K1 runs beside it, the pass's links take 1.3x as
-// long (T=8192: H=96 <2, 8> 1.33x, H=24 <1, 4> 1.27x; benchmarks/NOTES.md step 28).
+// records on 396 CTAs in 194 us). While K1 runs beside it, the pass's links take ~1.3x as
+// long (T=8192 H=96: 749 us against 590 alone, T=32768: 2.96 ms against 2.30;
+// benchmarks/NOTES.md step 28).
 constexpr double kPrepareRecordUs = 11.6;
 constexpr double kPrepareBesideRecordUs = 6.2;
 constexpr double kBesideSlowdown = 1.3;
@@ -266,7 +267,7 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
     // K1 runs alone before the segment passes; beside the whole-sequence pass where that
     // can run and pays with the H200's fit per width (config.h).
     const double k1 = prepare_us(pairs * chunks, r.num_sms);
-    double whole = k1 + whole_us(pairs, chunks, plan.block_v, r.num_sms);
+    double whole = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0);
     if (can_overlap(z, plan.block_v, 0, r))
       whole = std::min(whole, k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms,
                                              recurrence_shape(plan.block_v)->prepare_beside));

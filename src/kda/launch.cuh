@@ -209,43 +209,42 @@ inline LaunchStatus configure_pass(const FwdParams &p, ChainPass pass, int block
   return configure_width<PassCode::kGeneral>(p, pass, block_v, out);
 }
 
+// cudaLaunchKernelExC of `kernel` on `stream`; `programmatic`: it may start once every CTA
+// of the kernel before it has executed griddepcontrol.launch_dependents (design §4.7).
+inline cudaError_t launch_kernel(const void *kernel, int64_t ctas, int threads, int smem,
+                                 void **args, bool programmatic, cudaStream_t stream) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(ctas));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  config.attrs = programmatic ? &attr : nullptr;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelExC(&config, kernel, args);
+}
+
 // Launches a configured pass. `programmatic`: the pass may start while the previous
 // kernel (K1) still runs (design §4.7).
 inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_t stream) {
   CUtensorMap value_map;
   const cudaError_t err = make_value_map(pass.params, &value_map);
   if (err != cudaSuccess) return {err, "recurrence_kernel tensor map of v"};
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(pass.ctas));
-  config.blockDim = dim3(static_cast<unsigned>(pass.threads));
-  config.dynamicSmemBytes = static_cast<size_t>(pass.smem);
-  config.stream = stream;
-  config.attrs = programmatic ? &attr : nullptr;
-  config.numAttrs = programmatic ? 1 : 0;
   void *args[] = {&pass.params, &value_map};
-  const cudaError_t launch = cudaLaunchKernelExC(&config, pass.kernel, args);
+  const cudaError_t launch =
+      launch_kernel(pass.kernel, pass.ctas, pass.threads, pass.smem, args, programmatic, stream);
   if (launch != cudaSuccess) return {launch, "recurrence_kernel launch"};
   return launch_status("recurrence_kernel launch");
 }
 
-// More CTAs of prepare_overlap_kernel, launched programmatically after the pass.
-inline LaunchStatus launch_prepare_extra(const FwdParams &k1, int64_t ctas, cudaStream_t stream) {
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(ctas));
-  config.blockDim = dim3(kPrepareThreads);
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  FwdParams params = k1;
-  void *args[] = {&params};
-  const cudaError_t launch =
-      cudaLaunchKernelExC(&config, reinterpret_cast<const void *>(prepare_overlap_kernel), args);
+// More CTAs of prepare_overlap_kernel, launched programmatically after the pass: they start
+// once every pass CTA is resident.
+inline LaunchStatus launch_prepare_extra(FwdParams k1, int64_t ctas, cudaStream_t stream) {
+  void *args[] = {&k1};
+  const cudaError_t launch = launch_kernel(reinterpret_cast<const void *>(prepare_overlap_kernel),
+                                           ctas, kPrepareThreads, 0, args, true, stream);
   if (launch != cudaSuccess) return {launch, "prepare_overlap_kernel launch (free SMs)"};
   return launch_status("prepare_overlap_kernel launch (free SMs)");
 }
@@ -267,9 +266,11 @@ inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
 }
 
 // Whether K1 overlaps the first recurrence pass (design §4.7), and if so with how many
-// K1 CTAs per SM: as many as leave room on every SM for one CTA of the pass, so that the
-// pass's CTAs become resident beside K1's at once. The plan says how many that must be
-// for the overlap to pay; the pass must fit one wave. (Keeping all of K1's CTAs on the
+// K1 CTAs per SM in its first grid: as many as leave room on every SM for one CTA of the
+// pass (`beside`), so that the pass's CTAs become resident beside K1's at once, and at
+// most the plan's overlap_max_ctas. The plan says how many must fit for the overlap to
+// pay; the pass must fit one wave. Also returns the SM count and K1's CTAs per SM by
+// itself, which size the second grid. (Keeping all of K1's CTAs on the
 // SMs the pass does not use, and letting the surplus on its SMs exit, was tried: on the
 // H200 the pass then waited for K1's end.)
 inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, int &sms, int &keep,
