@@ -296,7 +296,7 @@ inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, in
 // Prefixes (varlen) -> K1 over all chunks -> K2: one pass over whole sequences, or the
 // segment pass, the combine and the rerun (design §4.1, §6.2). When K1 overlaps the
 // first pass (design §4.7), that pass is launched while K1 runs and waits on each
-// record's ready flag.
+// record's ready flag, and a second K1 grid fills the SMs the pass leaves free.
 inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (p.cu_seqlens != nullptr) {
     prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
