@@ -5,10 +5,11 @@
 
 Every block_v on a batched and a varlen case (with an empty and a partial sequence), in
 exact mode with K1 before and beside the recurrence (design section 4.7; varlen never
-overlaps) and in AUTO mode with one-chunk segments; then
-state pools (in place, padding, has_initial_state), checkpoints, strided views (fused
-projection slices) and garbage device cu_seqlens (non-monotone, negative, past the end,
-2**62), each in exact mode and in AUTO mode with a forced small segment_chunks.
+overlaps) and in AUTO mode with one-chunk segments; a twelve-head case for the combine's
+16-row CTAs; then state pools (in place, padding, has_initial_state), checkpoints, strided
+views (fused projection slices) and garbage device cu_seqlens (non-monotone, negative,
+past the end, 2**62), each in exact mode and in AUTO mode with a forced small
+segment_chunks.
 """
 
 import sys
@@ -66,6 +67,11 @@ for block_v in (32, 64, 128):
             dispatch.run_native(call, block_v=block_v, segment_chunks=segment_chunks, overlap=overlap)
         torch.cuda.synchronize()
         print(f"block_v={block_v} {case}: out finite {bool(torch.isfinite(p['out']).all())}")
+
+# Twelve heads of four sequences: 48 (sequence, head) pairs take the combine's 16-row CTAs
+# (config.h combine_rows) where the cases above take its 8-row ones.
+wide = make_problem(1, 0, 12, lens=LENS, initial=torch.float32, final=torch.float32, device="cuda", seed=6)
+run("auto-segments-2 combine-16-rows", wide, 2, exact=False)
 
 for mode, options, segment_chunks in MODES:
     for name, p, overrides in serving_cases():

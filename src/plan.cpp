@@ -34,15 +34,18 @@ std::string str(int64_t x) {
 // lengths, benchmarks/results/h200-kernels.txt). Only the ratio of the two paths matters:
 // both run the same K1, which is left out.
 
-constexpr double kLaunchUs = 5.0;           // one more kernel launch on the stream
-constexpr double kWaveUs = 6.0;             // a segment pass's fixed cost per wave of CTAs
-constexpr double kCombineStepUs = 1.25;     // one start-state step per wave of combine CTAs
-constexpr double kCombineFixedUs = 4.0;     // combine_kernel's first two starts and its tail
-constexpr double kMargin = 0.9;             // segments only when the forward is predicted
-                                            // 10% faster
-constexpr int64_t kMinSegments = 3;         // two segments cost as much as one chain (§6.4)
-constexpr int64_t kMinSegmentChunks = 8;    // shortest segment considered
-constexpr int64_t kFineSegmentCounts = 64;  // every segment count up to this one is a candidate
+constexpr double kLaunchUs = 5.0;  // one more kernel launch on the stream
+constexpr double kWaveUs = 6.0;    // a segment pass's fixed cost per wave of CTAs
+// combine_kernel, one step a start (NOTES.md step 30: 0.92-0.95 us at T = 8192 H = 4..8 and
+// T = 131072 H = 4 with 8-row CTAs, 1.05 at one head; 1.30-1.38 with 16-row CTAs at H = 12, 16).
+constexpr double kCombineStepUs = 0.92;      // 8-row CTAs, one an SM
+constexpr double kCombineWideStepUs = 1.30;  // 16-row CTAs, one an SM
+constexpr double kCombineFixedUs = 4.0;      // combine_kernel's first two starts and its tail
+constexpr double kMargin = 0.9;              // segments only when the forward is predicted
+                                             // 10% faster
+constexpr int64_t kMinSegments = 3;          // two segments cost as much as one chain (§6.4)
+constexpr int64_t kMinSegmentChunks = 8;     // shortest segment considered
+constexpr int64_t kFineSegmentCounts = 64;   // every segment count up to this one is a candidate
 // K1 (design §4.7), one record per K1 CTA: 11.6 us at 12 CTAs on each SM (T=8192 H=96:
 // 49,152 records in 360 us on 132 SMs), 6.2 us at 3 per SM beside a pass (H=24: 12,288
 // records on 396 CTAs in 194 us). While K1 runs beside it, the pass's links take ~1.3x as
@@ -101,6 +104,15 @@ double best_pass_us(PassCode code, int64_t columns, int64_t links, int32_t num_s
   return best;
 }
 
+// Phase B for P segments a sequence: one step per start after the second, per wave of the
+// launch's CTAs (config.h combine_rows).
+double combine_us(int64_t pairs, int64_t P, int32_t num_sms) {
+  const int rows = combine_rows(pairs, num_sms);
+  return static_cast<double>(P - 2) * (rows == 8 ? kCombineStepUs : kCombineWideStepUs) *
+             waves(pairs * (kHeadDim / rows), num_sms) +
+         kCombineFixedUs;
+}
+
 // Predicted recurrence time with segments of L chunks, chains of `chunks` chunks.
 double segmented_us(int64_t pairs, int64_t chunks, int64_t L, int32_t num_sms, int32_t &bv_a,
                     int32_t &bv_c) {
@@ -108,9 +120,7 @@ double segmented_us(int64_t pairs, int64_t chunks, int64_t L, int32_t num_sms, i
   // Phase A: value columns of segments 0..P-2, transition columns of segments 1..P-2.
   const int64_t columns_a = pairs * kHeadDim * ((P - 1) + (P - 2));
   const double a = best_pass_us(PassCode::kStates, columns_a, L, num_sms, bv_a);
-  const double combine =
-      static_cast<double>(P - 2) * kCombineStepUs * waves(pairs * kCombineCtasPerHead, num_sms) +
-      kCombineFixedUs;
+  const double combine = combine_us(pairs, P, num_sms);
   const double c = best_pass_us(PassCode::kGeneral, pairs * P * kHeadDim, L, num_sms, bv_c);
   return a + combine + c + 2 * kLaunchUs;
 }

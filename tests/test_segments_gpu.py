@@ -122,11 +122,15 @@ def test_many_segments_are_accurate_complete_and_deterministic(shape, segment_ch
         assert s_auto <= STATE_TOLERANCE and s_auto <= RATIO * s_exact + 1e-4, (s_auto, s_exact)
 
 
-def test_combine_start_states_match_an_fp64_chain():
+@pytest.mark.parametrize("rows", [8, 16])
+def test_combine_start_states_match_an_fp64_chain(rows):
     """Phase B alone (design section 6.2): the bf16 start states the combine leaves in the
     workspace against the chain s_{j+1} = s_j X_j + S^_j recomputed in fp64 from the same
-    workspace blocks. Long-memory gates, so transitions are far from zero; 12 segments."""
-    heads, L, P = 2, 4, 12
+    workspace blocks. Long-memory gates, so transitions are far from zero; 12 segments.
+    Two heads take the combine's 8-row CTAs; more heads than a sixteenth of the SMs its
+    16-row ones (config.h combine_rows)."""
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    heads, L, P = 2 if rows == 8 else sms // 16 + 1, 4, 12
     p = long_problem([16 * L * P], heads, torch.float32, True, seed=11, memory="long")
     call = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=False)
     plan = dispatch.plan_of(call, segment_chunks=L)

@@ -19,13 +19,15 @@
 // s_{j+1} = ((P_lo + P_mid) + P_hi) + S^_j, each add rounded to nearest. The order is
 // fixed, so the result is deterministic; hi is bf(s_{j+1}), the stored start.
 //
-// One CTA = 16 value rows of one (sequence, head), 4 warps; warp w owns the 32 columns
-// [32 w, 32 w + 32) of s_{j+1}, four 8-column MMA tiles. Two adjacent tiles of the
-// accumulator are, lane for lane, the A fragment of one k-block, so each warp splits its
-// own columns into the three terms and publishes them in fragment order (`terms`, double
-// buffered); every warp then reads all eight k-blocks. X_j streams through a ring of
-// padded row-major stages by cp.async, `stages - 1` steps ahead, and reaches the MMA by
-// ldmatrix.trans. Grid N * H * 8.
+// One CTA = kRows (8 or 16) value rows of one (sequence, head), 4 warps. The product runs
+// transposed, s_{j+1}^T = X_j^T s_j^T + S^_j^T, so that the MMA's 16-row side spans
+// output columns and its 8-column side value rows: a (sequence, head) takes 128 / kRows
+// CTAs, 16 of 8 rows where they fit one per SM (half a CTA's work, twice the CTAs), else
+// 8 of 16 (config.h combine_rows). Warp w owns the output columns [32 w, 32 w + 32), two
+// 16-column tiles. A = X_j^T, read from the row-major X_j stage by ldmatrix.trans;
+// B = s_j^T, read by ldmatrix from the terms, which every warp publishes row-major
+// ([term][v][k], double buffered) after splitting its columns. X_j and the CTA's rows of
+// S^_j stream through a ring of padded stages by cp.async, `stages - 1` steps ahead.
 #pragma once
 #ifndef FLASH_KDA_ARCH
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
@@ -36,59 +38,67 @@
 
 namespace flash_kda::FLASH_KDA_ARCH {
 
-constexpr int kCombineWarps = 4;  // 32 columns each
+constexpr int kCombineWarps = 4;  // 32 output columns each
 constexpr int kCombineThreads = 32 * kCombineWarps;
-static_assert(kCombineRows == 16 && kCombineCtasPerHead * kCombineRows == kHeadDim,
-              "config.h: one 16-row MMA block per CTA");
 constexpr int kCombineTerms = 3;      // hi, mid, lo
-constexpr int kCombineMaxStages = 3;  // X_j ring depth where shared memory allows
+constexpr int kCombineMaxStages = 3;  // ring depth where shared memory allows
 static_assert(kCombineMaxStages == 3, "combine_kernel's ring wait covers depths 3 and 2");
-constexpr int kXRow = kHeadDim + 8;  // padded stage row (272 B): ldmatrix rows conflict-free
-constexpr int kXStageBytes = kHeadDim * kXRow * 2;
-constexpr int kXChunks = kHeadDim * kHeadDim * 2 / 16;  // 16-byte copies per X_j
-// The s_j terms in A-fragment order: [buffer][term][k-block][lane].
-constexpr int kTermBytes = 2 * kCombineTerms * kKBlocks * 32 * 16;
+constexpr int kStageRow = kHeadDim + 8;        // padded row (272 B): ldmatrix rows conflict-free
+constexpr int kRowPieces = kHeadDim * 2 / 16;  // 16-byte pieces of one unpadded row
 
-constexpr int combine_smem_bytes(int stages) {
-  return kTermBytes + stages * kXStageBytes;
-}
-
-// Shared memory: the term buffers, then the X_j stages.
+// Shared memory of the kRows-row kernel: the s_j terms, row-major ([buffer][term][value
+// row][k]), then the stages: X_j's 128 rows, then the CTA's kRows rows of S^_j.
+template <int kRows>
 struct CombineSmem {
-  uint4 (*terms)[kCombineTerms][kKBlocks][32];
-  uint16_t (*x)[kHeadDim][kXRow];
+  static_assert(kRows == 8 || kRows == 16, "one or two 8-column MMA blocks of value rows");
+  static constexpr int kStageRows = kHeadDim + kRows;
+  static constexpr int kTermBytes = 2 * kCombineTerms * kRows * kStageRow * 2;
+  static constexpr int kStageBytes = kStageRows * kStageRow * 2;
+  static constexpr int bytes(int stages) { return kTermBytes + stages * kStageBytes; }
+  using Terms = uint16_t[kCombineTerms][kRows][kStageRow];
+  using Stage = uint16_t[kStageRows][kStageRow];
+  Terms *terms;
+  Stage *stage;
 };
 
-// One thread's share of the copies of X_j (rows 128..255 of the segment's block) into a stage.
-__device__ __forceinline__ void issue_transition(const uint16_t *block,
-                                                 uint16_t (&stage)[kHeadDim][kXRow]) {
+constexpr int combine_smem_bytes(int rows, int stages) {
+  return rows == 8 ? CombineSmem<8>::bytes(stages) : CombineSmem<16>::bytes(stages);
+}
+
+// The thread's 16-byte pieces of a kRows-row block: piece i is row piece_row(i), columns
+// piece_col() .. + 7.
+__device__ __forceinline__ int piece_row(int i) {
+  return static_cast<int>(threadIdx.x) / kRowPieces + kCombineThreads / kRowPieces * i;
+}
+__device__ __forceinline__ int piece_col() {
+  return 8 * (threadIdx.x % kRowPieces);
+}
+template <int kRows>
+constexpr int kPieces = kRows * kRowPieces / kCombineThreads;  // per thread
+
+// One thread's share of the copies of segment block `block` into a stage: X_j (rows
+// 128..255) to stage rows 0..127, S^_j's rows v0 .. v0 + kRows - 1 after them.
+template <int kRows>
+__device__ __forceinline__ void issue_stage(const uint16_t *block, int v0,
+                                            typename CombineSmem<kRows>::Stage &stage) {
   const uint16_t *x = block + kHeadDim * kHeadDim;
 #pragma unroll
-  for (int i = 0; i < kXChunks / kCombineThreads; ++i) {
-    const int c = threadIdx.x + i * kCombineThreads, row = c / 16, col = 8 * (c % 16);
-    copy16_async(&stage[row][col], x + row * kHeadDim + col);
-  }
-}
-
-// The lane's accumulator positions: pair (nt, r) is row g + 8 r, columns 32 w + 8 nt + 2 cq
-// and + 1 of the CTA's rows, as an offset into a [128][128] block.
-__device__ __forceinline__ int64_t pair_offset(int v0, int nt, int r) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = v0 + lane / 4 + 8 * r, col = 32 * warp + 8 * nt + 2 * (lane % 4);
-  return int64_t{row} * kHeadDim + col;
-}
-
-__device__ __forceinline__ void load_pairs(const uint16_t *block, int v0, uint32_t (&w)[4][2]) {
+  for (int i = 0; i < kHeadDim / (kCombineThreads / kRowPieces); ++i)
+    copy16_async(&stage[piece_row(i)][piece_col()], x + piece_row(i) * kHeadDim + piece_col());
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      w[nt][r] = *reinterpret_cast<const uint32_t *>(block + pair_offset(v0, nt, r));
+  for (int i = 0; i < kPieces<kRows>; ++i)
+    copy16_async(&stage[kHeadDim + piece_row(i)][piece_col()],
+                 block + (v0 + piece_row(i)) * kHeadDim + piece_col());
 }
 
-// Accumulator element i (0..3) of tile nt, as fp32, from load_pairs' words.
-__device__ __forceinline__ float pair_element(const uint32_t (&w)[4][2], int nt, int i) {
-  return bf16_to_f32(i % 2 ? hi16(w[nt][i / 2]) : lo16(w[nt][i / 2]));
+// The CTA's rows of s_j = the hi term of `terms` -> start_j in global memory.
+template <int kRows>
+__device__ __forceinline__ void store_start(const uint16_t (&hi)[kRows][kStageRow], int v0,
+                                            uint16_t *start) {
+#pragma unroll
+  for (int i = 0; i < kPieces<kRows>; ++i)
+    *reinterpret_cast<uint4 *>(start + (v0 + piece_row(i)) * kHeadDim + piece_col()) =
+        *reinterpret_cast<const uint4 *>(&hi[piece_row(i)][piece_col()]);
 }
 
 // x = hi + mid + lo exactly (bf16 pairs), for a pair of fp32 values.
@@ -99,110 +109,137 @@ __device__ __forceinline__ void split3(float x0, float x1, uint32_t (&t)[kCombin
   t[2] = pack_bf16x2(sub_rn(m0, bf16_to_f32(lo16(t[1]))), sub_rn(m1, bf16_to_f32(hi16(t[1]))));
 }
 
-// s_{j+1} (the lane's accumulator values d[nt][0..3]) -> start_{j+1} = bf(s_{j+1}) in
-// global memory and its three terms in fragment order for the next step.
-__device__ __forceinline__ void emit_state(const float (&d)[4][4], int v0, uint16_t *start,
-                                           uint4 (&terms)[kCombineTerms][kKBlocks][32]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {  // k-block 2 w + half = tiles 2 half, 2 half + 1
-    uint32_t t[4][kCombineTerms];         // A registers 0..3: (tile, row r) pairs
-#pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int nt = 2 * half + reg / 2, r = reg % 2;
-      split3(d[nt][2 * r], d[nt][2 * r + 1], t[reg]);
-      *reinterpret_cast<uint32_t *>(start + pair_offset(v0, nt, r)) = t[reg][0];
-    }
-#pragma unroll
-    for (int term = 0; term < kCombineTerms; ++term)
-      terms[term][2 * warp + half][lane] =
-          make_uint4(t[0][term], t[1][term], t[2][term], t[3][term]);
-  }
-}
-
-// P_term = s_j's term times X_j for the warp's four tiles: MMA32 over k-blocks ascending.
-__device__ __forceinline__ void times_transition(const uint4 (&terms)[kCombineTerms][kKBlocks][32],
-                                                 const uint16_t (&x)[kHeadDim][kXRow],
-                                                 float (&acc)[kCombineTerms][4][4]) {
+// P_term^T = X_j^T (s_j's term)^T for the warp's two column tiles and the CTA's value
+// tiles: acc[term][vt][tile] holds output columns 32 w + 16 tile + (g, g + 8) x value rows
+// 8 vt + (2 c, 2 c + 1) (g = lane / 4, c = lane % 4), each an MMA32 chain over the
+// k-blocks in ascending order from zero.
+template <int kRows>
+__device__ __forceinline__ void times_transition(const typename CombineSmem<kRows>::Terms &terms,
+                                                 const typename CombineSmem<kRows>::Stage &x,
+                                                 float (&acc)[kCombineTerms][kRows / 8][2][4]) {
+  constexpr int kVTiles = kRows / 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int m = lane / 8, row = lane % 8;  // the 8x8 matrix and row this lane addresses
 #pragma unroll
   for (int term = 0; term < kCombineTerms; ++term)
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int vt = 0; vt < kVTiles; ++vt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[term][nt][i] = 0.f;
+      for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
-  for (int kb = 0; kb < kKBlocks; ++kb) {
-    uint32_t a[kCombineTerms][4];
+        for (int i = 0; i < 4; ++i) acc[term][vt][tile][i] = 0.f;
 #pragma unroll
-    for (int term = 0; term < kCombineTerms; ++term) {
-      const uint4 v = terms[term][kb][lane];
-      a[term][0] = v.x, a[term][1] = v.y, a[term][2] = v.z, a[term][3] = v.w;
-    }
+  for (int kp = 0; kp < kKBlocks / 2; ++kp) {  // k-blocks 2 kp, 2 kp + 1
+    uint32_t b[kCombineTerms][kVTiles][4];     // matrix m: value rows x k columns 32 kp + 8 m ..
 #pragma unroll
-    for (int np = 0; np < 2; ++np) {  // tiles 2 np, 2 np + 1: matrices (k-half, n-half)
-      uint32_t b[4];
-      ldmatrix_x4_trans(&x[16 * kb + 8 * (m % 2) + row][32 * warp + 16 * np + 8 * (m / 2)], b);
+    for (int term = 0; term < kCombineTerms; ++term)
 #pragma unroll
-      for (int term = 0; term < kCombineTerms; ++term) {
-        mma_bf16_f32(acc[term][2 * np], a[term], b[0], b[1]);
-        mma_bf16_f32(acc[term][2 * np + 1], a[term], b[2], b[3]);
+      for (int vt = 0; vt < kVTiles; ++vt)
+        ldmatrix_x4(&terms[term][8 * vt + row][32 * kp + 8 * m], b[term][vt]);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int kb = 2 * kp + half;
+#pragma unroll
+      for (int tile = 0; tile < 2; ++tile) {
+        uint32_t a[4];  // matrix m: k-half m / 2, column half m % 2 of the 16 x 16 tile
+        ldmatrix_x4_trans(&x[16 * kb + 8 * (m / 2) + row][32 * warp + 16 * tile + 8 * (m % 2)], a);
+#pragma unroll
+        for (int term = 0; term < kCombineTerms; ++term)
+#pragma unroll
+          for (int vt = 0; vt < kVTiles; ++vt)
+            mma_bf16_f32(acc[term][vt][tile], a, b[term][vt][2 * half], b[term][vt][2 * half + 1]);
       }
     }
   }
 }
 
+// s_{j+1} = ((P_lo + P_mid) + P_hi) + S^_j, split into its three terms, row-major into
+// `next`. S^_j's elements in accumulator order come from the stage by ldmatrix.trans.
+template <int kRows>
+__device__ __forceinline__ void emit_state(const float (&acc)[kCombineTerms][kRows / 8][2][4],
+                                           const typename CombineSmem<kRows>::Stage &stage,
+                                           typename CombineSmem<kRows>::Terms &next) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int vt = 0; vt < kRows / 8; ++vt) {
+    uint32_t shat[4];  // matrix m: S^_j rows 8 vt + (2 c, 2 c + 1), column 32 w + 8 m + g
+    ldmatrix_x4_trans(&stage[kHeadDim + 8 * vt + lane % 8][32 * warp + 8 * (lane / 8)], shat);
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // column 32 w + 16 tile + 8 h + g
+        const uint32_t s = shat[2 * tile + h];
+        float d[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = 2 * h + r;
+          d[r] =
+              add_rn(add_rn(add_rn(acc[2][vt][tile][i], acc[1][vt][tile][i]), acc[0][vt][tile][i]),
+                     bf16_to_f32(r ? hi16(s) : lo16(s)));
+        }
+        uint32_t t[kCombineTerms];
+        split3(d[0], d[1], t);
+        const int col = 32 * warp + 16 * tile + 8 * h + g;
+#pragma unroll
+        for (int term = 0; term < kCombineTerms; ++term) {
+          next[term][8 * vt + 2 * c][col] = static_cast<uint16_t>(lo16(t[term]));
+          next[term][8 * vt + 2 * c + 1][col] = static_cast<uint16_t>(hi16(t[term]));
+        }
+      }
+  }
+}
+
+template <int kRows>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const FwdParams p, int stages) {
+  using Smem = CombineSmem<kRows>;
   extern __shared__ __align__(16) unsigned char combine_smem[];
-  const CombineSmem sm = {
-      reinterpret_cast<uint4(*)[kCombineTerms][kKBlocks][32]>(combine_smem),
-      reinterpret_cast<uint16_t (*)[kHeadDim][kXRow]>(combine_smem + kTermBytes)};
-  const int64_t pair = blockIdx.x / kCombineCtasPerHead;
+  const Smem sm = {reinterpret_cast<typename Smem::Terms *>(combine_smem),
+                   reinterpret_cast<typename Smem::Stage *>(combine_smem + Smem::kTermBytes)};
+  constexpr int kCtasPerHead = kHeadDim / kRows;
+  const int64_t pair = blockIdx.x / kCtasPerHead;
   const int64_t seq = pair / p.heads, head = pair % p.heads;
-  const int v0 = static_cast<int>(blockIdx.x % kCombineCtasPerHead) * kCombineRows;
+  const int v0 = static_cast<int>(blockIdx.x % kCtasPerHead) * kRows;
   const int64_t s0 = first_segment(p, seq);
   const int64_t count = segment_count(p, seq);
   if (count < 1) return;  // an empty sequence has no segment (CTA-uniform)
 
-  {  // start_0 = bf(initial state), design §1.4
-    const StateSource init = initial_source(p, seq, head);
-    uint16_t *start = segment_start_block(p, s0, head);
+  const StateSource init = initial_source(p, seq, head);
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+  for (int i = 0; i < kPieces<kRows>; ++i) {  // start_0 = bf(initial state), design §1.4
+    const int64_t at = int64_t{v0 + piece_row(i)} * kHeadDim + piece_col();
+    uint32_t w[4] = {0, 0, 0, 0};  // the piece's 8 elements as 4 pairs
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t at = pair_offset(v0, nt, r);
-        uint32_t w = 0;
-        if (init.block != nullptr && init.dtype == Dtype::kBf16) {
-          w = *reinterpret_cast<const uint32_t *>(static_cast<const uint16_t *>(init.block) + at);
-        } else if (init.block != nullptr) {
-          const float *f = static_cast<const float *>(init.block) + at;
-          w = pack_bf16x2(f[0], f[1]);
-        }
-        *reinterpret_cast<uint32_t *>(start + at) = w;
+    for (int e = 0; e < 4; ++e) {
+      if (init.block != nullptr && init.dtype == Dtype::kBf16) {
+        w[e] =
+            reinterpret_cast<const uint32_t *>(static_cast<const uint16_t *>(init.block) + at)[e];
+      } else if (init.block != nullptr) {
+        const float *f = static_cast<const float *>(init.block) + at + 2 * e;
+        w[e] = pack_bf16x2(f[0], f[1]);
       }
+    }
+    *reinterpret_cast<uint4 *>(segment_start_block(p, s0, head) + at) =
+        make_uint4(w[0], w[1], w[2], w[3]);
   }
   if (count < 2) return;
 
   // The ring: X_1 .. X_{stages - 1} in flight before the first step; one commit per step
   // (possibly empty) keeps the group count uniform.
   for (int i = 0; i < stages - 1; ++i) {
-    if (1 + i <= count - 2) issue_transition(segment_state_block(p, s0 + 1 + i, head), sm.x[i]);
+    if (1 + i <= count - 2)
+      issue_stage<kRows>(segment_state_block(p, s0 + 1 + i, head), v0, sm.stage[i]);
     copy_async_commit();
   }
-  // s_1 = S^_0: start_1 = S^_0 exactly, its terms are (S^_0, 0, 0).
-  uint32_t shat[4][2];
-  load_pairs(segment_state_block(p, s0, head), v0, shat);
-  {
-    float d[4][4];
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) d[nt][i] = pair_element(shat, nt, i);
-    emit_state(d, v0, segment_start_block(p, s0 + 1, head), sm.terms[1]);
+  for (int i = 0; i < kPieces<kRows>; ++i) {  // s_1 = S^_0: start_1 = S^_0, terms (S^_0, 0, 0)
+    const int64_t at = int64_t{v0 + piece_row(i)} * kHeadDim + piece_col();
+    const uint4 shat = *reinterpret_cast<const uint4 *>(segment_state_block(p, s0, head) + at);
+    *reinterpret_cast<uint4 *>(segment_start_block(p, s0 + 1, head) + at) = shat;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4 *>(&sm.terms[1][0][piece_row(i)][piece_col()]) = shat;
+    *reinterpret_cast<uint4 *>(&sm.terms[1][1][piece_row(i)][piece_col()]) = zero;
+    *reinterpret_cast<uint4 *>(&sm.terms[1][2][piece_row(i)][piece_col()]) = zero;
   }
-  if (count > 2) load_pairs(segment_state_block(p, s0 + 1, head), v0, shat);
 
   int stage = 0, refill = stages - 1;  // the stage holding X_j; the stage X_{j+stages-1} goes to
   for (int64_t j = 1; j + 1 < count; ++j) {
@@ -212,22 +249,20 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const FwdParam
       copy_async_wait<0>();
     __syncthreads();  // X_j and s_j's terms visible; step j - 1 done with its buffers
     if (j + stages - 1 <= count - 2)
-      issue_transition(segment_state_block(p, s0 + j + stages - 1, head), sm.x[refill]);
+      issue_stage<kRows>(segment_state_block(p, s0 + j + stages - 1, head), v0, sm.stage[refill]);
     copy_async_commit();
+    if (j > 1) store_start<kRows>(sm.terms[j % 2][0], v0, segment_start_block(p, s0 + j, head));
 
-    float acc[kCombineTerms][4][4];
-    times_transition(sm.terms[j % 2], sm.x[stage], acc);
-    float d[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        d[nt][i] = add_rn(add_rn(add_rn(acc[2][nt][i], acc[1][nt][i]), acc[0][nt][i]),
-                          pair_element(shat, nt, i));
-    emit_state(d, v0, segment_start_block(p, s0 + j + 1, head), sm.terms[(j + 1) % 2]);
-    if (j + 2 < count) load_pairs(segment_state_block(p, s0 + j + 1, head), v0, shat);
+    float acc[kCombineTerms][kRows / 8][2][4];
+    times_transition<kRows>(sm.terms[j % 2], sm.stage[stage], acc);
+    emit_state<kRows>(acc, sm.stage[stage], sm.terms[(j + 1) % 2]);
     stage = stage + 1 == stages ? 0 : stage + 1;
     refill = refill + 1 == stages ? 0 : refill + 1;
+  }
+  if (count > 2) {  // the last start, s_{count - 1}
+    __syncthreads();
+    store_start<kRows>(sm.terms[(count - 1) % 2][0], v0,
+                       segment_start_block(p, s0 + count - 1, head));
   }
   copy_async_wait<0>();  // no copy outlives the CTA
 }

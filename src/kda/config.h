@@ -75,10 +75,13 @@ static_assert(shape_is_consistent(kRecurrenceShapes[0]) &&
 static_assert(sizeof(kRecurrenceShapes) / sizeof(kRecurrenceShapes[0]) == kNumRecurrenceShapes,
               "kNumRecurrenceShapes");
 
-// combine_kernel (design §6.2 phase B): value rows per CTA, one MMA row block, so a
-// (sequence, head) takes kCombineCtasPerHead CTAs. The plan's cost model counts them.
-constexpr int kCombineRows = 16;
-constexpr int kCombineCtasPerHead = 128 / kCombineRows;
+// combine_kernel (design §6.2 phase B): the value rows of one CTA, so that a (sequence,
+// head) takes 128 / rows CTAs: 8 rows (16 CTAs a head) where all fit one per SM, else 16
+// (8 a head). launch.cuh launches it (8 also where 16 rows do not fit the device's shared
+// memory, sm_120) and the plan's cost model counts it.
+constexpr int combine_rows(int64_t pairs, int64_t num_sms) {
+  return pairs * 16 <= num_sms ? 8 : 16;
+}
 
 // CTAs per SM the instantiation <nb, warps, code> is compiled for (its __launch_bounds__):
 // the whole-sequence kernel runs one per SM (its grid is at most one wave).

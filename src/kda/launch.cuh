@@ -249,19 +249,23 @@ inline LaunchStatus launch_prepare_extra(FwdParams k1, int64_t ctas, cudaStream_
   return launch_status("prepare_overlap_kernel launch (free SMs)");
 }
 
-// Phase B: the X_j ring as deep as the device's shared memory per block allows (three
-// stages on sm_90 / sm_100, two on sm_120's 99 KB).
+// Phase B: config.h's rows per CTA where two stages of them fit the device's shared memory
+// per block (16 rows do not on sm_120's 99 KB: 8 there), and the ring as deep as it allows
+// (three stages on sm_90 / sm_100).
 inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
   DeviceFacts device;
   cudaError_t err = device_facts(device);
   if (err != cudaSuccess) return {err, "combine_kernel device query"};
+  int rows = combine_rows(p.num_seqs * p.heads, device.sms);
+  if (combine_smem_bytes(rows, 2) > device.smem_optin) rows = 8;
   int stages = kCombineMaxStages;
-  while (stages > 2 && combine_smem_bytes(stages) > device.smem_optin) --stages;
-  const int smem = combine_smem_bytes(stages);
-  err = cudaFuncSetAttribute(combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  while (stages > 2 && combine_smem_bytes(rows, stages) > device.smem_optin) --stages;
+  const int smem = combine_smem_bytes(rows, stages);
+  const auto kernel = rows == 8 ? combine_kernel<8> : combine_kernel<16>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return {err, "combine_kernel shared-memory attribute"};
-  const int64_t ctas = p.num_seqs * p.heads * kCombineCtasPerHead;
-  combine_kernel<<<static_cast<unsigned>(ctas), kCombineThreads, smem, stream>>>(p, stages);
+  const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / rows);
+  kernel<<<static_cast<unsigned>(ctas), kCombineThreads, smem, stream>>>(p, stages);
   return launch_status("combine_kernel launch");
 }
 
