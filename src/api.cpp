@@ -270,6 +270,7 @@ void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
   p.tile_prefix = reinterpret_cast<int32_t *>(base + plan.tile_prefix);
   p.segment_prefix = reinterpret_cast<int32_t *>(base + plan.segment_prefix);
   p.checkpoint_prefix = reinterpret_cast<int32_t *>(base + plan.checkpoint_prefix);
+  p.seq_order = plan.longest_first ? p.segment_prefix : nullptr;
   p.segment_chunks = plan.segment_chunks;
   p.max_segments = plan.max_segments;
   p.segment_states = reinterpret_cast<uint16_t *>(base + plan.segment_states);

@@ -179,6 +179,16 @@ int32_t overlap_min_ctas(const ProblemSizes &z, const Plan &plan, const PlanRequ
   return 0;
 }
 
+// Whether the whole-sequence pass takes a varlen call's sequences longest first (design
+// §4.2): where its CTAs run in more than one wave, a long sequence started last would
+// finish alone (H200, six sequences of 271-3063 tokens, H = 96: 0.923 ms in the given
+// order, 0.866 longest first, 0.969 shortest first; NOTES.md step 31). prefix_kernel ranks
+// up to kPrefixThreads sequences, one thread each.
+bool longest_first(const ProblemSizes &z, const Plan &plan, const PlanRequest &r) {
+  return z.varlen && plan.segment_chunks == 0 && z.num_seqs <= kPrefixThreads && r.num_sms >= 1 &&
+         z.num_seqs * z.heads * (kHeadDim / plan.block_v) > r.num_sms;
+}
+
 int32_t width_for(int64_t columns, int32_t num_sms) {
   for (const RecurrenceShape &s : kRecurrenceShapes)
     if (ceil_div(columns, s.block_v) <= num_sms) return s.block_v;
@@ -312,6 +322,7 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
   if (plan.overlap_min_ctas > 0)
     plan.overlap_max_ctas =
         std::max(plan.overlap_min_ctas, overlap_max_ctas(pairs, plan.block_v, r.num_sms));
+  plan.longest_first = longest_first(z, plan, r);
   // Grid sizes: one CTA per (sequence or segment, head, column slice), grid.x < 2^31.
   const int64_t units = plan.segment_chunks > 0 ? plan.max_segments : z.num_seqs;
   const int32_t narrowest =

@@ -31,6 +31,8 @@ struct Plan {
                              // (design §4.7); 0 = never
   int32_t overlap_max_ctas;  // K1 CTAs per SM kept beside the pass at its start: 1 where
                              // the SMs the pass leaves free can carry K1, else all that fit
+  bool longest_first;        // varlen whole pass of more than one wave: its CTAs take the
+                             // sequences longest first (design §4.2)
   // Workspace layout, byte offsets from its base (each 128-byte aligned).
   int64_t tile_prefix, segment_prefix, checkpoint_prefix, segment_states, segment_starts;
   int64_t ready;         // one uint32 ready flag per record (design §4.7)

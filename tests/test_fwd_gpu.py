@@ -18,7 +18,7 @@ from conftest import (
     rel_err,
     state_id,
 )
-from flash_kda import _validate, dispatch, reference
+from flash_kda import _sizes, _validate, dispatch, reference
 from flash_kda._numerics import Ops
 
 pytestmark = pytest.mark.gpu
@@ -87,6 +87,29 @@ def test_bitwise_varlen(lens, heads):
         return make_problem(1, 0, heads, lens=lens, initial=initial, final=final, device=DEV, seed=len(lens) + heads)
 
     check_variants(make, f"varlen{lens}-H{heads}")
+
+
+def test_varlen_multiwave_pass_takes_longest_first():
+    """A varlen whole pass of more CTAs than SMs takes its sequences longest first (design
+    section 4.2): prefix_kernel leaves the order (more chunks first, ties by index) in the
+    segment prefix's space of the workspace, and out and final state stay bitwise the
+    reference's. Lengths out of order, with a tie, an empty and a one-token sequence;
+    enough heads that the CTAs at block_v 128 outnumber the SMs."""
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    lens = [300, 17, 0, 513, 1, 300, 700]
+    heads, total, n = sms // len(lens) + 1, sum(lens), len(lens)
+    p = make_problem(1, 0, heads, lens=lens, initial=torch.float32, final=torch.float32, device=DEV, seed=41)
+    workspace = torch.zeros(flash_kda.get_workspace_size(total, heads, n), dtype=torch.uint8, device=DEV)
+    run_native(p, block_v=128, workspace=workspace)
+    # The workspace opens with the records ([H][tiles][RECORD_BYTES]), then the tile prefix
+    # and the segment prefix (N + 1 int32 each, 128-byte aligned; design section 1.6).
+    start = heads * (-(-total // 16) + n) * _sizes.RECORD_BYTES + -(-4 * (n + 1) // 128) * 128
+    order = workspace[start : start + 4 * n].view(torch.int32).tolist()
+    chunks = [-(-length // 16) for length in lens]
+    assert order == sorted(range(n), key=lambda i: (-chunks[i], i)), order
+    ref_out, ref_final = reference_outputs(p)
+    assert_bitwise(p["out"], ref_out, "longest-first out")
+    assert_bitwise(p["final_state"], ref_final, "longest-first final_state")
 
 
 LONG = [

@@ -117,7 +117,7 @@ __device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
   t.checkpoint0 = -1;
   t.sink = {nullptr, Dtype::kNone};
   if (pass == ChainPass::kWhole) {
-    t.seq = unit / p.heads;
+    t.seq = p.seq_order != nullptr ? p.seq_order[unit / p.heads] : unit / p.heads;
     t.valid = true;
     t.span = seq_span(p, t.seq);
     t.source = initial_source(p, t.seq, t.head);

@@ -88,6 +88,9 @@ struct FwdParams {
   int32_t *tile_prefix;        // [num_seqs + 1], varlen only
   int32_t *segment_prefix;     // [num_seqs + 1], varlen and segmented only
   int32_t *checkpoint_prefix;  // [num_seqs + 1], varlen with checkpoints only
+  // [num_seqs]: the sequences of a varlen whole pass longest first (ties in order), in the
+  // segment prefix's space; nullptr: in order (plan.h longest_first; design §4.2).
+  int32_t *seq_order;
 
   // Sequence-parallel segments (docs/design.md §6); segment_chunks 0 = not segmented.
   int32_t segment_chunks;

@@ -201,8 +201,9 @@ __device__ __forceinline__ int64_t first_checkpoint(const FwdParams &p, int64_t 
 // Varlen only: per sequence i, prefix[i] = sum over j < i of its count: records
 // ceil(len_j / 16) (clamped to tiles_per_head), segments ceil(records_j / segment_chunks)
 // (clamped to max_segments) and checkpoints floor(len_j / checkpoint_every). One CTA of
-// 1024 threads; thread t scans a contiguous run of sequences.
-constexpr int kPrefixThreads = 1024;
+// kPrefixThreads threads; thread t scans a contiguous run of sequences. Where the whole
+// pass takes the sequences longest first (p.seq_order), their order replaces the segment
+// prefix, which that pass does not read: thread i ranks sequence i.
 constexpr int kPrefixes = 3;
 
 __device__ __forceinline__ void prefix_counts(const FwdParams &p, int64_t i,
@@ -214,9 +215,30 @@ __device__ __forceinline__ void prefix_counts(const FwdParams &p, int64_t i,
   count[2] = p.checkpoint_chunks > 0 ? len / (int64_t{kChunk} * p.checkpoint_chunks) : 0;
 }
 
+// seq_order[r] = the sequence of rank r: more chunks first, ties by index. The ranks are a
+// permutation whatever the lengths (a strict total order), so every sequence runs once
+// even with garbage cu_seqlens. CTA-uniform call, num_seqs <= kPrefixThreads.
+__device__ __forceinline__ void rank_by_length(const FwdParams &p) {
+  __shared__ int32_t chunks[kPrefixThreads];
+  const int t = threadIdx.x;
+  int32_t mine = 0;
+  if (t < p.num_seqs) {
+    int64_t count[kPrefixes];
+    prefix_counts(p, t, count);
+    mine = static_cast<int32_t>(min(count[0], p.tiles_per_head));
+    chunks[t] = mine;
+  }
+  __syncthreads();
+  if (t >= p.num_seqs) return;
+  int32_t rank = 0;
+  for (int j = 0; j < p.num_seqs; ++j) rank += chunks[j] > mine || (chunks[j] == mine && j < t);
+  p.seq_order[rank] = t;
+}
+
 __global__ void __launch_bounds__(kPrefixThreads) prefix_kernel(const FwdParams p) {
   __shared__ int64_t warp_total[kPrefixes][kPrefixThreads / 32];
-  int32_t *const prefix[kPrefixes] = {p.tile_prefix, p.segment_prefix, p.checkpoint_prefix};
+  int32_t *const prefix[kPrefixes] = {
+      p.tile_prefix, p.seq_order != nullptr ? nullptr : p.segment_prefix, p.checkpoint_prefix};
   const int64_t capacity[kPrefixes] = {p.tiles_per_head, p.max_segments, int64_t{1} << 30};
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   const int64_t per_thread = ceil_div(p.num_seqs, kPrefixThreads);
@@ -252,15 +274,17 @@ __global__ void __launch_bounds__(kPrefixThreads) prefix_kernel(const FwdParams 
   __syncthreads();
   for (int k = 0; k < kPrefixes; ++k) {
     running[k] += warp > 0 ? warp_total[k][warp - 1] : 0;
-    if (t == 0) prefix[k][0] = 0;
+    if (t == 0 && prefix[k] != nullptr) prefix[k][0] = 0;
   }
   for (int64_t i = first; i < last; ++i) {
     prefix_counts(p, i, count);
     for (int k = 0; k < kPrefixes; ++k) {
       running[k] += count[k];
-      prefix[k][i + 1] = static_cast<int32_t>(min(running[k], capacity[k]));
+      if (prefix[k] != nullptr)
+        prefix[k][i + 1] = static_cast<int32_t>(min(running[k], capacity[k]));
     }
   }
+  if (p.seq_order != nullptr && p.num_seqs <= kPrefixThreads) rank_by_length(p);
 }
 
 }  // namespace flash_kda::FLASH_KDA_ARCH

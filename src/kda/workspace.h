@@ -70,6 +70,11 @@ constexpr int64_t tiles_per_head(int64_t total_tokens, int64_t num_seqs) {
   return ceil_div(total_tokens, kChunk) + num_seqs;
 }
 
+// prefix_kernel's threads (one CTA): it scans the varlen prefix arrays, and ranks up to this
+// many sequences by length, one a thread, for the whole pass's longest-first order, which
+// it writes in the segment prefix's space (that pass has no segments; design §4.2).
+constexpr int kPrefixThreads = 1024;
+
 // The overlapped forward's work counter (design §4.7), after the ready flags (one uint32
 // per record); the launch zeroes flags and counter together.
 struct OverlapSync {
