@@ -6,10 +6,10 @@
 Every block_v on a batched and a varlen case (with an empty and a partial sequence), in
 exact mode with K1 before and beside the recurrence (design section 4.7; varlen never
 overlaps) and in AUTO mode with one-chunk segments; a twelve-head case for the combine's
-16-row CTAs; then state pools (in place, padding, has_initial_state), checkpoints, strided
-views (fused projection slices) and garbage device cu_seqlens (non-monotone, negative,
-past the end, 2**62), each in exact mode and in AUTO mode with a forced small
-segment_chunks.
+16-row CTAs and a forty-head one for the longest-first varlen pass; then state pools (in
+place, padding, has_initial_state), checkpoints, strided views (fused projection slices)
+and garbage device cu_seqlens (non-monotone, negative, past the end, 2**62), each in exact
+mode and in AUTO mode with a forced small segment_chunks.
 """
 
 import sys
@@ -72,6 +72,12 @@ for block_v in (32, 64, 128):
 # (config.h combine_rows) where the cases above take its 8-row ones.
 wide = make_problem(1, 0, 12, lens=LENS, initial=torch.float32, final=torch.float32, device="cuda", seed=6)
 run("auto-segments-2 combine-16-rows", wide, 2, exact=False)
+# Forty heads of the same four sequences at block_v 128: 160 CTAs, more than one wave on any
+# GPU of up to 159 SMs, so the whole pass takes the sequences longest first (design 4.2).
+many = make_problem(1, 0, 40, lens=LENS, initial=torch.bfloat16, final=torch.bfloat16, device="cuda", seed=7)
+dispatch.run_native(check(many, exact=True), block_v=128)
+torch.cuda.synchronize()
+print("exact longest-first: done")
 
 for mode, options, segment_chunks in MODES:
     for name, p, overrides in serving_cases():

@@ -366,25 +366,15 @@ __host__ __device__ constexpr bool prefetched_schedule(int nb, int warps) {
   return warps == 4 && nb <= 2;
 }
 
-// Arrivals of one compute warp on a stage's empty barrier. The latency schedule releases a
-// stage right after issuing its loads, and there every lane arrives for its own reads: an
-// mbarrier arrive releases the arriving thread's accesses, and with one lane arriving after
-// __syncwarp() (which ptxas compiled to a NOP there) racecheck reported the other lanes'
-// reads against the producer's next copy into the stage (H200). The streamed schedule
-// releases a stage at the end of the link; one lane arriving there is 1% faster at T=8192
-// H=96 (<2, 8>).
-__host__ __device__ constexpr int release_lanes(int nb, int warps) {
-  return prefetched_schedule(nb, warps) ? 32 : 1;
-}
+// A compute warp done with a stage: every lane arrives on its empty barrier (32 arrivals a
+// warp), since an mbarrier arrive releases the arriving thread's own reads. With one lane
+// arriving after __syncwarp(), racecheck reported the other 31 lanes' reads against the
+// producer's next copy into the stage, in both schedules, once a chain wraps the ring
+// (H200; benchmarks/NOTES.md steps 28 and 31).
+constexpr int kReleaseLanes = 32;
 
-template <int kLanes>
 __device__ __forceinline__ void release_chunk(const WarpChain &w, RingPos pos) {
-  if constexpr (kLanes == 32) {
-    barrier_arrive(&w.empty[pos.stage]);
-  } else {
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) barrier_arrive(&w.empty[pos.stage]);
-  }
+  barrier_arrive(&w.empty[pos.stage]);
 }
 
 // Latency-bound schedule (few heads, the chain is the run time). A link starts
@@ -411,7 +401,7 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
       Frag krt[kKBlocks];
 #pragma unroll
       for (int mb = 0; mb < kKBlocks; ++mb) krt[mb] = lds_frag(stage, kOffKrT + mb * kTileBytes);
-      release_chunk<32>(w, pos);
+      release_chunk(w, pos);
 
       const bool has_next = c + 1 < span.num_chunks;
       const uint8_t *next = stage_of(w, next_pos);
@@ -459,7 +449,7 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
       if constexpr (kOutput) output_scores(in.mqk, ub, mu);
       update_state([&](int mb) { return lds_frag(stage, kOffKrT + mb * kTileBytes); }, in.e, ub,
                    state);
-      release_chunk<1>(w, pos);
+      release_chunk(w, pos);
       store_chunk_output<kOutput>(w, c, n, pq, mu);
     }
   });
@@ -491,7 +481,7 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
       TxBarrier::init(&full[s], 1);
-      TxBarrier::init(&empty[s], kWarps * release_lanes(kNB, kWarps));
+      TxBarrier::init(&empty[s], kWarps * kReleaseLanes);
     }
     cutlass::arch::fence_barrier_init();
   }
