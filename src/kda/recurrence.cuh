@@ -370,7 +370,7 @@ __host__ __device__ constexpr bool prefetched_schedule(int nb, int warps) {
 // warp), since an mbarrier arrive releases the arriving thread's own reads. With one lane
 // arriving after __syncwarp(), racecheck reported the other 31 lanes' reads against the
 // producer's next copy into the stage, in both schedules, once a chain wraps the ring
-// (H200; benchmarks/NOTES.md steps 28 and 31).
+// (H200; benchmarks/NOTES.md steps 28 and 32).
 constexpr int kReleaseLanes = 32;
 
 __device__ __forceinline__ void release_chunk(const WarpChain &w, RingPos pos) {
