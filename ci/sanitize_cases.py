@@ -6,10 +6,11 @@
 Every block_v on a batched and a varlen case (with an empty and a partial sequence), in
 exact mode with K1 before and beside the recurrence (design section 4.7; varlen never
 overlaps) and in AUTO mode with one-chunk segments; a twelve-head case for the combine's
-16-row CTAs and a forty-head one for the longest-first varlen pass; then state pools (in
-place, padding, has_initial_state), checkpoints, strided views (fused projection slices)
-and garbage device cu_seqlens (non-monotone, negative, past the end, 2**62), each in exact
-mode and in AUTO mode with a forced small segment_chunks.
+16-row CTAs, a forty-head one for the longest-first varlen pass and a batched one of more
+CTAs than SMs with K1 beside the pass; then state pools (in place, padding,
+has_initial_state), checkpoints, strided views (fused projection slices) and garbage
+device cu_seqlens (non-monotone, negative, past the end, 2**62), each in exact mode and in
+AUTO mode with a forced small segment_chunks.
 """
 
 import sys
@@ -78,6 +79,12 @@ many = make_problem(1, 0, 40, lens=LENS, initial=torch.bfloat16, final=torch.bfl
 dispatch.run_native(check(many, exact=True), block_v=128)
 torch.cuda.synchronize()
 print("exact longest-first: done")
+# K1 beside a batched pass of more CTAs than SMs (design 4.7): its items wave by wave.
+sms = torch.cuda.get_device_properties("cuda").multi_processor_count
+waves = make_problem(sms // 4 + 3, 100, 4, initial=torch.float32, final=torch.float32, device="cuda", seed=8)
+dispatch.run_native(check(waves, exact=True), block_v=128, overlap=1)
+torch.cuda.synchronize()
+print("exact overlapped multi-wave: done")
 
 for mode, options, segment_chunks in MODES:
     for name, p, overrides in serving_cases():

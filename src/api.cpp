@@ -257,12 +257,10 @@ void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
   p.tiles_per_head = tiles_per_head(p.total_tokens, a.num_seqs);
   const int64_t chunks = ceil_div(a.seqlen, kChunk);  // per sequence, batched mode
   p.prepare_tiles = a.cu_seqlens != nullptr ? p.tiles_per_head : a.num_seqs * chunks;
-  // K1's order (design §4.7): units of the first recurrence pass, a segment or a sequence.
-  p.order_chunks = static_cast<int32_t>(
-      plan.segment_chunks > 0 ? plan.segment_chunks : std::min<int64_t>(chunks, INT32_MAX));
-  p.order_units = static_cast<int32_t>(ceil_div(chunks, p.order_chunks));
-  p.prepare_items = static_cast<int32_t>(
-      std::min<int64_t>(int64_t{p.order_chunks} * p.order_units * a.num_seqs * a.heads, INT32_MAX));
+  // K1's order beside the pass (design §4.7): the sequences of one wave of the pass together.
+  p.order_group = plan.overlap_group;
+  p.prepare_items =
+      static_cast<int32_t>(std::min<int64_t>(chunks * a.num_seqs * a.heads, INT32_MAX));
   p.ready = plan.overlap_min_ctas > 0 ? reinterpret_cast<uint32_t *>(base + plan.ready) : nullptr;
   p.overlap_min_ctas = plan.overlap_min_ctas;
   p.overlap_max_ctas = plan.overlap_max_ctas;

@@ -156,21 +156,26 @@ int32_t overlap_max_ctas(int64_t pairs, int32_t block_v, int32_t num_sms) {
 }
 
 // Whether K1 can run beside the whole-sequence pass: not for varlen (records by sequence),
-// segments (the segment pass fills the GPU), a pass of more than one wave (its later CTAs
-// would wait for K1's end) or 2^31 items or more (K1's 32-bit counter).
-bool can_overlap(const ProblemSizes &z, int32_t block_v, int32_t segment_chunks,
-                 const PlanRequest &r) {
+// segments (the segment pass fills the GPU) or 2^31 items or more (K1's 32-bit counter). A
+// pass of more than one wave gets K1's items wave by wave (overlap_group).
+bool can_overlap(const ProblemSizes &z, int32_t segment_chunks, const PlanRequest &r) {
   const int64_t pairs = z.num_seqs * z.heads;
   return r.overlap >= 0 && !z.varlen && segment_chunks == 0 && r.num_sms >= 1 &&
-         pairs * (kHeadDim / block_v) <= r.num_sms &&
          2 * pairs * ceil_div(z.seqlen, kChunk) < (int64_t{1} << 31);
+}
+
+// K1's item groups beside the pass (design §4.7): the sequences whose pass CTAs one wave
+// starts together, one CTA an SM beside K1's; all of them where the pass fits one wave.
+int32_t overlap_group(const ProblemSizes &z, int32_t block_v, int32_t num_sms) {
+  const int64_t per_sequence = z.heads * (kHeadDim / block_v);
+  return static_cast<int32_t>(std::clamp<int64_t>(num_sms / per_sequence, 1, z.num_seqs));
 }
 
 // The fewest K1 CTAs per SM beside the whole-sequence pass with which the overlap beats K1
 // then the pass (the launch overlaps where that many fit); 0 where none does or it cannot
 // run.
 int32_t overlap_min_ctas(const ProblemSizes &z, const Plan &plan, const PlanRequest &r) {
-  if (!can_overlap(z, plan.block_v, plan.segment_chunks, r)) return 0;
+  if (!can_overlap(z, plan.segment_chunks, r)) return 0;
   if (r.overlap > 0) return 1;
   const int64_t pairs = z.num_seqs * z.heads, chunks = ceil_div(z.seqlen, kChunk);
   const double serial = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0);
@@ -288,7 +293,7 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
     // can run and pays with the H200's fit per width (config.h).
     const double k1 = prepare_us(pairs * chunks, r.num_sms);
     double whole = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0);
-    if (can_overlap(z, plan.block_v, 0, r))
+    if (can_overlap(z, 0, r))
       whole = std::min(whole, k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms,
                                              recurrence_shape(plan.block_v)->prepare_beside));
     double best = kMargin * whole - k1;  // the segmented recurrence to beat
@@ -319,9 +324,11 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
     plan.block_v = r.block_v != 0 ? r.block_v : bv_c;
   }
   plan.overlap_min_ctas = overlap_min_ctas(z, plan, r);
-  if (plan.overlap_min_ctas > 0)
+  if (plan.overlap_min_ctas > 0) {
     plan.overlap_max_ctas =
         std::max(plan.overlap_min_ctas, overlap_max_ctas(pairs, plan.block_v, r.num_sms));
+    plan.overlap_group = overlap_group(z, plan.block_v, r.num_sms);
+  }
   plan.longest_first = longest_first(z, plan, r);
   // Grid sizes: one CTA per (sequence or segment, head, column slice), grid.x < 2^31.
   const int64_t units = plan.segment_chunks > 0 ? plan.max_segments : z.num_seqs;

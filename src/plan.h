@@ -31,6 +31,8 @@ struct Plan {
                              // (design §4.7); 0 = never
   int32_t overlap_max_ctas;  // K1 CTAs per SM kept beside the pass at its start: 1 where
                              // the SMs the pass leaves free can carry K1, else all that fit
+  int32_t overlap_group;     // K1's items beside the pass come in groups of this many
+                             // sequences: those one wave of the pass starts together
   bool longest_first;        // varlen whole pass of more than one wave: its CTAs take the
                              // sequences longest first (design §4.2)
   // Workspace layout, byte offsets from its base (each 128-byte aligned).

@@ -261,6 +261,28 @@ def test_overlapped_k1_gives_the_serial_bits(batch, seqlen, heads, block_v):
     assert_bitwise(overlapped["final_state"], ref_final, "overlapped final_state vs reference")
 
 
+def test_overlapped_k1_beside_a_pass_of_several_waves():
+    """K1 beside a whole-sequence pass of more CTAs than SMs (design section 4.7), forced
+    on: its items come wave by wave (the sequences one wave of the pass starts together,
+    chunk by chunk), one K1 grid runs (no SM is left free for a second), and out and final
+    state are bitwise those of K1 then the pass, and of the reference."""
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    heads, batch = 4, sms // 4 + 3  # block_v 128: one CTA per (sequence, head)
+    p = make_problem(batch, 100, heads, initial=torch.float32, final=torch.float32, device=DEV, seed=23)
+    serial, overlapped = clone_outputs(p), clone_outputs(p)
+
+    def k1_grids(launches):
+        return sum(n for name, n in launches.items() if "prepare_overlap_kernel" in name)
+
+    assert k1_grids(kernels_of(lambda: run_native(serial, 128, overlap=-1))) == 0
+    assert k1_grids(kernels_of(lambda: run_native(overlapped, 128, overlap=1))) == 1
+    assert_bitwise(overlapped["out"], serial["out"], "overlapped out")
+    assert_bitwise(overlapped["final_state"], serial["final_state"], "overlapped final_state")
+    ref_out, ref_final = reference_outputs(p)
+    assert_bitwise(overlapped["out"], ref_out, "overlapped out vs reference")
+    assert_bitwise(overlapped["final_state"], ref_final, "overlapped final_state vs reference")
+
+
 def test_overlapped_graph_replays_follow_new_inputs():
     """A captured overlapped forward (memset of the ready flags, K1, the pass) replayed
     twice, with new inputs copied in between: each replay equals an eager serial call on

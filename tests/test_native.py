@@ -303,7 +303,7 @@ def test_auto_plan_segments_only_chain_bound_calls(lib, seqlen, heads, segmented
         (0, 1, 8192, 96, False, "runs"),  # K1 also fills the 36 SMs the 96 pass CTAs leave
         (1, 1, 8192, 64, False, "runs"),  # 128 pass CTAs: K1 needs room beside them
         (1, 1, 8192, 6, False, "never"),  # segmented: the segment pass fills the GPU
-        (0, 64, 512, 8, False, "never"),  # 512 CTAs of the pass: more than one wave
+        (0, 64, 512, 8, False, "runs"),  # 512 pass CTAs in four waves: K1's items wave by wave
         (0, 1, 8192, 6, True, "never"),  # varlen: records by sequence
     ],
 )
@@ -315,8 +315,8 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
     (>= overlap_min_ctas) is how many the first K1 grid keeps beside the pass: one where
     the SMs the pass leaves free can carry K1 (T=8192 H=96: 96 pass CTAs on 132 SMs), all
     that fit where the pass fills the GPU (H=64 at block_v 64: 128 CTAs).
-    Varlen, segmented and multi-wave calls never overlap. overlap=1 forces it where it can
-    run, -1 turns it off."""
+    Varlen and segmented calls never overlap. overlap=1 forces it where it can run, -1
+    turns it off."""
     sizes = dict(batch=batch, seqlen=seqlen, heads=heads, num_seqs=batch)
     if varlen:
         sizes.update(cu_seqlens=0xA000, num_seqs=3)

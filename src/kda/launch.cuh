@@ -273,8 +273,9 @@ inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
 // K1 CTAs per SM in its first grid: as many as leave room on every SM for one CTA of the
 // pass (`beside`), so that the pass's CTAs become resident beside K1's at once, and at
 // most the plan's overlap_max_ctas. The plan says how many must fit for the overlap to
-// pay; the pass must fit one wave. Also returns the SM count and K1's CTAs per SM by
-// itself, which size the second grid. (Keeping all of K1's CTAs on the
+// pay. A pass of more than one wave starts its later CTAs as earlier ones end, beside the
+// same K1 CTAs. Also returns the SM count and K1's CTAs per SM by itself, which size the
+// second grid. (Keeping all of K1's CTAs on the
 // SMs the pass does not use, and letting the surplus on its SMs exit, was tried: on the
 // H200 the pass then waited for K1's end.)
 inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, int &sms, int &keep,
@@ -286,7 +287,6 @@ inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, in
   if (err != cudaSuccess) return {err, "prepare_kernel device query"};
   sms = d.sms;
   alone = d.k1_alone;
-  if (first.ctas > sms) return {cudaSuccess, nullptr};
   Footprint k2;
   err = footprint(first.kernel, first.threads, first.smem, k2);
   if (err != cudaSuccess) return {err, "recurrence_kernel attributes"};

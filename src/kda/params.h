@@ -72,11 +72,10 @@ struct FwdParams {
   int64_t tiles_per_head;  // record stride of one head
   int64_t prepare_tiles;   // records per head K1 covers: exact in batched mode, upper
                            // bound in varlen
-  // K1 beside the first recurrence pass (design §4.7). Order of the items: in batched
-  // mode chunk j of every unit of order_chunks chunks (a segment, or the whole sequence:
-  // order_units per sequence) comes before chunk j + 1, heads innermost.
-  int32_t order_chunks;
-  int32_t order_units;
+  // K1 beside the whole-sequence pass (design §4.7, batched mode). Order of the items: the
+  // sequences in groups of order_group, those one wave of the pass starts together; in a
+  // group chunk j of every sequence before chunk j + 1, heads innermost.
+  int32_t order_group;
   int32_t prepare_items;  // all heads' items (overlap only)
   // ready[head * tiles_per_head + tile] != 0 once K1 has written that record; nullptr
   // when the recurrence starts only after K1. The launch overlaps the two when K1 can

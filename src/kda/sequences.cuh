@@ -123,24 +123,26 @@ __device__ __forceinline__ bool locate_chunk(const FwdParams &p, int64_t x, Chun
   return ref.n > 0;
 }
 
-// K1's item i of the overlapped forward (design §4.7, batched mode): head i % heads of
-// chunk j of unit u, in the order (j, u, head), where a unit is order_chunks chunks of a
-// sequence (a segment, or the whole sequence) and a sequence has order_units of them. The
-// recurrence CTAs walk their units side by side, so they find their records in about
-// the order K1 writes them. False for items past a short last unit. 32-bit: the plan
-// overlaps only calls of fewer than 2^31 items.
+// K1's item i of the overlapped forward (design §4.7, batched mode). The sequences come
+// in groups of order_group, the sequences whose pass CTAs one wave starts together (all
+// of them where the pass fits one wave); group g's items come before group g + 1's, and
+// in a group the order is (chunk j, sequence, head). The pass's CTAs walk their chains
+// side by side, wave after wave, so they find their records in about the order K1 writes
+// them. 32-bit: the plan overlaps only calls of fewer than 2^31 items, and order_group is
+// at most num_seqs.
 __device__ __forceinline__ bool locate_item(const FwdParams &p, int32_t i, int64_t &head,
                                             ChunkRef &ref) {
-  const int32_t heads = static_cast<int32_t>(p.heads), per = p.order_units;
-  const int32_t units = static_cast<int32_t>(p.num_seqs) * per;
-  const int32_t slab = i / heads, j = slab / units, u = slab % units;
+  const int32_t heads = static_cast<int32_t>(p.heads);
+  const int32_t chunks = static_cast<int32_t>(ceil_div(p.seqlen, kChunk));
+  const int32_t group_items = p.order_group * chunks * heads;
+  const int32_t first = i / group_items * p.order_group;  // the group's first sequence
+  const int32_t members = min(p.order_group, static_cast<int32_t>(p.num_seqs) - first);
+  const int32_t slab = i % group_items / heads, j = slab / members;
   head = i % heads;
-  const int64_t chunks = ceil_div(p.seqlen, kChunk);
-  const int64_t c = int64_t{u % per} * p.order_chunks + j;
-  if (c >= chunks) return false;
-  ref.tile = (u / per) * chunks + c;
-  ref.b = u / per;
-  ref.t0 = c * kChunk;
+  if (j >= chunks) return false;  // past the items (prepare_items bounds i)
+  ref.b = first + slab % members;
+  ref.tile = ref.b * chunks + j;
+  ref.t0 = int64_t{j} * kChunk;
   ref.n = static_cast<int>(min(int64_t{kChunk}, p.seqlen - ref.t0));
   return true;
 }
