@@ -77,18 +77,22 @@ template <int kRows>
 constexpr int kPieces = kRows * kRowPieces / kCombineThreads;  // per thread
 
 // One thread's share of the copies of segment block `block` into a stage: X_j (rows
-// 128..255) to stage rows 0..127, S^_j's rows v0 .. v0 + kRows - 1 after them.
+// 128..255) to stage rows 0..127, S^_j's rows v0 .. v0 + kRows - 1 after them. Every
+// source is the thread's first piece plus a constant, so each copy takes an immediate
+// offset: with a 64-bit address computed per copy the refill was ~160 instructions a
+// warp, and their registers waited on the copies before (ncu, H200).
 template <int kRows>
 __device__ __forceinline__ void issue_stage(const uint16_t *block, int v0,
                                             typename CombineSmem<kRows>::Stage &stage) {
-  const uint16_t *x = block + kHeadDim * kHeadDim;
+  constexpr int kRowStep = kCombineThreads / kRowPieces;  // rows between a thread's pieces
+  const uint16_t *first = block + piece_row(0) * kHeadDim + piece_col();
+  const uint16_t *x = first + kHeadDim * kHeadDim, *shat = first + v0 * kHeadDim;
 #pragma unroll
-  for (int i = 0; i < kHeadDim / (kCombineThreads / kRowPieces); ++i)
-    copy16_async(&stage[piece_row(i)][piece_col()], x + piece_row(i) * kHeadDim + piece_col());
+  for (int i = 0; i < kHeadDim / kRowStep; ++i)
+    copy16_async(&stage[piece_row(i)][piece_col()], x + i * kRowStep * kHeadDim);
 #pragma unroll
   for (int i = 0; i < kPieces<kRows>; ++i)
-    copy16_async(&stage[kHeadDim + piece_row(i)][piece_col()],
-                 block + (v0 + piece_row(i)) * kHeadDim + piece_col());
+    copy16_async(&stage[kHeadDim + piece_row(i)][piece_col()], shat + i * kRowStep * kHeadDim);
 }
 
 // The CTA's rows of s_j = the hi term of `terms` -> start_j in global memory.

@@ -4,7 +4,7 @@
 // the result never depends on compiler flags (-ftz, -fmad, --use_fast_math): fp32 ops
 // that the ledger wants flushed are written with .ftz, 16-bit arithmetic is an exact
 // fp32 operation followed by one RNE conversion (or a paired 16-bit instruction with
-// provably the same correctly rounded result: bf16x2_mul), and no helper can be
+// provably the same correctly rounded result: bf16x2_mul / _add / _sub), and no helper can be
 // contracted into an FMA. The reference (python/flash_kda/reference.py) mirrors each helper.
 #pragma once
 #ifndef FLASH_KDA_ARCH
@@ -152,6 +152,23 @@ __device__ __forceinline__ uint32_t bf16_mul(uint32_t a, uint32_t b) {
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// a (+) b and a (-) b on both halves at once (HADD2.BF16, sm_90+). An fp32 sum of two
+// bf16 rounded to bf16 is the correctly rounded bf16 sum (fp32's 24-bit significand is
+// more than 2 x 8 + 2 bits), which add.rn.bf16x2 returns, subnormals included (no .ftz).
+// tests/test_numerics_gpu.py checks these, bf16x2_mul and pack_bf16x2 against the
+// per-element forms on every input, NaN payloads included.
+__device__ __forceinline__ uint32_t bf16x2_add(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
 

@@ -126,8 +126,8 @@ __device__ __forceinline__ void load_score_frags(const uint8_t *stage, ScoreFrag
 }
 
 // The small operands of a link: INV and Mqk fragments, this lane's decays
-// e[16 mb + g + 8 r] (at e[2 mb + r]), betas of rows g and g + 8, value pairs (zero for
-// rows >= n, whose smem is stale).
+// e[16 mb + g + 8 r] (at e[2 mb + r]), betas of rows g and g + 8 (each in both halves),
+// value pairs (zero for rows >= n, whose smem is stale).
 template <int kNB>
 struct LinkInputs {
   Frag inv, mqk;
@@ -151,8 +151,8 @@ __device__ __forceinline__ void load_link_inputs(const uint8_t *stage, int n, in
     in.e[4 * q + 3] = __uint_as_float(v4.w);
   }
   const uint16_t *beta = reinterpret_cast<const uint16_t *>(stage + kOffBeta);
-  in.beta[0] = beta[g];
-  in.beta[1] = beta[g + 8];
+  in.beta[0] = beta[g] * 0x10001u;
+  in.beta[1] = beta[g + 8] * 0x10001u;
   const uint8_t *vrows = stage + kRecordBytes;
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb) {
@@ -193,6 +193,8 @@ __device__ __forceinline__ void chunk_projections(KdOf kd, QdOf qd, After after,
 }
 
 // Steps 1, 3, 4: u = (v (-) bf(Pk)) (*) beta; U = bf(INV u). Returns U as B fragments.
+// The bf16 steps run on column pairs (numerics.cuh: bf16x2_sub, bf16x2_mul), the same
+// correctly rounded results as per element in fp32 with fewer, fixed-latency instructions.
 template <int kNB>
 __device__ __forceinline__ void solve_u(const LinkInputs<kNB> &in, const float (&pk)[kNB][4],
                                         uint32_t (&ub)[kNB][2]) {
@@ -201,14 +203,8 @@ __device__ __forceinline__ void solve_u(const LinkInputs<kNB> &in, const float (
     uint32_t u[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float uh[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float v_f = bf16_to_f32(h ? hi16(in.v[nb][r]) : lo16(in.v[nb][r]));
-        const float pk_bf = bf16_to_f32(f32_to_bf16(pk[nb][2 * r + h]));
-        uh[h] = mul_rn(bf16_to_f32(f32_to_bf16(sub_rn(v_f, pk_bf))), bf16_to_f32(in.beta[r]));
-      }
-      u[r] = pack_bf16x2(uh[0], uh[1]);
+      const uint32_t pk_bf = pack_bf16x2(pk[nb][2 * r], pk[nb][2 * r + 1]);
+      u[r] = bf16x2_mul(bf16x2_sub(in.v[nb][r], pk_bf), in.beta[r]);
     }
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     mma_bf16_f32(acc, in.inv.r, movmatrix_trans(u[0]), movmatrix_trans(u[1]));
@@ -241,12 +237,9 @@ __device__ __forceinline__ void store_output(const float (&pq)[kNB][4], const fl
     for (int r = 0; r < 2; ++r) {
       const int row = g + 8 * r;
       if (row >= n) continue;
-      const float o0 =
-          add_rn(bf16_to_f32(f32_to_bf16(pq[nb][2 * r])), bf16_to_f32(f32_to_bf16(mu[nb][2 * r])));
-      const float o1 = add_rn(bf16_to_f32(f32_to_bf16(pq[nb][2 * r + 1])),
-                              bf16_to_f32(f32_to_bf16(mu[nb][2 * r + 1])));
       *reinterpret_cast<uint32_t *>(out_row0 + row * row_pitch + 8 * nb + 2 * cq) =
-          pack_bf16x2(o0, o1);
+          bf16x2_add(pack_bf16x2(pq[nb][2 * r], pq[nb][2 * r + 1]),
+                     pack_bf16x2(mu[nb][2 * r], mu[nb][2 * r + 1]));
     }
   }
 }
