@@ -130,6 +130,11 @@ double prepare_us(int64_t records, int32_t num_sms) {
   return static_cast<double>(records) * kPrepareRecordUs / (num_sms * kPrepareCtasAlone);
 }
 
+// SMs the whole-sequence pass leaves free (none where it runs in more than one wave).
+int64_t free_sms(int64_t pairs, int32_t block_v, int32_t num_sms) {
+  return std::max<int64_t>(num_sms - pairs * (kHeadDim / block_v), 0);
+}
+
 // K1 then the whole-sequence pass (k = 0), or K1 beside the pass (design §4.7): k K1
 // CTAs on each of the pass's SMs and kPrepareCtasAlone on each SM it leaves free. While K1
 // runs, the pass advances kBesideSlowdown times slower; the forward ends when both have.
@@ -137,7 +142,7 @@ double k1_and_pass_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t nu
   const double pass = whole_us(pairs, chunks, block_v, num_sms);
   const double records = static_cast<double>(pairs * chunks);
   if (k == 0) return prepare_us(pairs * chunks, num_sms) + pass;
-  const int64_t ctas = pairs * (kHeadDim / block_v), free = std::max<int64_t>(num_sms - ctas, 0);
+  const int64_t ctas = pairs * (kHeadDim / block_v), free = free_sms(pairs, block_v, num_sms);
   const double rate =
       static_cast<double>(std::min<int64_t>(ctas, num_sms) * k) / kPrepareBesideRecordUs +
       static_cast<double>(free * kPrepareCtasAlone) / kPrepareRecordUs;
@@ -149,7 +154,7 @@ double k1_and_pass_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t nu
 // the free SMs write at least kFreeSupply of the records as fast as the pass reads them,
 // else as many as fit.
 int32_t overlap_max_ctas(int64_t pairs, int32_t block_v, int32_t num_sms) {
-  const int64_t free = num_sms - pairs * (kHeadDim / block_v);
+  const int64_t free = free_sms(pairs, block_v, num_sms);
   const double free_rate = static_cast<double>(free * kPrepareCtasAlone) / kPrepareRecordUs;
   const double pass_rate = static_cast<double>(pairs) / recurrence_shape(block_v)->whole_link_us;
   return free_rate >= kFreeSupply * pass_rate ? 1 : kPrepareCtasAlone;

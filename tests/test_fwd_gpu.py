@@ -239,6 +239,24 @@ def test_records_equal_reference_k1(lens):
 OVERLAP_SHAPES = [(1, 1000, 1), (2, 333, 3), (1, 2048, 6)]
 
 
+def _check_overlap_bits(p, block_v, k1_grids):
+    """Runs p serially (K1 then the pass) and with K1 forced beside the pass: the serial run
+    launches no prepare_overlap_kernel grid, the overlapped one `k1_grids`, and the
+    overlapped out and final state equal the serial ones and the reference bitwise."""
+    serial, overlapped = clone_outputs(p), clone_outputs(p)
+
+    def grids(launches):
+        return sum(n for name, n in launches.items() if "prepare_overlap_kernel" in name)
+
+    assert grids(kernels_of(lambda: run_native(serial, block_v, overlap=-1))) == 0
+    assert grids(kernels_of(lambda: run_native(overlapped, block_v, overlap=1))) == k1_grids
+    assert_bitwise(overlapped["out"], serial["out"], "overlapped out")
+    assert_bitwise(overlapped["final_state"], serial["final_state"], "overlapped final_state")
+    ref_out, ref_final = reference_outputs(p)
+    assert_bitwise(overlapped["out"], ref_out, "overlapped out vs reference")
+    assert_bitwise(overlapped["final_state"], ref_final, "overlapped final_state vs reference")
+
+
 @pytest.mark.parametrize("batch,seqlen,heads", OVERLAP_SHAPES, ids=[f"B{b}-T{t}-H{h}" for b, t, h in OVERLAP_SHAPES])
 @pytest.mark.parametrize("block_v", BLOCK_VS)
 def test_overlapped_k1_gives_the_serial_bits(batch, seqlen, heads, block_v):
@@ -247,18 +265,7 @@ def test_overlapped_k1_gives_the_serial_bits(batch, seqlen, heads, block_v):
     passes have at most 24 CTAs), and out and final state are bitwise those of K1 then
     the pass, and of the reference."""
     p = make_problem(batch, seqlen, heads, initial=torch.float32, final=torch.float32, device=DEV, seed=21)
-    serial, overlapped = clone_outputs(p), clone_outputs(p)
-
-    def k1_grids(launches):
-        return sum(n for name, n in launches.items() if "prepare_overlap_kernel" in name)
-
-    assert k1_grids(kernels_of(lambda: run_native(serial, block_v, overlap=-1))) == 0
-    assert k1_grids(kernels_of(lambda: run_native(overlapped, block_v, overlap=1))) == 2
-    assert_bitwise(overlapped["out"], serial["out"], "overlapped out")
-    assert_bitwise(overlapped["final_state"], serial["final_state"], "overlapped final_state")
-    ref_out, ref_final = reference_outputs(p)
-    assert_bitwise(overlapped["out"], ref_out, "overlapped out vs reference")
-    assert_bitwise(overlapped["final_state"], ref_final, "overlapped final_state vs reference")
+    _check_overlap_bits(p, block_v, k1_grids=2)
 
 
 def test_overlapped_k1_beside_a_pass_of_several_waves():
@@ -269,18 +276,7 @@ def test_overlapped_k1_beside_a_pass_of_several_waves():
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     heads, batch = 4, sms // 4 + 3  # block_v 128: one CTA per (sequence, head)
     p = make_problem(batch, 100, heads, initial=torch.float32, final=torch.float32, device=DEV, seed=23)
-    serial, overlapped = clone_outputs(p), clone_outputs(p)
-
-    def k1_grids(launches):
-        return sum(n for name, n in launches.items() if "prepare_overlap_kernel" in name)
-
-    assert k1_grids(kernels_of(lambda: run_native(serial, 128, overlap=-1))) == 0
-    assert k1_grids(kernels_of(lambda: run_native(overlapped, 128, overlap=1))) == 1
-    assert_bitwise(overlapped["out"], serial["out"], "overlapped out")
-    assert_bitwise(overlapped["final_state"], serial["final_state"], "overlapped final_state")
-    ref_out, ref_final = reference_outputs(p)
-    assert_bitwise(overlapped["out"], ref_out, "overlapped out vs reference")
-    assert_bitwise(overlapped["final_state"], ref_final, "overlapped final_state vs reference")
+    _check_overlap_bits(p, 128, k1_grids=1)
 
 
 def test_overlapped_graph_replays_follow_new_inputs():
