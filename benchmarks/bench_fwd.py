@@ -4,6 +4,7 @@ fla's Triton chunk_kda on the same inputs.
 
     python benchmarks/bench_fwd.py --out benchmarks/results/h200.json [--fla T8192-N1-H96 ...]
     python benchmarks/bench_fwd.py --out sweep.json --sweep T8192-N1-H6 ...   (cost-model data)
+    python benchmarks/bench_fwd.py --out h200.json --sustained 3   (also back-to-back replays)
 
 Medians of ``triton.testing.do_bench`` (CUDA events, warm-up, L2 flushed between runs) of
 eager calls, and of CUDA-graph replays of the same call (what a serving engine runs: no
@@ -11,7 +12,11 @@ Python in the timed region). bf16 state in and out. The floor column is the hard
 bound: the larger of 1,290 bytes per token per head at the measured copy bandwidth and
 118 kFLOP per token per head at the measured bf16 matrix rate (design section 7). fla
 autotunes each new shape on its first call (minutes), so it is timed only for the shapes
-named by ``--fla``. Benchmarks never assert correctness; the tests do.
+named by ``--fla``. ``--sustained S`` adds, per row, the automatic path's graph replayed
+back to back for S seconds (a busy server: no gaps, no L2 flush) with the SM clock and
+board power sampled by nvidia-smi meanwhile: where a call draws the board's power limit,
+the clock drops and sustained calls run slower than the do_bench median. Benchmarks never
+assert correctness; the tests do.
 """
 
 import argparse
@@ -19,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -122,6 +128,48 @@ def graphed(fn):
 
 def time_ms(do_bench, fn):
     return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def gpu_sampler():
+    """nvidia-smi printing the SM clock (MHz) and board power (W) every 100 ms, or None."""
+    query = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "100"]
+    try:
+        return subprocess.Popen(
+            query + ["-i", str(torch.cuda.current_device())],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+    except OSError:
+        return None
+
+
+def sustained(fn, seconds):
+    """fn replayed back to back for `seconds`: mean ms a call (CUDA events around all of
+    them), and the medians of the SM clock and board power sampled meanwhile (None without
+    nvidia-smi). The host waits every 50 calls, so the queue never holds more."""
+    fn()
+    torch.cuda.synchronize()
+    smi = gpu_sampler()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    calls, t0 = 0, time.perf_counter()
+    begin.record()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(50):
+            fn()
+        calls += 50
+        torch.cuda.synchronize()
+    end.record()
+    torch.cuda.synchronize()
+    r = dict(sustained_ms=begin.elapsed_time(end) / calls, sm_mhz=None, power_w=None)
+    if smi is not None:
+        smi.terminate()
+        samples = [line.split(",") for line in smi.communicate()[0].split("\n") if line.count(",") == 1]
+        samples = samples[2:]  # the first samples straddle the start
+        if samples:
+            r["sm_mhz"] = sorted(float(a) for a, _ in samples)[len(samples) // 2]
+            r["power_w"] = sorted(float(b) for _, b in samples)[len(samples) // 2]
+    return r
 
 
 def time_fla(p, do_bench):
@@ -229,7 +277,7 @@ def floor_ms(lens, heads, env):
     return 1e3 * max(BYTES_PER_TOKEN_HEAD * tokens * heads / bw, FLOPS_PER_TOKEN_HEAD * tokens * heads / rate)
 
 
-def bench_shape(shape, do_bench, env, with_fla):
+def bench_shape(shape, do_bench, env, with_fla, sustain_s=0.0):
     lens, heads = SHAPES[shape]
     p = make_inputs(lens, heads)
     r = dict(shape=shape, lens=lens if len(lens) <= 8 else f"{len(lens)}x{lens[0]}", heads=heads)
@@ -238,6 +286,8 @@ def bench_shape(shape, do_bench, env, with_fla):
         fn = runner(p, exact)
         r[f"{path}_ms"] = time_ms(do_bench, fn)
         r[f"{path}_graph_ms"] = time_ms(do_bench, graphed(fn))
+    if sustain_s > 0:
+        r["auto_sustained"] = sustained(graphed(runner(p, False)), sustain_s)
     r["floor_ms"] = floor_ms(lens, heads, env)
     if with_fla:
         r["fla_ms"] = time_fla(p, do_bench)
@@ -307,7 +357,13 @@ def sweep_shape(shape, do_bench, widths=(0, 32, 64, 128)):
     return rows
 
 
+def sustained_cell(s):
+    clock = f" ({s['sm_mhz']:.0f} MHz, {s['power_w']:.0f} W)" if s["sm_mhz"] is not None else ""
+    return f"{s['sustained_ms']:.3f}{clock}"
+
+
 def markdown(results, env, command):
+    sus = any("auto_sustained" in r for r in results)
     lines = [
         f"# flash_kda forward on {env['gpu']}",
         "",
@@ -322,8 +378,9 @@ def markdown(results, env, command):
         "fit beside the pass (design 4.7; on the H200 3 fit beside block_v 32 and 128, 5 beside 64), and its "
         "first grid keeps at most m there (more fill the SMs the pass leaves free).",
         "",
-        "| shape | H | plan | auto | auto graph | exact | exact graph | floor | auto graph / floor | fla |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | H | plan | auto | auto graph | exact | exact graph | floor | auto graph / floor | fla |"
+        + (" auto sustained (SM MHz, W) |" if sus else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if sus else ""),
     ]
     for r in results:
         plan = r["plan"]
@@ -337,6 +394,7 @@ def markdown(results, env, command):
             f"| {r['shape']} | {r['heads']} | {plan_s} | {r['auto_ms']:.3f} | {r['auto_graph_ms']:.3f} | "
             f"{r['exact_ms']:.3f} | {r['exact_graph_ms']:.3f} | {r['floor_ms']:.3f} | "
             f"{r['auto_graph_ms'] / r['floor_ms']:.1f} | {fla} |"
+            + (f" {sustained_cell(r['auto_sustained'])} |" if "auto_sustained" in r else (" - |" if sus else ""))
         )
     return "\n".join(lines) + "\n"
 
@@ -366,6 +424,9 @@ def main():
     parser.add_argument("--sweep", nargs="*", default=[], help="shape ids for the segment-length sweep")
     parser.add_argument("--sweep-widths", default="0,32,64,128", help="block_v values of the sweep (0: the plan's)")
     parser.add_argument("--pools", action="store_true", help="also the state-pool rows")
+    parser.add_argument(
+        "--sustained", type=float, default=0.0, metavar="S", help="also S seconds of back-to-back replays"
+    )
     args = parser.parse_args()
     from triton.testing import do_bench
 
@@ -383,7 +444,7 @@ def main():
         if args.plot:
             shapes += [s for s, _, _ in PLOT if s not in shapes]
         for shape in shapes:
-            data["results"].append(bench_shape(shape, do_bench, env, shape in args.fla))
+            data["results"].append(bench_shape(shape, do_bench, env, shape in args.fla, args.sustained))
             print(json.dumps(data["results"][-1]), flush=True)
             with open(args.out, "w") as f:  # keep what was measured if the run is cut short
                 json.dump(data, f, indent=1)
