@@ -34,7 +34,7 @@ for stage in $stages; do
         run compute-sanitizer --tool "$tool" --error-exitcode 9 python3 ci/sanitize_cases.py
       done ;;
     bench)
-      run python3 benchmarks/bench_fwd.py --out "$out/bench.json" --plot --pools
+      run python3 benchmarks/bench_fwd.py --out "$out/bench.json" --plot --pools --sustained 3
       run python3 benchmarks/plot.py "$out/bench.json" "$out/heads.png" ;;
     *) echo "unknown stage $stage" | tee -a "$log"; status=2 ;;
   esac
