@@ -6,6 +6,7 @@ not a table:
     python benchmarks/profile_kernels.py [--exact] T8192-N1-H96 T8192-N1-H6
     python benchmarks/profile_kernels.py --segments 16,32 T8192-N1-H6   (forced segment lengths)
     python benchmarks/profile_kernels.py --segments 64 --block-v 64,128 T32768-N1-H6   (and widths)
+    python benchmarks/profile_kernels.py --serial T8192-N1-H96   (K1 before the pass, never beside it)
     ncu --clock-control none -k regex:recurrence python benchmarks/profile_kernels.py --once T8192-N1-H6
 
 ``--once`` runs each shape's forward once without the profiler (for ncu).
@@ -27,9 +28,9 @@ def kernel_name(key):
     return re.sub(r"\(PassCode\)(\d)", lambda m: PASS_CODES.get(m.group(1), m.group(1)), name)
 
 
-def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0, block_v=0):
+def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0, block_v=0, overlap=0):
     lens, heads = SHAPES[shape_id]
-    hook = {k: v for k, v in dict(segment_chunks=segment_chunks, block_v=block_v).items() if v}
+    hook = {k: v for k, v in dict(segment_chunks=segment_chunks, block_v=block_v, overlap=overlap).items() if v}
     run = runner(make_inputs(lens, heads), exact, **hook)
     run()
     torch.cuda.synchronize()
@@ -45,6 +46,7 @@ def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0, block_v=0
             rows.append((kernel_name(e.key), e.device_time_total / repeats, e.count // repeats))
     mode = "exact" if exact else f"auto L={segment_chunks}" if segment_chunks else "auto"
     mode += f" block_v={block_v}" if block_v else ""
+    mode += " K1 serial" if overlap < 0 else ""
     print(f"{shape_id} {mode}: " + ", ".join(f"{n} x{c} {t:.1f} us" for n, t, c in sorted(rows, key=lambda r: -r[1])))
 
 
@@ -55,11 +57,13 @@ def main():
     parser.add_argument("--once", action="store_true", help="one forward per shape, no profiler (for ncu)")
     parser.add_argument("--segments", default="0", help="forced segment lengths in chunks, comma-separated")
     parser.add_argument("--block-v", default="0", help="forced block_v values, comma-separated (0: the plan's)")
+    parser.add_argument("--serial", action="store_true", help="K1 before the pass, never beside it")
     args = parser.parse_args()
     for shape in args.shapes:
         for L in [0] if args.exact else [int(x) for x in args.segments.split(",")]:
             for bv in [int(x) for x in args.block_v.split(",")]:
-                profile(shape, args.exact, once=args.once, segment_chunks=L, block_v=bv)
+                overlap = -1 if args.serial else 0
+                profile(shape, args.exact, once=args.once, segment_chunks=L, block_v=bv, overlap=overlap)
 
 
 if __name__ == "__main__":
