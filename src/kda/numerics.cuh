@@ -283,16 +283,39 @@ __device__ __forceinline__ void publish_flag(uint32_t *flag) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(1u) : "memory");
 }
 
-// Spins until *flag is set (acquire), then orders the generic-proxy writes it made
-// visible before this thread's later bulk copies (async proxy) of the same memory.
-__device__ __forceinline__ void wait_flag(const uint32_t *flag) {
-  uint32_t ready = 0;
+// Flags read in one round trip by the producer (wait_ready).
+constexpr int kFlagWindow = 8;
+
+// Spins until record c's flag is set, then returns the end of the run of set flags among
+// records c .. c + kFlagWindow - 1 (below `end`): those records are written. The window's
+// loads are relaxed, so that all of them are in flight at once, and one acquire fence
+// after them orders the records' reads (the acquire pattern of the PTX memory model); then
+// the generic-proxy writes they made visible are ordered before this thread's later bulk
+// copies (async proxy) of the same memory. One acquire load a record put an L2 round trip
+// (~0.5 us) on each chunk of the producer, as long as a link at few heads (NOTES.md step 45).
+__device__ __forceinline__ int64_t wait_ready(const uint32_t *flags, int64_t c, int64_t end) {
   for (;;) {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(ready) : "l"(flag) : "memory");
-    if (ready != 0) break;
+    uint32_t f[kFlagWindow];
+#pragma unroll
+    for (int i = 0; i < kFlagWindow; ++i) {
+      f[i] = 0;
+      if (c + i < end)
+        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];"
+                     : "=r"(f[i])
+                     : "l"(flags + c + i)
+                     : "memory");
+    }
+    if (f[0] != 0) {
+      int64_t ready = c + 1;
+#pragma unroll
+      for (int i = 1; i < kFlagWindow; ++i)
+        if (ready == c + i && f[i] != 0) ready = c + i + 1;
+      asm volatile("fence.acq_rel.gpu;" ::: "memory");
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+      return ready;
+    }
     __nanosleep(64);
   }
-  asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
 }  // namespace flash_kda::FLASH_KDA_ARCH

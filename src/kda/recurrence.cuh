@@ -62,9 +62,9 @@ struct RingPos {
 };
 
 // Producer (one lane): per chunk, wait for a free stage and, while K1 may still run, for
-// the record's ready flag; then the record (a bulk copy; without kQueries, the segment
-// pass, two that leave out Qd and its 4 KB)
-// and, unless the slice is a transition slice (v = 0), the chunk's value rows
+// the record's ready flag (read with the next ones: numerics.cuh wait_ready); then the
+// record (a bulk copy; without kQueries, the segment pass, two that leave out Qd and its
+// 4 KB) and, unless the slice is a transition slice (v = 0), the chunk's value rows
 // [16, kBlockV] (a tensor copy; rows past the end of v read as zeros, rows past the
 // sequence are masked by the consumers). One value-row copy per row (17 copies per
 // chunk) left the consumers waiting for data a third of the time.
@@ -79,10 +79,11 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtenso
   const int64_t first = t.head * p.tiles_per_head + t.span.first_tile;
   const uint8_t *records = p.records + first * kRecordBytes;
   RingPos pos{0, 0};
+  int64_t written = p.ready != nullptr ? 0 : t.span.num_chunks;  // records K1 has written
   for (int64_t c = 0; c < t.span.num_chunks; ++c, pos.advance(p.stages)) {
     const int s = pos.stage;
-    barrier_wait(&empty[s], pos.phase ^ 1u);                 // the first round passes at once
-    if (p.ready != nullptr) wait_flag(p.ready + first + c);  // K1 still running (§4.7)
+    barrier_wait(&empty[s], pos.phase ^ 1u);  // the first round passes at once
+    if (c >= written) written = wait_ready(p.ready + first, c, t.span.num_chunks);  // §4.7
     uint8_t *stage = stages + s * stage_bytes(kBlockV);
     TxBarrier::arrive_and_expect_tx(&full[s], bytes);
     const uint8_t *record = records + c * kRecordBytes;
