@@ -131,7 +131,9 @@ def time_ms(do_bench, fn):
 
 
 def gpu_sampler():
-    """nvidia-smi printing the SM clock (MHz) and board power (W) every 100 ms, or None."""
+    """nvidia-smi printing the SM clock (MHz) and board power (W) every 100 ms, or None. It
+    samples GPU index torch.cuda.current_device(): nvidia-smi's numbering, which is CUDA's
+    unless CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER change CUDA's."""
     query = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "100"]
     try:
         return subprocess.Popen(
