@@ -15,13 +15,15 @@ reference.gold (fp64), with the exact ledger's (reference.fwd) beside them:
 Chunks longer than 16 cannot take the ledger's Ki = k 2^-G (over 32 tokens G reaches about
 -230, past fp32's range), so the decayed scores q_i k_j 2^(G_i - G_j) of rows in different
 16-row blocks are formed against the end of the earlier block, every factor at most 1 (the
-sub-chunk form of fla's chunk_kda). An emulation, not a bitwise model of any kernel.
+sub-chunk form of fla's chunk_kda); within 16 rows, L, Mqk and the inverse are the ledger's
+(fp16 L and Neumann product), and the inverse's other blocks come by forward substitution.
+An emulation of that design, not a bitwise model of any kernel.
 """
 
 import argparse
 
 import torch
-from flash_kda import reference
+from flash_kda import _numerics, reference
 from flash_kda._numerics import LOG2E
 from flash_kda._numerics import bf as _bf
 
@@ -33,19 +35,47 @@ def bf(x):
     return _bf(x).float()
 
 
-def decayed_scores(x, y, G):
+def hf(x):
+    """x rounded to fp16 (RNE), kept in fp32."""
+    return x.to(torch.float16).float()
+
+
+def decayed_scores(x, y, G, scale=None):
     """[.., C, C]: sum_k x[i, k] y[j, k] 2^(G[i, k] - G[j, k]) for i >= j, 0 above, from bf16
     operands: block (I, J) is formed against the first row of J where I = J (the ledger's
-    form within 16 rows) and against the last row of J where I > J (every factor <= 1)."""
+    Kd Ki^T within 16 rows) and against the last row of J where I > J (every factor <= 1);
+    ``scale`` multiplies x's rounded rows and is rounded again (the ledger's Qd)."""
     C = x.shape[-2]
     out = torch.zeros(*x.shape[:-1], C, dtype=torch.float32)
     for J in range(0, C, SUB):
         for I in range(J, C, SUB):
             ref = G[..., J : J + 1, :] if I == J else G[..., J + SUB - 1 : J + SUB, :]
             xi = bf(x[..., I : I + SUB, :] * bf(torch.exp2(G[..., I : I + SUB, :] - ref)))
+            if scale is not None:
+                xi = bf(xi * scale)
             yj = bf(y[..., J : J + SUB, :] * bf(torch.exp2(ref - G[..., J : J + SUB, :])))
             out[..., I : I + SUB, J : J + SUB] = xi @ yj.transpose(-1, -2)
     return out
+
+
+def block_inverse(L):
+    """bf((I + L)^-1) of a strictly lower [.., C, C] L (fp16 values) by 16-row blocks: the
+    diagonal blocks by the ledger's fp16 Neumann product (reference.neumann_inverse), the
+    others by forward substitution, INV_IJ = bf(-INV_II bf(sum_K L_IK INV_KJ)) with fp32
+    sums: what a K1 for C-token records would compute."""
+    m = L.shape[-1] // SUB
+    ops = _numerics.Ops(torch.device("cpu"))
+    inv = torch.zeros_like(L)
+
+    def blk(x, i, j):
+        return x[..., i * SUB : (i + 1) * SUB, j * SUB : (j + 1) * SUB]
+
+    for i in range(m):
+        blk(inv, i, i)[...] = reference.neumann_inverse(ops, blk(L, i, i).to(torch.float16)).float()
+        for j in range(i - 1, -1, -1):
+            acc = sum(blk(L, i, k) @ blk(inv, k, j) for k in range(j, i))
+            blk(inv, i, j)[...] = bf(-(blk(inv, i, i) @ bf(acc)))
+    return inv
 
 
 def emulate(p, C):
@@ -69,10 +99,9 @@ def emulate(p, C):
     Kd, Qd = bf(kh * bf(torch.exp2(G))), bf(bf(qh * bf(torch.exp2(G))) * sb)
     Kr = bf(kh * bf(torch.exp2(G[..., -1:, :] - G)))
     e = torch.exp2(G[..., -1, :])
-    eye = torch.eye(C)
-    L = torch.tril(b[..., :, None] * decayed_scores(kh, kh, G), diagonal=-1)
-    INV = bf(torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False))
-    Mqk = bf(torch.tril(decayed_scores(qh, kh, G) * sb))
+    L = torch.tril(hf(hf(decayed_scores(kh, kh, G)) * hf(b)[..., :, None]), diagonal=-1)  # the ledger's L
+    INV = block_inverse(L)
+    Mqk = bf(torch.tril(decayed_scores(qh, kh, G, scale=sb)))
     S = torch.zeros(B, H, D, D) if p["initial_state"] is None else bf(p["initial_state"].float())
     out = torch.empty(B, H, n, C, D)
     for c in range(n):
