@@ -103,8 +103,9 @@ class Chunks(NamedTuple):
     seq_chunks: list[list[int]]  # chunk ids of each sequence, in order
 
 
-def chunk_table(batch: int, seqlen: int, bounds: Optional[list[int]], device) -> Chunks:
-    """Chunk c of sequence i covers tokens [bos_i + 16 c, min(bos_i + 16 c + 16, eos_i))."""
+def chunk_table(batch: int, seqlen: int, bounds: Optional[list[int]], device, size: int = C) -> Chunks:
+    """Chunk c of sequence i covers tokens [bos_i + 16 c, min(bos_i + 16 c + 16, eos_i));
+    ``size`` other than 16 is for the chunk-length model (_chunk_model.py)."""
     spans = (
         [(i * seqlen, seqlen) for i in range(batch)]
         if bounds is None
@@ -113,21 +114,22 @@ def chunk_table(batch: int, seqlen: int, bounds: Optional[list[int]], device) ->
     tok0, rows, seq_chunks = [], [], []
     for bos, length in spans:
         ids = []
-        for c in range(math.ceil(length / C)):
+        for c in range(math.ceil(length / size)):
             ids.append(len(tok0))
-            tok0.append(bos + C * c)
-            rows.append(min(C, length - C * c))
+            tok0.append(bos + size * c)
+            rows.append(min(size, length - size * c))
         seq_chunks.append(ids)
     tok0_t = torch.tensor(tok0, dtype=torch.int64, device=device)
-    valid = torch.arange(C, device=device)[None, :] < torch.tensor(rows, device=device)[:, None]
+    valid = torch.arange(size, device=device)[None, :] < torch.tensor(rows, device=device)[:, None]
     return Chunks(tok0_t, valid, seq_chunks)
 
 
 def gather_chunks(x: torch.Tensor, chunks: Chunks) -> torch.Tensor:
     """[B, T, H, ...] -> [chunks, H, 16, ...], rows beyond a sequence set to zero."""
+    size = chunks.valid.shape[1]
     flat = x.reshape(-1, *x.shape[2:])
-    idx = (chunks.tok0[:, None] + torch.arange(C, device=x.device)[None, :]).clamp(max=flat.shape[0] - 1)
-    rows = flat[idx.reshape(-1)].reshape(idx.shape[0], C, *x.shape[2:])
+    idx = (chunks.tok0[:, None] + torch.arange(size, device=x.device)[None, :]).clamp(max=flat.shape[0] - 1)
+    rows = flat[idx.reshape(-1)].reshape(idx.shape[0], size, *x.shape[2:])
     mask = chunks.valid.reshape(chunks.valid.shape + (1,) * (rows.dim() - 2))
     rows = torch.where(mask, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
     return rows.transpose(1, 2)  # [chunks, H, 16, ...]
@@ -189,9 +191,9 @@ def chunk_scores(ops: Ops, Qd, Kd, Ki, b):
     return L, torch.where(lower_diag, Mqk, torch.zeros_like(Mqk))
 
 
-def neumann_inverse(ops: Ops, L) -> torch.Tensor:
-    """Step 9: INV = bf((I - L)(I + L^2)(I + L^4)(I + L^8)) by N_{m+1} = N_m (+h)
-    MMA16(N_m, P), P = L^2, L^4, L^8 (fp16 products with fp16 accumulation)."""
+def neumann_product(ops: Ops, L) -> torch.Tensor:
+    """Step 9 before its rounding: N3 = (I - L)(I + L^2)(I + L^4)(I + L^8) in fp16, by
+    N_{m+1} = N_m (+h) MMA16(N_m, P), P = L^2, L^4, L^8 (fp16 products, fp16 accumulation)."""
     eye = torch.eye(C, dtype=torch.bool, device=L.device)
     n = torch.where(eye, torch.ones_like(L), -L)
     p = ops.mma16(L, L)
@@ -199,7 +201,12 @@ def neumann_inverse(ops: Ops, L) -> torch.Tensor:
         n = hadd(n, ops.mma16(n, p))
         if step < 2:
             p = ops.mma16(p, p)
-    return bf(n.float())
+    return n
+
+
+def neumann_inverse(ops: Ops, L) -> torch.Tensor:
+    """Step 9: INV = bf(f(N3))."""
+    return bf(neumann_product(ops, L).float())
 
 
 def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks: Chunks) -> dict:

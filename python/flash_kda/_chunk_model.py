@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: MIT
+"""A model of the automatic path with 32-token chunks (docs/proposals/32-token-chunks.md).
+No kernel uses it yet: it is the oracle such a kernel is to be checked against, and its
+accuracy is tested now (tests/test_chunk_model.py).
+
+Like reference.py it runs the approximate instructions exactly on the CPU, or through the
+library's probes on a GPU that has them. Every rounding follows the ledger (design §3.2,
+§3.3) within each 16-row block; the proposal says where a 32-token chunk departs from it:
+
+- the chunk's cumulative gate G over 32 rows, and each block's own, restarted at row 16;
+- Kd, Qd and e from the chunk's G; Kr = k̂ ⊛ bf(EX2(G_31 − G)), formed directly;
+- L, Mqk and the Neumann inverse of each diagonal block from the block's own G (the
+  ledger's steps 6-9 on 16 rows);
+- the cross block from block 1's own Kd / Qd and B = k̂_0 ⊛ bf(EX2(G_15 − G)), the decay to
+  the end of block 0, so that no factor exceeds 1; INV10 = bf(−MMA16(N11, MMA16(L10, N00)))
+  with N the blocks' fp16 Neumann products before their rounding to bf16;
+- one link per chunk: U and the output rows of block 1 accumulate block 0's term first.
+
+``chunk=16`` with ``ledger_kr=True`` is the exact ledger itself (reference.run's
+arithmetic), which tests/test_chunk_model.py checks bit for bit: the plumbing is shared.
+"""
+
+import torch
+
+from . import reference
+from ._numerics import LOG2E, LOG2E_F, Ops, add_ftz, bf, bmul, fma_ftz, hf, mul_ftz
+
+BLOCK = 16  # rows of the ledger's tiles
+
+
+def _gates(ops: Ops, g, valid, A_log, dt_bias, lower_bound):
+    """Steps 1, 3 (design §3.2): gamma for valid rows, 0 beyond; [chunks, H, C, 128]."""
+    a = ops.ex2(mul_ftz(A_log.float(), torch.full_like(A_log.float(), LOG2E_F)))
+    c = torch.tensor(lower_bound * LOG2E, dtype=torch.float32, device=g.device)
+    x = add_ftz(g.float(), dt_bias.reshape(1, -1, 1, 128).float().expand_as(g))
+    gamma = mul_ftz(c.expand_as(x), ops.sigmoid(mul_ftz(x, a.reshape(1, -1, 1, 1).expand_as(x))))
+    return torch.where(valid[:, None, :, None], gamma, torch.zeros_like(gamma))
+
+
+def _cumsum(gamma, restart: int):
+    """Sequential fp32 sums over the rows (step 4), restarted every ``restart`` rows."""
+    G = torch.empty_like(gamma)
+    acc = torch.zeros_like(gamma[:, :, 0])
+    for t in range(gamma.shape[2]):
+        if t % restart == 0:
+            acc = torch.zeros_like(acc)
+        acc = add_ftz(acc, gamma[:, :, t])
+        G[:, :, t] = acc
+    return G
+
+
+def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr=False) -> dict:
+    """The record of every chunk and head (C = 16 or 32 rows): tensors [chunks, H, ...]."""
+    C = chunks.valid.shape[1]
+    if C not in (16, 32) or (ledger_kr and C != 16):
+        raise ValueError(f"chunk: expected 16 or 32 rows (16 with ledger_kr), got {C}")
+    blocks = C // BLOCK
+    q_hat = reference.l2_normalize(ops, reference.gather_chunks(q, chunks))
+    k_hat = reference.l2_normalize(ops, reference.gather_chunks(k, chunks))
+    gamma = _gates(ops, reference.gather_chunks(g, chunks), chunks.valid, A_log, dt_bias, lower_bound)
+    G, G_own = _cumsum(gamma, C), _cumsum(gamma, BLOCK)
+    b = ops.sigmoid(reference.gather_chunks(beta, chunks).float())
+    sb = bf(torch.tensor(scale, dtype=torch.float32, device=G.device))
+    e_plus = bf(ops.ex2(G))
+    Qd = bmul(bmul(q_hat, e_plus), sb.expand_as(e_plus))
+    Kd = bmul(k_hat, e_plus)
+    e = ops.ex2(G[:, :, C - 1])
+    if ledger_kr:  # the ledger's Kr = Ki (*) bf(e) (C = 16 only)
+        Kr = bmul(bmul(k_hat, bf(ops.ex2(-G))), bf(e)[:, :, None, :].expand_as(k_hat))
+    else:
+        Kr = bmul(k_hat, bf(ops.ex2(add_ftz(G[:, :, C - 1 :].expand_as(G), -G))))
+    INV = torch.zeros(*G.shape[:2], C, C, dtype=torch.bfloat16, device=G.device)
+    Mqk = torch.zeros_like(INV)
+    own, N = [], []
+    for i in range(blocks):  # diagonal blocks: the ledger on the block's own G
+        rows = slice(BLOCK * i, BLOCK * (i + 1))
+        _, Qd_i, Kd_i, Ki_i, _ = reference.apply_decays(
+            ops, q_hat[:, :, rows], k_hat[:, :, rows], G_own[:, :, rows], scale
+        )
+        L_i, Mqk_i = reference.chunk_scores(ops, Qd_i, Kd_i, Ki_i, b[:, :, rows])
+        N.append(reference.neumann_product(ops, L_i))
+        INV[:, :, rows, rows], Mqk[:, :, rows, rows] = bf(N[-1].float()), Mqk_i
+        own.append((Qd_i, Kd_i))
+    if blocks == 2:  # the cross block, against the end of block 0
+        r0, r1 = slice(0, BLOCK), slice(BLOCK, C)
+        B = bmul(k_hat[:, :, r0], bf(ops.ex2(add_ftz(G[:, :, BLOCK - 1 : BLOCK].expand_as(G[:, :, r0]), -G[:, :, r0]))))
+        Qd_1, Kd_1 = own[1]
+        l_raw = hf(ops.mma32(Kd_1, B)).float()
+        L10 = hf(mul_ftz(l_raw, hf(b[:, :, r1]).float()[..., :, None].expand_as(l_raw)))
+        Mqk[:, :, r1, r0] = bf(ops.mma32(Qd_1, B))
+        INV[:, :, r1, r0] = bf(-ops.mma16(N[1], ops.mma16(L10, N[0])).float())
+    return dict(Kd=Kd, Qd=Qd, Kr=Kr, e=e, INV=INV, Mqk=Mqk, beta=bf(b))
+
+
+def recurrence_step(ops: Ops, S, V, rec: dict):
+    """One link (design §3.3 with C rows): block I's U and output take blocks 0..I, in order."""
+    Pk, Pq = bf(ops.mma32(rec["Kd"], S)), bf(ops.mma32(rec["Qd"], S))
+    u = bmul(bf(V.float() - Pk.float()), rec["beta"][..., None].expand_as(V))
+    C = V.shape[-2]
+    U = torch.empty_like(u)
+    O = torch.empty_like(u)
+    for i in range(C // BLOCK):
+        rows, upto = slice(BLOCK * i, BLOCK * (i + 1)), slice(0, BLOCK * (i + 1))
+        U[..., rows, :] = bf(ops.mma32(rec["INV"][..., rows, upto], u[..., upto, :].transpose(-1, -2)))
+        scores = bf(ops.mma32(rec["Mqk"][..., rows, upto], U[..., upto, :].transpose(-1, -2)))
+        O[..., rows, :] = bf(Pq[..., rows, :].float() + scores.float())
+    delta = ops.mma32(rec["Kr"].transpose(-1, -2), U.transpose(-1, -2))  # [.., k, v]
+    decay = rec["e"][..., None, :].expand_as(S)
+    return O, bf(fma_ftz(S.float(), decay, delta.transpose(-1, -2)))
+
+
+def fwd(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale,
+    A_log,
+    dt_bias,
+    lower_bound,
+    initial_state=None,
+    cu_seqlens=None,
+    *,
+    chunk=32,
+    ledger_kr=False,
+    ops=None,
+):
+    """(out [B, T, H, 128] bf16, final state [N, H, 128 (v), 128 (k)] bf16) with ``chunk``-row
+    chunks; the initial state, if any, is rounded to bf16 (design §1.4)."""
+    B, T, H, D = q.shape
+    ops = ops or Ops(q.device)
+    bounds = None if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
+    with torch.no_grad():
+        chunks = reference.chunk_table(B, T, bounds, q.device, size=chunk)
+        rec = prepare(ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr)
+        V = reference.gather_chunks(v, chunks)
+        N = len(chunks.seq_chunks)
+        S = torch.zeros(N, H, D, D, dtype=torch.bfloat16, device=q.device)
+        if initial_state is not None:
+            S = initial_state.to(torch.bfloat16).clone()
+        out = torch.zeros(B, T, H, D, dtype=torch.bfloat16, device=q.device)
+        depth = max((len(ids) for ids in chunks.seq_chunks), default=0)
+        for step in range(depth):
+            seqs = [i for i, ids in enumerate(chunks.seq_chunks) if len(ids) > step]
+            ids = torch.tensor([chunks.seq_chunks[i][step] for i in seqs], device=q.device)
+            sel = torch.tensor(seqs, device=q.device)
+            O, S_next = recurrence_step(ops, S[sel], V[ids], {key: val[ids] for key, val in rec.items()})
+            S[sel] = S_next
+            tok = chunks.tok0[ids][:, None] + torch.arange(chunk, device=q.device)[None, :]
+            keep = chunks.valid[ids]
+            rows = tok[keep]
+            out[rows // T, rows % T] = O.transpose(1, 2)[keep]
+        return out, S
