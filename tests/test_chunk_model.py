@@ -61,7 +61,7 @@ def test_a_32_token_record_holds_the_inverse_and_the_scores_it_claims():
     )
     q_hat = reference.l2_normalize(ops, reference.gather_chunks(p["q"], chunks)).float()
     k_hat = reference.l2_normalize(ops, reference.gather_chunks(p["k"], chunks)).float()
-    gamma = _chunk_model._gates(
+    gamma = reference.gate_values(
         ops, reference.gather_chunks(p["g"], chunks), chunks.valid, p["A_log"], p["dt_bias"], p["lower_bound"]
     )
     G = torch.cumsum(gamma.double(), dim=2)

@@ -23,30 +23,9 @@ arithmetic), which tests/test_chunk_model.py checks bit for bit: the plumbing is
 import torch
 
 from . import reference
-from ._numerics import LOG2E, LOG2E_F, Ops, add_ftz, bf, bmul, fma_ftz, hf, mul_ftz
+from ._numerics import Ops, add_ftz, bf, bmul, fma_ftz, hf, mul_ftz
 
 BLOCK = 16  # rows of the ledger's tiles
-
-
-def _gates(ops: Ops, g, valid, A_log, dt_bias, lower_bound):
-    """Steps 1, 3 (design §3.2): gamma for valid rows, 0 beyond; [chunks, H, C, 128]."""
-    a = ops.ex2(mul_ftz(A_log.float(), torch.full_like(A_log.float(), LOG2E_F)))
-    c = torch.tensor(lower_bound * LOG2E, dtype=torch.float32, device=g.device)
-    x = add_ftz(g.float(), dt_bias.reshape(1, -1, 1, 128).float().expand_as(g))
-    gamma = mul_ftz(c.expand_as(x), ops.sigmoid(mul_ftz(x, a.reshape(1, -1, 1, 1).expand_as(x))))
-    return torch.where(valid[:, None, :, None], gamma, torch.zeros_like(gamma))
-
-
-def _cumsum(gamma, restart: int):
-    """Sequential fp32 sums over the rows (step 4), restarted every ``restart`` rows."""
-    G = torch.empty_like(gamma)
-    acc = torch.zeros_like(gamma[:, :, 0])
-    for t in range(gamma.shape[2]):
-        if t % restart == 0:
-            acc = torch.zeros_like(acc)
-        acc = add_ftz(acc, gamma[:, :, t])
-        G[:, :, t] = acc
-    return G
 
 
 def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr=False) -> dict:
@@ -57,8 +36,8 @@ def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks,
     blocks = C // BLOCK
     q_hat = reference.l2_normalize(ops, reference.gather_chunks(q, chunks))
     k_hat = reference.l2_normalize(ops, reference.gather_chunks(k, chunks))
-    gamma = _gates(ops, reference.gather_chunks(g, chunks), chunks.valid, A_log, dt_bias, lower_bound)
-    G, G_own = _cumsum(gamma, C), _cumsum(gamma, BLOCK)
+    gamma = reference.gate_values(ops, reference.gather_chunks(g, chunks), chunks.valid, A_log, dt_bias, lower_bound)
+    G, G_own = reference.cumulative_gates(gamma, C), reference.cumulative_gates(gamma, BLOCK)
     b = ops.sigmoid(reference.gather_chunks(beta, chunks).float())
     sb = bf(torch.tensor(scale, dtype=torch.float32, device=G.device))
     e_plus = bf(ops.ex2(G))

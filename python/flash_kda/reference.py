@@ -150,20 +150,32 @@ def l2_normalize(ops: Ops, x: torch.Tensor) -> torch.Tensor:
     return bf(mul_ftz(xf, r[..., None]))
 
 
-def gate_cumsum(ops: Ops, g, valid, A_log, dt_bias, lower_bound) -> torch.Tensor:
-    """Steps 1, 3, 4: a = EX2(A_log * LOG2E_F); gamma = c * sig((g + dt) * a) for valid rows,
-    0 beyond; G = sequential fp32 cumulative sum over the chunk's 16 rows."""
+def gate_values(ops: Ops, g, valid, A_log, dt_bias, lower_bound) -> torch.Tensor:
+    """Steps 1, 3: a = EX2(A_log * LOG2E_F); gamma = c * sig((g + dt) * a) for valid rows,
+    0 beyond."""
     a = ops.ex2(mul_ftz(A_log.float(), torch.full_like(A_log.float(), LOG2E_F)))
     c = torch.tensor(lower_bound * LOG2E, dtype=torch.float32, device=g.device)
     x = add_ftz(g.float(), dt_bias.reshape(1, -1, 1, D).float().expand_as(g))
     gamma = mul_ftz(c.expand_as(x), ops.sigmoid(mul_ftz(x, a.reshape(1, -1, 1, 1).expand_as(x))))
-    gamma = torch.where(valid[:, None, :, None], gamma, torch.zeros_like(gamma))
+    return torch.where(valid[:, None, :, None], gamma, torch.zeros_like(gamma))
+
+
+def cumulative_gates(gamma: torch.Tensor, restart: int = C) -> torch.Tensor:
+    """Step 4: the sequential fp32 sum of gamma over a chunk's rows (dim 2), 0 (+) gamma_0
+    first, restarted every ``restart`` rows (the chunk model's 16-row blocks)."""
     G = torch.empty_like(gamma)
     acc = torch.zeros_like(gamma[:, :, 0])
-    for t in range(C):
+    for t in range(gamma.shape[2]):
+        if t % restart == 0:
+            acc = torch.zeros_like(acc)
         acc = add_ftz(acc, gamma[:, :, t])
         G[:, :, t] = acc
     return G
+
+
+def gate_cumsum(ops: Ops, g, valid, A_log, dt_bias, lower_bound) -> torch.Tensor:
+    """Steps 1, 3, 4: G = sequential fp32 cumulative sum of gamma over the chunk's 16 rows."""
+    return cumulative_gates(gate_values(ops, g, valid, A_log, dt_bias, lower_bound))
 
 
 def apply_decays(ops: Ops, q_hat, k_hat, G, scale: float):
