@@ -14,7 +14,8 @@ library's probes on a GPU that has them. Every rounding follows the ledger (desi
 - the cross block from block 1's own Kd / Qd and B = k̂_0 ⊛ bf(EX2(G_15 − G)), the decay to
   the end of block 0, so that no factor exceeds 1; INV10 = bf(−MMA16(N11, MMA16(L10, N00)))
   with N the blocks' fp16 Neumann products before their rounding to bf16;
-- one link per chunk: U and the output rows of block 1 accumulate block 0's term first.
+- one link per chunk (reference.recurrence_step by 16-row blocks): U and the output rows of
+  block 1 accumulate block 0's term first.
 
 ``chunk=16`` with ``ledger_kr=True`` is the exact ledger itself (reference.run's
 arithmetic), which tests/test_chunk_model.py checks bit for bit: the plumbing is shared.
@@ -23,9 +24,9 @@ arithmetic), which tests/test_chunk_model.py checks bit for bit: the plumbing is
 import torch
 
 from . import reference
-from ._numerics import Ops, add_ftz, bf, bmul, fma_ftz, hf, mul_ftz
+from ._numerics import Ops, add_ftz, bf, bmul, hf, mul_ftz
 
-BLOCK = 16  # rows of the ledger's tiles
+BLOCK = reference.C  # rows of the ledger's chunk: the model's blocks
 
 
 def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr=False) -> dict:
@@ -44,18 +45,17 @@ def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks,
     Qd = bmul(bmul(q_hat, e_plus), sb.expand_as(e_plus))
     Kd = bmul(k_hat, e_plus)
     e = ops.ex2(G[:, :, C - 1])
-    if ledger_kr:  # the ledger's Kr = Ki (*) bf(e) (C = 16 only)
-        Kr = bmul(bmul(k_hat, bf(ops.ex2(-G))), bf(e)[:, :, None, :].expand_as(k_hat))
-    else:
-        Kr = bmul(k_hat, bf(ops.ex2(add_ftz(G[:, :, C - 1 :].expand_as(G), -G))))
+    Kr = bmul(k_hat, bf(ops.ex2(add_ftz(G[:, :, C - 1 :].expand_as(G), -G))))
     INV = torch.zeros(*G.shape[:2], C, C, dtype=torch.bfloat16, device=G.device)
     Mqk = torch.zeros_like(INV)
     own, N = [], []
     for i in range(blocks):  # diagonal blocks: the ledger on the block's own G
         rows = slice(BLOCK * i, BLOCK * (i + 1))
-        _, Qd_i, Kd_i, Ki_i, _ = reference.apply_decays(
+        _, Qd_i, Kd_i, Ki_i, Kr_i = reference.apply_decays(
             ops, q_hat[:, :, rows], k_hat[:, :, rows], G_own[:, :, rows], scale
         )
+        if ledger_kr:  # the ledger's Kr = Ki (*) bf(e) (one block: C = 16)
+            Kr = Kr_i
         L_i, Mqk_i = reference.chunk_scores(ops, Qd_i, Kd_i, Ki_i, b[:, :, rows])
         N.append(reference.neumann_product(ops, L_i))
         INV[:, :, rows, rows], Mqk[:, :, rows, rows] = bf(N[-1].float()), Mqk_i
@@ -69,23 +69,6 @@ def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks,
         Mqk[:, :, r1, r0] = bf(ops.mma32(Qd_1, B))
         INV[:, :, r1, r0] = bf(-ops.mma16(N[1], ops.mma16(L10, N[0])).float())
     return dict(Kd=Kd, Qd=Qd, Kr=Kr, e=e, INV=INV, Mqk=Mqk, beta=bf(b))
-
-
-def recurrence_step(ops: Ops, S, V, rec: dict):
-    """One link (design §3.3 with C rows): block I's U and output take blocks 0..I, in order."""
-    Pk, Pq = bf(ops.mma32(rec["Kd"], S)), bf(ops.mma32(rec["Qd"], S))
-    u = bmul(bf(V.float() - Pk.float()), rec["beta"][..., None].expand_as(V))
-    C = V.shape[-2]
-    U = torch.empty_like(u)
-    O = torch.empty_like(u)
-    for i in range(C // BLOCK):
-        rows, upto = slice(BLOCK * i, BLOCK * (i + 1)), slice(0, BLOCK * (i + 1))
-        U[..., rows, :] = bf(ops.mma32(rec["INV"][..., rows, upto], u[..., upto, :].transpose(-1, -2)))
-        scores = bf(ops.mma32(rec["Mqk"][..., rows, upto], U[..., upto, :].transpose(-1, -2)))
-        O[..., rows, :] = bf(Pq[..., rows, :].float() + scores.float())
-    delta = ops.mma32(rec["Kr"].transpose(-1, -2), U.transpose(-1, -2))  # [.., k, v]
-    decay = rec["e"][..., None, :].expand_as(S)
-    return O, bf(fma_ftz(S.float(), decay, delta.transpose(-1, -2)))
 
 
 def fwd(
@@ -119,15 +102,4 @@ def fwd(
         if initial_state is not None:
             S = initial_state.to(torch.bfloat16).clone()
         out = torch.zeros(B, T, H, D, dtype=torch.bfloat16, device=q.device)
-        depth = max((len(ids) for ids in chunks.seq_chunks), default=0)
-        for step in range(depth):
-            seqs = [i for i, ids in enumerate(chunks.seq_chunks) if len(ids) > step]
-            ids = torch.tensor([chunks.seq_chunks[i][step] for i in seqs], device=q.device)
-            sel = torch.tensor(seqs, device=q.device)
-            O, S_next = recurrence_step(ops, S[sel], V[ids], {key: val[ids] for key, val in rec.items()})
-            S[sel] = S_next
-            tok = chunks.tok0[ids][:, None] + torch.arange(chunk, device=q.device)[None, :]
-            keep = chunks.valid[ids]
-            rows = tok[keep]
-            out[rows // T, rows % T] = O.transpose(1, 2)[keep]
-        return out, S
+        return out, reference.run_chain(ops, rec, V, S, chunks, out)

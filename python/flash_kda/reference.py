@@ -234,15 +234,43 @@ def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks:
 
 def recurrence_step(ops: Ops, S, V, rec: dict):
     """design §3.3 for one chunk of a batch of (sequence, head) pairs. S: bf16 state
-    [.., 128 (v), 128 (k)]; V: [.., 16, 128]. Returns (O, S')."""
+    [.., 128 (v), 128 (k)]; V: [.., 16, 128]. Returns (O, S'). Chunks of 16 m rows (the
+    chunk model, _chunk_model.py) go by 16-row blocks: block i's U and output rows take
+    blocks 0..i as one k-sum, in order; with 16 rows that is the ledger's one block."""
     Pk, Pq = bf(ops.mma32(rec["Kd"], S)), bf(ops.mma32(rec["Qd"], S))
     u = bmul(bf(V.float() - Pk.float()), rec["beta"][..., None].expand_as(V))
-    U = bf(ops.mma32(rec["INV"], u.transpose(-1, -2)))
-    O = bf(Pq.float() + bf(ops.mma32(rec["Mqk"], U.transpose(-1, -2))).float())
+    U, O = torch.empty_like(u), torch.empty_like(u)
+    for i in range(V.shape[-2] // C):
+        rows, upto = slice(C * i, C * (i + 1)), slice(0, C * (i + 1))
+        U[..., rows, :] = bf(ops.mma32(rec["INV"][..., rows, upto], u[..., upto, :].transpose(-1, -2)))
+        scores = bf(ops.mma32(rec["Mqk"][..., rows, upto], U[..., upto, :].transpose(-1, -2)))
+        O[..., rows, :] = bf(Pq[..., rows, :].float() + scores.float())
     delta = ops.mma32(rec["Kr"].transpose(-1, -2), U.transpose(-1, -2))  # [.., k, v]
     decay = rec["e"][..., None, :].expand_as(S)
     S_next = bf(fma_ftz(S.float(), decay, delta.transpose(-1, -2)))
     return O, S_next
+
+
+def run_chain(ops: Ops, rec: dict, V, S, chunks: Chunks, out, after=None):
+    """The recurrence over chunk positions: at position j, one recurrence_step for every
+    sequence with a chunk j; its output rows inside the sequences go to ``out``
+    [B, T, H, 128] and S [N, H, 128, 128] is updated in place; ``after(seqs, j, S_next)``
+    runs after each position. Returns S."""
+    T, size = out.shape[1], chunks.valid.shape[1]
+    depth = max((len(ids) for ids in chunks.seq_chunks), default=0)
+    for step in range(depth):
+        seqs = [i for i, ids in enumerate(chunks.seq_chunks) if len(ids) > step]
+        ids = torch.tensor([chunks.seq_chunks[i][step] for i in seqs], device=S.device)
+        sel = torch.tensor(seqs, device=S.device)
+        O, S_next = recurrence_step(ops, S[sel], V[ids], {key: val[ids] for key, val in rec.items()})
+        S[sel] = S_next
+        tok = chunks.tok0[ids][:, None] + torch.arange(size, device=S.device)[None, :]
+        keep = chunks.valid[ids]
+        rows = tok[keep]
+        out[rows // T, rows % T] = O.transpose(1, 2)[keep]
+        if after is not None:
+            after(seqs, step, S_next)
+    return S
 
 
 def _write_checkpoints(call, firsts: list[int], lengths: list[int], seqs: list[int], step: int, S) -> None:
@@ -281,18 +309,15 @@ def run(call: _validate.FwdCall, ops: Ops) -> None:
         S = torch.zeros(call.num_seqs, H, D, D, dtype=torch.bfloat16, device=device)
         if start is not None:
             S = start.to(torch.bfloat16)
-        depth = max((len(ids) for ids in chunks.seq_chunks), default=0)
-        for step in range(depth):
-            seqs = [i for i, ids in enumerate(chunks.seq_chunks) if len(ids) > step]
-            ids = torch.tensor([chunks.seq_chunks[i][step] for i in seqs], device=device)
-            sel = torch.tensor(seqs, device=device)
-            O, S_next = recurrence_step(ops, S[sel], V[ids], {key: val[ids] for key, val in rec.items()})
-            S[sel] = S_next
-            tok = chunks.tok0[ids][:, None] + torch.arange(C, device=device)[None, :]
-            keep = chunks.valid[ids]
-            rows = tok[keep]
-            call.out[rows // T, rows % T] = O.transpose(1, 2)[keep]
-            _write_checkpoints(call, firsts, lengths, seqs, step, S_next)
+        run_chain(
+            ops,
+            rec,
+            V,
+            S,
+            chunks,
+            call.out,
+            lambda seqs, step, S_next: _write_checkpoints(call, firsts, lengths, seqs, step, S_next),
+        )
         _sequences.store_final_states(call, host, S)
 
 
