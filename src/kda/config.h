@@ -84,10 +84,12 @@ constexpr int combine_rows(int64_t pairs, int64_t num_sms) {
   return pairs * 16 <= num_sms ? 8 : 16;
 }
 
-// CTAs per SM the instantiation <nb, warps, code> is compiled for (its __launch_bounds__):
-// the whole-sequence kernel runs one per SM (its grid is at most one wave).
-constexpr int resident_ctas(int nb, int warps, PassCode code) {
-  if (code == PassCode::kPlain) return 1;
+// CTAs per SM the instantiation <nb, warps, code, blocks> is compiled for (its
+// __launch_bounds__): the whole-sequence kernel runs one per SM (its grid is at most one
+// wave), and so does every 32-token pass (blocks = 2): its link holds two blocks' inputs,
+// which spilled at the two-CTA register cap (benchmarks/NOTES.md step 46).
+constexpr int resident_ctas(int nb, int warps, PassCode code, int blocks = 1) {
+  if (code == PassCode::kPlain || blocks > 1) return 1;
   for (int i = 0; i < kNumRecurrenceShapes; ++i)
     if (kRecurrenceShapes[i].nb == nb && kRecurrenceShapes[i].warps == warps)
       return code == PassCode::kStates ? kRecurrenceShapes[i].states_resident
