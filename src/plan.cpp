@@ -63,23 +63,26 @@ constexpr double kFreeSupply = 0.4;
 
 // The chunk length's part of the cost model. 16-token chunks: config.h's link times and
 // K1's measured rates above. 32-token chunks (docs/proposals/32-token-chunks.md): every
-// pass runs one CTA per SM (config.h resident_ctas) and a link costs link_scale 16-token
-// links of the same width at one CTA per SM (the H200 prototype, NOTES.md step 46: 0.78-0.81
-// a token); K1's 32-token CTAs are 256 threads, four per SM by their shared memory, at the
-// same tokens per second per SM as the 16-token K1, and one fits beside a pass CTA
-// (predictions until profiles refit them, NOTES.md step 48).
+// pass runs one CTA per SM (config.h resident_ctas) and a link costs chunk32_link_scale
+// 16-token links of the same width at one CTA per SM (config.h); K1's 32-token CTAs are
+// 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone (H200,
+// T=8192 H=24 and H=96, NOTES.md step 48), two beside a pass CTA (predicted at 10 us).
 struct ChunkCosts {
   int32_t tokens;
-  double link_scale;           // a link against a 16-token link
-  bool one_cta_per_sm;         // every pass at one CTA per SM
+  bool one_cta_per_sm;         // every pass at one CTA per SM, links chunk32_link_scale
   double k1_record_us;         // K1 alone: one record per CTA
   int k1_ctas_alone;           // K1 CTAs per SM alone
   double k1_beside_record_us;  // a record per K1 CTA beside the pass
   int k1_beside;               // K1 CTAs per SM beside a pass CTA; 0: config.h's per width
 };
-constexpr ChunkCosts kCosts16 = {16, 1.0, false, kPrepareRecordUs, kPrepareCtasAlone,
+constexpr ChunkCosts kCosts16 = {16, false, kPrepareRecordUs, kPrepareCtasAlone,
                                  kPrepareBesideRecordUs, 0};
-constexpr ChunkCosts kCosts32 = {32, 1.6, true, 7.7, 4, 12.4, 1};
+constexpr ChunkCosts kCosts32 = {32, true, 9.4, 4, 10.0, 2};
+
+// A link of width s for these chunks against config.h's 16-token link times.
+double link_scale(const RecurrenceShape &s, const ChunkCosts &cost) {
+  return cost.one_cta_per_sm ? s.chunk32_link_scale : 1.0;
+}
 
 const ChunkCosts &costs_of(int32_t tokens) {
   return tokens == 32 ? kCosts32 : kCosts16;
@@ -94,7 +97,7 @@ double whole_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms,
                 const ChunkCosts &cost) {
   const RecurrenceShape &s = *recurrence_shape(block_v);
   return waves(pairs * (kHeadDim / block_v), num_sms) * static_cast<double>(chunks) *
-         s.whole_link_us * cost.link_scale;
+         s.whole_link_us * link_scale(s, cost);
 }
 
 // A pass of `ctas` CTAs in chains of `links` links, `resident` CTAs per SM: each wave
@@ -117,12 +120,13 @@ double best_pass_us(PassCode code, int64_t columns, int64_t links, int32_t num_s
   for (const RecurrenceShape &s : kRecurrenceShapes) {
     const bool states = code == PassCode::kStates;
     const bool alone = cost.one_cta_per_sm;
+    const double scale = link_scale(s, cost);
     const double link_us =
-        cost.link_scale * (states ? (alone ? s.states_alone_us : s.states_link_us) : s.rerun_link_us);
+        scale * (states ? (alone ? s.states_alone_us : s.states_link_us) : s.rerun_link_us);
     if (link_us <= 0) continue;
     const int resident = alone ? 1 : states ? s.states_resident : s.resident;
     const double t = pass_us(ceil_div(columns, s.block_v), links, num_sms, resident, link_us,
-                             states ? cost.link_scale * s.states_alone_us : link_us);
+                             states ? scale * s.states_alone_us : link_us);
     if (best < 0 || t < best) {
       best = t;
       block_v = s.block_v;
@@ -184,8 +188,8 @@ double k1_and_pass_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t nu
 int32_t overlap_max_ctas(int64_t pairs, int32_t block_v, int32_t num_sms, const ChunkCosts &cost) {
   const int64_t free = free_sms(pairs, block_v, num_sms);
   const double free_rate = static_cast<double>(free * cost.k1_ctas_alone) / cost.k1_record_us;
-  const double pass_rate = static_cast<double>(pairs) /
-                           (recurrence_shape(block_v)->whole_link_us * cost.link_scale);
+  const RecurrenceShape &s = *recurrence_shape(block_v);
+  const double pass_rate = static_cast<double>(pairs) / (s.whole_link_us * link_scale(s, cost));
   return free_rate >= kFreeSupply * pass_rate ? 1 : cost.k1_ctas_alone;
 }
 

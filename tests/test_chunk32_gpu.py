@@ -96,9 +96,7 @@ def test_k1_beside_the_pass_changes_no_bit(overlap):
 
 
 def test_checkpoints_are_the_states_after_their_tokens():
-    p = make_problem(
-        heads=2, initial=torch.float32, final=torch.float32, device=DEV, seed=14, lens=[200, 64, 0, 31, 97]
-    )
+    p = make_problem(1, 0, 2, initial=torch.float32, final=torch.float32, device=DEV, seed=14, lens=[200, 64, 0, 31, 97])
     every = 64
     slots = sum(n // every for n in _lengths(p))
     p["checkpoint_every"] = every
@@ -118,7 +116,7 @@ def test_checkpoints_are_the_states_after_their_tokens():
 
 
 def test_checkpoints_every_48_tokens_keep_16_token_chunks():
-    p = make_problem(heads=2, initial=None, final=torch.bfloat16, device=DEV, seed=15, batch=1, seqlen=4096)
+    p = make_problem(1, 4096, 2, initial=None, final=torch.bfloat16, device=DEV, seed=15)
     p["checkpoint_every"] = 48
     p["checkpoints"] = torch.zeros((4096 // 48, 2, 128, 128), dtype=torch.bfloat16, device=DEV)
     call = dispatch.validated(

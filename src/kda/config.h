@@ -47,6 +47,10 @@ struct RecurrenceShape {
   // launch computes the device's own, launch.cuh plan_overlap); the plan's choice between
   // segments and the whole pass assumes it.
   int prepare_beside;
+  // A 32-token link (kBlocks = 2, one CTA per SM in every pass) against a 16-token link of
+  // the same width at one CTA per SM, on the H200 (benchmarks/NOTES.md step 48: the plain
+  // pass at T=8192, H=24 for <1, 4>, H=96 for <2, 8>; <1, 8> interpolated, not measured).
+  double chunk32_link_scale;
 };
 
 // block_v -> <kNB, kWarps>, chosen on the H200 with benchmarks/bench_fwd.py --block-v
@@ -59,9 +63,9 @@ struct RecurrenceShape {
 // Three widths instead of the style's two: each width's best shape differs and the
 // benchmarks above show the gain.
 constexpr RecurrenceShape kRecurrenceShapes[] = {
-    {32, 1, 4, 1, 1, 0.56, 0.0, 0.0, 0.0, 3},
-    {64, 1, 8, 2, 2, 0.86, 1.10, 1.10, 1.65, 5},
-    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.15, 3},
+    {32, 1, 4, 1, 1, 0.56, 0.0, 0.0, 0.0, 3, 1.50},
+    {64, 1, 8, 2, 2, 0.86, 1.10, 1.10, 1.65, 5, 1.75},
+    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.15, 3, 1.96},
 };
 constexpr int kNumRecurrenceShapes = 3;
 

@@ -200,7 +200,7 @@ LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch
   constexpr int kResident = resident_ctas(kNB, kWarps, kCode, kBlocks);
   const int per_cta = std::min(device.smem_optin, device.smem_sm / kResident - 1024);
   out.params.stages =
-      std::min(kMaxStages, (per_cta - kBarrierBytes) / stage_bytes(kBlockV, kBlocks));
+      std::min(kMaxStages / kBlocks, (per_cta - kBarrierBytes) / stage_bytes(kBlockV, kBlocks));
   if (out.params.stages < 2)
     return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
   out.kernel = reinterpret_cast<const void *>(recurrence_kernel<kNB, kWarps, kCode, kBlocks>);
