@@ -65,8 +65,8 @@ constexpr double kFreeSupply = 0.4;
 // K1's measured rates above. 32-token chunks (docs/proposals/32-token-chunks.md): every
 // pass runs one CTA per SM (config.h resident_ctas) and a link costs chunk32_link_scale
 // 16-token links of the same width at one CTA per SM (config.h); K1's 32-token CTAs are
-// 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone (H200,
-// T=8192 H=24 and H=96, NOTES.md step 48), two beside a pass CTA (predicted at 10 us).
+// 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone and
+// ~14 beside the pass, where two fit (H200, T=8192 H=24, 48 and 96, NOTES.md step 48).
 struct ChunkCosts {
   int32_t tokens;
   bool one_cta_per_sm;         // every pass at one CTA per SM, links chunk32_link_scale
@@ -77,7 +77,7 @@ struct ChunkCosts {
 };
 constexpr ChunkCosts kCosts16 = {16, false, kPrepareRecordUs, kPrepareCtasAlone,
                                  kPrepareBesideRecordUs, 0};
-constexpr ChunkCosts kCosts32 = {32, true, 9.4, 4, 10.0, 2};
+constexpr ChunkCosts kCosts32 = {32, true, 9.4, 4, 14.0, 2};
 
 // A link of width s for these chunks against config.h's 16-token link times.
 double link_scale(const RecurrenceShape &s, const ChunkCosts &cost) {
