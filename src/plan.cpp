@@ -75,8 +75,8 @@ struct ChunkCosts {
   double k1_beside_record_us;  // a record per K1 CTA beside the pass
   int k1_beside;               // K1 CTAs per SM beside a pass CTA; 0: config.h's per width
 };
-constexpr ChunkCosts kCosts16 = {16, false, kPrepareRecordUs, kPrepareCtasAlone,
-                                 kPrepareBesideRecordUs, 0};
+constexpr ChunkCosts kCosts16 = {
+    16, false, kPrepareRecordUs, kPrepareCtasAlone, kPrepareBesideRecordUs, 0};
 constexpr ChunkCosts kCosts32 = {32, true, 9.4, 4, 14.0, 2};
 
 // A link of width s for these chunks against config.h's 16-token link times.
@@ -316,8 +316,7 @@ double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts
         const int64_t cand = ceil_div(chunks, P);
         if (cand >= kMinSegmentChunks && ceil_div(chunks, cand) == P) consider(cand);
       }
-      for (int64_t cand = kMinSegmentChunks; ceil_div(chunks, cand) > kFineSegmentCounts;
-           cand *= 2)
+      for (int64_t cand = kMinSegmentChunks; ceil_div(chunks, cand) > kFineSegmentCounts; cand *= 2)
         consider(cand);
       if (L > 0) predicted = best + k1;
     }
@@ -402,9 +401,9 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
   const int64_t total = z.batch * z.seqlen;
   const int64_t pairs = z.num_seqs * z.heads;
   if (plan.overlap_min_ctas > 0) {
-    plan.overlap_max_ctas = std::max(
-        plan.overlap_min_ctas,
-        overlap_max_ctas(pairs, plan.block_v, r.num_sms, costs_of(plan.chunk_tokens)));
+    plan.overlap_max_ctas =
+        std::max(plan.overlap_min_ctas,
+                 overlap_max_ctas(pairs, plan.block_v, r.num_sms, costs_of(plan.chunk_tokens)));
     plan.overlap_group = overlap_group(z, plan.block_v, r.num_sms);
   }
   plan.longest_first = longest_first(z, plan, r);

@@ -49,7 +49,7 @@ struct PlanRequest {
   int32_t block_v;         // 0 = pick
   int32_t segment_chunks;  // 0 = pick (AUTO mode)
   int32_t num_sms;
-  int32_t overlap;  // 0 = pick, 1 = wherever it can run, -1 = never
+  int32_t overlap;       // 0 = pick, 1 = wherever it can run, -1 = never
   int32_t chunk_tokens;  // 0 = pick, 16 or 32 (32: AUTO mode only)
 };
 

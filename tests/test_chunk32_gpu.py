@@ -96,7 +96,9 @@ def test_k1_beside_the_pass_changes_no_bit(overlap):
 
 
 def test_checkpoints_are_the_states_after_their_tokens():
-    p = make_problem(1, 0, 2, initial=torch.float32, final=torch.float32, device=DEV, seed=14, lens=[200, 64, 0, 31, 97])
+    p = make_problem(
+        1, 0, 2, initial=torch.float32, final=torch.float32, device=DEV, seed=14, lens=[200, 64, 0, 31, 97]
+    )
     every = 64
     slots = sum(n // every for n in _lengths(p))
     p["checkpoint_every"] = every

@@ -76,8 +76,9 @@ def test_two_segments_equal_the_exact_path(shape, segment_chunks, variant):
 
 def pass_codes(kernels):
     """The PassCode (config.h: 0 whole pass, 1 general, 2 segment pass) of every
-    recurrence_kernel among the profiled kernel names."""
-    return sorted(int(m.group(1)) for k in kernels if (m := re.search(r"recurrence_kernel<.*PassCode\)(\d)>", k)))
+    recurrence_kernel among the profiled kernel names (recurrence_kernel<nb, warps, code,
+    blocks>)."""
+    return sorted(int(m.group(1)) for k in kernels if (m := re.search(r"recurrence_kernel<.*PassCode\)(\d), \d>", k)))
 
 
 @pytest.mark.parametrize("block_v", (32, 64, 128))

@@ -51,8 +51,8 @@ enum Tile { kQ = 0, kK = 1, kG = 2, kQd = 0, kKd = 1, kKi = 2 };
 // kRows = 16 or 32 (a 32-token chunk, K1 of 256 threads).
 template <int kRows, int kThreads>
 __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const ChunkRef &ch,
-                                         uint16_t (*const x[3])[kRow], uint16_t *beta_bf,
-                                         float *beta_h) {
+                                          uint16_t (*const x[3])[kRow], uint16_t *beta_bf,
+                                          float *beta_h) {
   constexpr int kStep = kThreads / 16;
   static_assert(kRows % kStep == 0, "16 vectors per row, kStep rows per pass");
   const int vec = threadIdx.x % 16, row0 = threadIdx.x / 16;
@@ -67,8 +67,7 @@ __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const C
 #pragma unroll
     for (int r = 0; r < kRows / kStep; ++r) {
       const int row = row0 + kStep * r;
-      const uint4 val =
-          row < ch.n ? __ldg(base + r * step * (kStep / 8)) : make_uint4(0, 0, 0, 0);
+      const uint4 val = row < ch.n ? __ldg(base + r * step * (kStep / 8)) : make_uint4(0, 0, 0, 0);
       reinterpret_cast<uint4 *>(x[which][row])[vec] = val;
     }
   }
@@ -357,8 +356,9 @@ __device__ __forceinline__ Tile16 neumann_product(const Tile16 &l) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = g + 8 * r, j = 8 * nb + 2 * cq;
-      const uint32_t neg = l.c[nb][r] ^ 0x80008000u;  // N0 = I - L: exact sign flip off the diagonal
-      const uint32_t one = 0x3c00u;                   // fp16 1.0
+      const uint32_t neg =
+          l.c[nb][r] ^ 0x80008000u;  // N0 = I - L: exact sign flip off the diagonal
+      const uint32_t one = 0x3c00u;  // fp16 1.0
       n0.c[nb][r] = (i == j ? one : lo16(neg)) | ((i == j + 1 ? one : hi16(neg)) << 16);
     }
   }
@@ -480,10 +480,11 @@ struct PrepareSmem32 {
   alignas(16) uint16_t x[3][2 * kChunk][kRow];
   // Blocks' own operands (16 rows): Ki of block 0, B, and block 1's Qd^1, Kd^1, Ki^1.
   alignas(16) uint16_t own[5][kChunk][kRow];
-  alignas(16) uint16_t inv[Record32::kPairs][kTileElems];  // INV blocks 00, 10, 11, A-fragment order
-  alignas(16) uint16_t mqk[Record32::kPairs][kTileElems];  // Mqk blocks 00, 10, 11
+  alignas(
+      16) uint16_t inv[Record32::kPairs][kTileElems];  // INV blocks 00, 10, 11, A-fragment order
+  alignas(16) uint16_t mqk[Record32::kPairs][kTileElems];       // Mqk blocks 00, 10, 11
   alignas(16) uint16_t lmat[Record32::kPairs][kChunk][kChunk];  // L blocks (fp16), row-major
-  alignas(16) uint16_t nprod[2][kChunk][kChunk];  // N00, N11 (fp16), row-major
+  alignas(16) uint16_t nprod[2][kChunk][kChunk];                // N00, N11 (fp16), row-major
   alignas(16) float handoff[4][kHeadDim];  // G_7, G_15, G_23 and G^1_23, by channel
   alignas(16) float g_end[kHeadDim];       // G_31
   alignas(16) float decay[kHeadDim];       // e = EX2(G_31)
@@ -495,10 +496,12 @@ enum Handoff { kG7 = 0, kG15 = 1, kG23 = 2, kOwn23 = 3 };
 
 // Steps 1, 3, 4 on 32 rows: thread = (channel pair cp, quarter th, i.e. rows 8 th .. 8 th +
 // 7). The chunk's sum is one sequential chain over the 32 rows, handed from quarter to
-// quarter across barriers 1, 2, 3 (each shared by the two quarters it joins); block 1's own
-// sum starts from zero at row 16 (quarter 2, at once) and is handed to quarter 3 with
-// G_23. G[j] and G1[j] (block 1 only) are the sums up to row 8 th + j; after the next CTA
-// barrier handoff[kG15] and g_end hold G_15 and G_31 of every channel.
+// quarter through shared memory across CTA barriers; block 1's own sum starts from zero at
+// row 16 (quarter 2, at once) and is handed to quarter 3 with G_23. G[j] and G1[j] (block 1
+// only) are the sums up to row 8 th + j; after the CTA barrier that follows, handoff[kG15]
+// and g_end hold G_15 and G_31 of every channel. (Named barriers between pairs of quarters,
+// as the 16-token K1 hands G_7 over, made racecheck report the hand-offs through barriers
+// 2 and 3 on the H200, and accesses after later CTA barriers; NOTES.md step 48.)
 __device__ __forceinline__ void gate_cumsum32(const FwdParams &p, int64_t h, int n,
                                               PrepareSmem32 &sm, float2 (&G)[8], float2 (&G1)[8]) {
   const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
@@ -516,7 +519,7 @@ __device__ __forceinline__ void gate_cumsum32(const FwdParams &p, int64_t h, int
     gamma[j] = t < n ? make_float2(g0, g1) : make_float2(0.f, 0.f);
   }
   auto slot = [&](int which) { return reinterpret_cast<float2 *>(sm.handoff[which]) + cp; };
-  auto sums = [&](float2 acc, float2 (&out)[8]) {
+  auto sums = [&](float2 acc, float2(&out)[8]) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       // design §3.2 step 4: a separate add, not fused; required
@@ -526,20 +529,14 @@ __device__ __forceinline__ void gate_cumsum32(const FwdParams &p, int64_t h, int
     return acc;
   };
   const float2 zero = make_float2(0.f, 0.f);
-  if (th == 0) {
-    *slot(kG7) = sums(zero, G);
-    cta_barrier(1, 2 * kPairs);
-  } else if (th == 1) {
-    cta_barrier(1, 2 * kPairs);
-    *slot(kG15) = sums(*slot(kG7), G);
-    cta_barrier(2, 2 * kPairs);
-  } else if (th == 2) {
-    *slot(kOwn23) = sums(zero, G1);
-    cta_barrier(2, 2 * kPairs);
-    *slot(kG23) = sums(*slot(kG15), G);
-    cta_barrier(3, 2 * kPairs);
-  } else {
-    cta_barrier(3, 2 * kPairs);
+  if (th == 0) *slot(kG7) = sums(zero, G);
+  if (th == 2) *slot(kOwn23) = sums(zero, G1);
+  __syncthreads();
+  if (th == 1) *slot(kG15) = sums(*slot(kG7), G);
+  __syncthreads();
+  if (th == 2) *slot(kG23) = sums(*slot(kG15), G);
+  __syncthreads();
+  if (th == 3) {
     sums(*slot(kOwn23), G1);
     reinterpret_cast<float2 *>(sm.g_end)[cp] = sums(*slot(kG23), G);
   }
@@ -555,7 +552,7 @@ __device__ __forceinline__ void apply_decays32(const FwdParams &p, const float2 
   const uint32_t sb = p.scale_bf16 | (p.scale_bf16 << 16);
   const float2 g15 = reinterpret_cast<const float2 *>(sm.handoff[kG15])[cp];
   const float2 g31 = reinterpret_cast<const float2 *>(sm.g_end)[cp];
-  auto word = [&](uint16_t(*tile)[kRow], int t) {
+  auto word = [&](uint16_t (*tile)[kRow], int t) {
     return reinterpret_cast<uint32_t *>(&tile[t][2 * cp]);
   };
   auto decay = [](float x0, float x1) { return pack_bf16x2(ex2_approx(x0), ex2_approx(x1)); };
@@ -591,9 +588,9 @@ __device__ __forceinline__ void chunk_scores32(PrepareSmem32 &sm) {
   if (which > 2) return;  // warp-uniform
   const bool is_l = warp % 2 == 0, cross = which == 2;
   const int blk = which == 0 ? 0 : 1, pair = cross ? block_pair(1, 0) : block_pair(blk, blk);
-  const uint16_t(*a)[kRow] = blk == 0 ? (is_l ? sm.x[kKd] : sm.x[kQd])
-                                      : (is_l ? sm.own[kKd1] : sm.own[kQd1]);
-  const uint16_t(*b)[kRow] = cross ? sm.own[kB0] : (blk == 0 ? sm.own[kKi0] : sm.own[kKi1]);
+  const uint16_t (*a)[kRow] =
+      blk == 0 ? (is_l ? sm.x[kKd] : sm.x[kQd]) : (is_l ? sm.own[kKd1] : sm.own[kQd1]);
+  const uint16_t (*b)[kRow] = cross ? sm.own[kB0] : (blk == 0 ? sm.own[kKi0] : sm.own[kKi1]);
 #pragma unroll
   for (int nb = 0; nb < 2; ++nb) {
     float acc[4];
@@ -637,7 +634,7 @@ __device__ __forceinline__ void store_record32(const FwdParams &p, int64_t h, co
     uint4 v;
     int offset;
     if (plane < 2) {  // Kd, Qd: block j / 8, k-block j % 8
-      const uint16_t(*x)[kRow] = sm.x[plane == 0 ? kKd : kQd] + kChunk * (j / kKBlocks);
+      const uint16_t (*x)[kRow] = sm.x[plane == 0 ? kKd : kQd] + kChunk * (j / kKBlocks);
       v = a_frag(x, j % kKBlocks);
       offset = plane == 0 ? R::kd(j / kKBlocks, j % kKBlocks) : R::qd(j / kKBlocks, j % kKBlocks);
     } else {  // Kr^T: k-block j / 2, token block j % 2
@@ -650,7 +647,8 @@ __device__ __forceinline__ void store_record32(const FwdParams &p, int64_t h, co
   if (tid < kPairVecs) {
     rec[R::kOffInv / 16 + tid] = reinterpret_cast<const uint4 *>(sm.inv)[tid];
   } else if (tid < 2 * kPairVecs) {
-    rec[R::kOffMqk / 16 + tid - kPairVecs] = reinterpret_cast<const uint4 *>(sm.mqk)[tid - kPairVecs];
+    rec[R::kOffMqk / 16 + tid - kPairVecs] =
+        reinterpret_cast<const uint4 *>(sm.mqk)[tid - kPairVecs];
   } else if (tid < 2 * kPairVecs + 32) {
     rec[R::kOffDecay / 16 + tid - 2 * kPairVecs] = decay_vec(sm.decay, tid - 2 * kPairVecs);
   } else if (tid < 2 * kPairVecs + 32 + (R::kBytes - R::kOffBeta) / 16) {
@@ -660,7 +658,8 @@ __device__ __forceinline__ void store_record32(const FwdParams &p, int64_t h, co
     rec[R::kOffBeta / 16 + i] = v;
   }
 }
-static_assert(2 * Record32::kPairs * (kTileBytes / 16) + 32 + (Record32::kBytes - Record32::kOffBeta) / 16 <=
+static_assert(2 * Record32::kPairs * (kTileBytes / 16) + 32 +
+                      (Record32::kBytes - Record32::kOffBeta) / 16 <=
                   kPrepare32Threads,
               "one vector a thread for the small planes");
 
@@ -668,12 +667,12 @@ static_assert(2 * Record32::kPairs * (kTileBytes / 16) + 32 + (Record32::kBytes 
 __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                               PrepareSmem32 &sm) {
   {
-    uint16_t(*const x[3])[kRow] = {sm.x[0], sm.x[1], sm.x[2]};
+    uint16_t (*const x[3])[kRow] = {sm.x[0], sm.x[1], sm.x[2]};
     load_rows<2 * kChunk, kPrepare32Threads>(p, h, ch, x, sm.beta_bf, sm.beta_h);
   }
   __syncthreads();
   {
-    uint16_t(*const x[2])[kRow] = {sm.x[kQ], sm.x[kK]};
+    uint16_t (*const x[2])[kRow] = {sm.x[kQ], sm.x[kK]};
     l2_normalize_rows<2 * kChunk, kPrepare32Threads>(x);
   }
   __syncthreads();

@@ -204,8 +204,7 @@ __device__ __forceinline__ void chunk_projections(KdOf kd, QdOf qd, After after,
 #pragma unroll
       for (int nb = 0; nb < kNB; ++nb) {
         mma_bf16_f32(pk[blk][nb], a_k.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
-        if constexpr (kQueries)
-          mma_bf16_f32(pq[blk][nb], a_q.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
+        if constexpr (kQueries) mma_bf16_f32(pq[blk][nb], a_q.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
       }
     }
     after(kb);
@@ -229,8 +228,8 @@ __device__ __forceinline__ void solve_u(const LinkInputs<kNB, kBlocks> &in,
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const uint32_t pk_bf = pack_bf16x2(pk[blk][nb][2 * r], pk[blk][nb][2 * r + 1]);
-        u[blk][r] = movmatrix_trans(
-            bf16x2_mul(bf16x2_sub(in.v[blk][nb][r], pk_bf), in.beta[blk][r]));
+        u[blk][r] =
+            movmatrix_trans(bf16x2_mul(bf16x2_sub(in.v[blk][nb][r], pk_bf), in.beta[blk][r]));
       }
     }
 #pragma unroll
@@ -493,8 +492,8 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
       solve_u(in, pk, ub);
       float mu[kBlocks][kNB][4];
       if constexpr (kOutput) output_scores<kNB, kBlocks>(in.mqk, ub, mu);
-      update_state<kNB, kBlocks>(
-          [&](int mb, int blk) { return lds_frag(stage, R::krt(mb, blk)); }, in.e, ub, state);
+      update_state<kNB, kBlocks>([&](int mb, int blk) { return lds_frag(stage, R::krt(mb, blk)); },
+                                 in.e, ub, state);
       release_chunk(w, pos);
       store_chunk_output<kOutput>(w, c, n, pq, mu);
     }

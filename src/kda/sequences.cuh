@@ -4,8 +4,8 @@
 //
 // A chunk is 16 or 32 tokens (p.chunk_shift: 4 or 5, workspace.h RecordLayout).
 // Batched mode: sequence i is tokens [i T, (i + 1) T), its chunks are records
-// [i ceil(T/C), (i + 1) ceil(T/C)), C the chunk length. Varlen mode: sequence i is tokens [cu[i], cu[i+1])
-// and prefix_kernel writes, per sequence, its first record, first segment and first
+// [i ceil(T/C), (i + 1) ceil(T/C)), C the chunk length. Varlen mode: sequence i is tokens [cu[i],
+// cu[i+1]) and prefix_kernel writes, per sequence, its first record, first segment and first
 // checkpoint slot. cu_seqlens lives on the device and is not validated there (no host
 // sync), so every bound is clamped: a sequence is clamped into [0, total_tokens) and each
 // prefix into its capacity, which makes garbage cu_seqlens give garbage rows but never an
@@ -86,7 +86,7 @@ __device__ __forceinline__ SeqSpan seq_span(const FwdParams &p, int64_t i) {
 
 // Chunks [c0, c0 + count) of a span, clamped to it.
 __device__ __forceinline__ SeqSpan sub_span(const FwdParams &p, const SeqSpan &s, int64_t c0,
-                                           int64_t count) {
+                                            int64_t count) {
   SeqSpan r = s;
   c0 = min(c0, s.num_chunks);
   r.first_tile = s.first_tile + c0;

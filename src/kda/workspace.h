@@ -84,8 +84,8 @@ constexpr int kRecordBytes = Record16::kBytes;  // 13,952 B
 static_assert(kRecordBytes == 13952 && Record32::kBytes == 28288, "record sizes (design §4.3)");
 static_assert(Record32::kBytes % 128 == 0 && kRecordBytes % 128 == 0,
               "records must keep 128-byte alignment");
-static_assert(Record32::kOffBeta % 16 == 0 && Record32::kOffDecay % 16 == 0 &&
-                  kOffBeta % 16 == 0 && kOffDecay % 16 == 0,
+static_assert(Record32::kOffBeta % 16 == 0 && Record32::kOffDecay % 16 == 0 && kOffBeta % 16 == 0 &&
+                  kOffDecay % 16 == 0,
               "every plane must allow 16-byte vector access");
 
 // Bytes of one record of a chunk of `tokens` (16 or 32) tokens.

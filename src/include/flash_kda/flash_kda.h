@@ -151,9 +151,9 @@ typedef struct flash_kda_fwd_args {
   int32_t segment_chunks;    /* AUTO mode: 0 = the library picks; > 0 forces 16-token chunks
                               * per segment (diagnostics and tests) */
   /* ---- ABI 3 ---- */
-  int32_t overlap;   /* K1 beside the first recurrence pass (design §4.7): 0 = the library
-                      * decides, 1 = wherever it can run, -1 = never (diagnostics and tests;
-                      * no result changes) */
+  int32_t overlap; /* K1 beside the first recurrence pass (design §4.7): 0 = the library
+                    * decides, 1 = wherever it can run, -1 = never (diagnostics and tests;
+                    * no result changes) */
   /* ---- ABI 4 (named reserved3, set to 0, in ABI 3) ---- */
   int32_t chunk_tokens; /* tokens per chunk: 0 = the library picks (16 in EXACT mode; 16 or
                          * 32 in AUTO mode, 32 only when checkpoint_every is a multiple of
