@@ -129,6 +129,26 @@ def test_checkpoints_every_48_tokens_keep_16_token_chunks():
         dispatch.run_native(call, chunk=32)
 
 
+@pytest.mark.parametrize("lower_bound", (-5.0, -0.25), ids=("short-memory", "long-memory"))
+@pytest.mark.parametrize("shape", [dict(batch=1, seqlen=8192), dict(batch=1, seqlen=0, lens=[3000, 1, 0, 4097])])
+def test_whole_pass_is_as_accurate_as_the_exact_path(shape, lower_bound):
+    """Issue 7 acceptance 2 for the 32-token whole pass: out and final state within the
+    accuracy contract against the fp64 gold and within 1.1x the exact path's errors."""
+    from chunked_gold import gold_chunked
+
+    p = make_problem(
+        heads=2, initial=torch.float32, final=torch.float32, device=DEV, seed=18, lower_bound=lower_bound, **shape
+    )
+    auto, exact = clone_outputs(p), clone_outputs(p)
+    run(auto)
+    run(exact, chunk=16, exact=True)
+    gold_out, gold_state = gold_chunked(*[p[n] for n in GOLD_ARGS])
+    e_auto, e_exact = rel_err(auto["out"], gold_out), rel_err(exact["out"], gold_out)
+    s_auto, s_exact = rel_err(auto["final_state"], gold_state), rel_err(exact["final_state"], gold_state)
+    assert e_auto <= OUT_TOLERANCE and e_auto <= RATIO * e_exact, (e_auto, e_exact)
+    assert s_auto <= STATE_TOLERANCE and s_auto <= RATIO * s_exact, (s_auto, s_exact)
+
+
 SEGMENTED = [
     ("B1-T8192-H2", dict(batch=1, seqlen=8192), 2, 16),
     ("varlen-L3", dict(batch=1, seqlen=0, lens=[1300, 547, 0, 2048, 1, 963]), 2, 3),
