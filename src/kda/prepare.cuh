@@ -147,24 +147,32 @@ constexpr int kPairs = kHeadDim / 2;
 constexpr uint32_t kHandoffBarrier = 1;
 static_assert(kPrepareThreads == 2 * kPairs, "thread = (channel pair, token half)");
 
-// Steps 1, 3, 4: G[j] = cumulative sum of gamma up to row 8 th + j of both channels
-// (sequential, fp32, FTZ). Ends with sm.decay[c] = e[c] = EX2(G[15][c]) (step 5).
-__device__ __forceinline__ void gate_cumsum(const FwdParams &p, int64_t h, int n, PrepareSmem &sm,
-                                            float2 (&G)[kChunk / 2]) {
-  const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
+// Steps 1, 3 for the thread's channel pair cp and rows 8 th .. 8 th + 7 of the raw gate
+// tile: gamma[j] of both channels, 0 for rows t >= n (selected, not branched).
+__device__ __forceinline__ void gate_values(const FwdParams &p, int64_t h, int n,
+                                            const uint16_t (*g)[kRow], int cp, int th,
+                                            float2 (&gamma)[8]) {
   const float a = ex2_approx(mul_ftz(__ldg(p.A_log + h), kLog2eF));
   const float2 dt = __ldg(reinterpret_cast<const float2 *>(p.dt_bias + h * kHeadDim) + cp);
-  float2 gamma[kChunk / 2];
 #pragma unroll
-  for (int j = 0; j < kChunk / 2; ++j) {  // rows t >= n: gamma = 0 (selected, not branched)
+  for (int j = 0; j < 8; ++j) {
     const int t = 8 * th + j;
-    const uint32_t w = tile_pair(sm.x[kG], t, 2 * cp);
+    const uint32_t w = tile_pair(g, t, 2 * cp);
     const float y0 = mul_ftz(add_ftz(bf16_to_f32(lo16(w)), dt.x), a);
     const float y1 = mul_ftz(add_ftz(bf16_to_f32(hi16(w)), dt.y), a);
     const float g0 = mul_ftz(p.gate_scale, sigmoid_tanh(y0));
     const float g1 = mul_ftz(p.gate_scale, sigmoid_tanh(y1));
     gamma[j] = t < n ? make_float2(g0, g1) : make_float2(0.f, 0.f);
   }
+}
+
+// Steps 1, 3, 4: G[j] = cumulative sum of gamma up to row 8 th + j of both channels
+// (sequential, fp32, FTZ). Ends with sm.decay[c] = e[c] = EX2(G[15][c]) (step 5).
+__device__ __forceinline__ void gate_cumsum(const FwdParams &p, int64_t h, int n, PrepareSmem &sm,
+                                            float2 (&G)[kChunk / 2]) {
+  const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
+  float2 gamma[kChunk / 2];
+  gate_values(p, h, n, sm.x[kG], cp, th, gamma);
   float2 *const handoff = reinterpret_cast<float2 *>(sm.decay) + cp;
   float2 acc = make_float2(0.f, 0.f);
   if (th == 1) {  // G[7] of the first half
@@ -505,19 +513,8 @@ enum Handoff { kG7 = 0, kG15 = 1, kG23 = 2, kOwn23 = 3 };
 __device__ __forceinline__ void gate_cumsum32(const FwdParams &p, int64_t h, int n,
                                               PrepareSmem32 &sm, float2 (&G)[8], float2 (&G1)[8]) {
   const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
-  const float a = ex2_approx(mul_ftz(__ldg(p.A_log + h), kLog2eF));
-  const float2 dt = __ldg(reinterpret_cast<const float2 *>(p.dt_bias + h * kHeadDim) + cp);
   float2 gamma[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {  // rows t >= n: gamma = 0 (selected, not branched)
-    const int t = 8 * th + j;
-    const uint32_t w = tile_pair(sm.x[kG], t, 2 * cp);
-    const float y0 = mul_ftz(add_ftz(bf16_to_f32(lo16(w)), dt.x), a);
-    const float y1 = mul_ftz(add_ftz(bf16_to_f32(hi16(w)), dt.y), a);
-    const float g0 = mul_ftz(p.gate_scale, sigmoid_tanh(y0));
-    const float g1 = mul_ftz(p.gate_scale, sigmoid_tanh(y1));
-    gamma[j] = t < n ? make_float2(g0, g1) : make_float2(0.f, 0.f);
-  }
+  gate_values(p, h, n, sm.x[kG], cp, th, gamma);
   auto slot = [&](int which) { return reinterpret_cast<float2 *>(sm.handoff[which]) + cp; };
   auto sums = [&](float2 acc, float2(&out)[8]) {
 #pragma unroll
