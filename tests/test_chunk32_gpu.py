@@ -13,6 +13,9 @@ import torch
 from conftest import (
     FWD_ARGS,
     GOLD_ARGS,
+    OUT_TOLERANCE,
+    RATIO,
+    STATE_TOLERANCE,
     STATE_VARIANTS,
     assert_bitwise,
     clone_outputs,
@@ -24,16 +27,8 @@ from conftest import (
 from flash_kda import _chunk_model, dispatch
 from flash_kda._numerics import Ops
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
 DEV = "cuda"
-OUT_TOLERANCE, STATE_TOLERANCE = 0.0065, 0.006  # design section 3.6
-RATIO = 1.1  # the automatic path's error <= RATIO x the exact path's
-
-
-@pytest.fixture(scope="module", autouse=True)
-def native_gpu():
-    if dispatch.backend_for(DEV) != "native":
-        pytest.skip(f"no native path here: {dispatch.explain(DEV)[1]}")
 
 
 def run(p, *, chunk=32, exact=False, **native):
