@@ -207,12 +207,13 @@ def time_fla(p, do_bench):
 
 
 def plan_of(p, exact):
-    """The library's plan (block_v, segment_chunks, segment_block_v, overlap_min_ctas,
-    overlap_max_ctas) for problem p."""
+    """The library's plan (chunk_tokens, block_v, segment_chunks, segment_block_v,
+    overlap_min_ctas, overlap_max_ctas) for problem p."""
     from flash_kda import dispatch
 
     plan = dispatch.plan_of(dispatch.validated(*_plan_args(p), exact=exact))
     return dict(
+        chunk_tokens=plan.chunk_tokens,
         block_v=plan.block_v,
         segment_chunks=plan.segment_chunks,
         segment_block_v=plan.segment_block_v,
@@ -375,7 +376,8 @@ def markdown(results, env, command):
         f"fla {env['fla']}, triton {env['triton']}, git {env['git']}. Measured copy bandwidth "
         f"{env['copy_tb_s']:.2f} TB/s, bf16 matmul {env['matmul_tflop_s']:.0f} TFLOP/s. Times in ms: "
         "medians of eager calls and of CUDA-graph replays; `auto` is the default path, `exact` "
-        "the bit-exact one (FLASH_KDA_EXACT=1); plan = segment chunks / block_v of the auto path; "
+        "the bit-exact one (FLASH_KDA_EXACT=1); plan = segment chunks / block_v of the auto path "
+        "('C32': 32-token chunks, docs/proposals/32-token-chunks.md; else 16); "
         "'K1 beside if >=k fit, keeps m': K1 overlaps the whole-sequence pass where k of its CTAs per SM "
         "fit beside the pass (design 4.7; on the H200 3 fit beside block_v 32 and 128, 5 beside 64), and its "
         "first grid keeps at most m there (more fill the SMs the pass leaves free).",
@@ -389,6 +391,8 @@ def markdown(results, env, command):
         plan_s = f"L={plan['segment_chunks']} bv={plan['segment_block_v']}/{plan['block_v']}"
         if not plan["segment_chunks"]:
             plan_s = f"whole bv={plan['block_v']}"
+        if plan.get("chunk_tokens") == 32:
+            plan_s = "C32 " + plan_s
         if plan.get("overlap_min_ctas"):
             plan_s += f" K1 beside if >={plan['overlap_min_ctas']} fit, keeps {plan.get('overlap_max_ctas', 'all')}"
         fla = f"{r['fla_ms']:.3f}" if r.get("fla_ms") else "-"

@@ -28,9 +28,10 @@ def kernel_name(key):
     return re.sub(r"\(PassCode\)(\d)", lambda m: PASS_CODES.get(m.group(1), m.group(1)), name)
 
 
-def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0, block_v=0, overlap=0):
+def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0, block_v=0, overlap=0, chunk=0):
     lens, heads = SHAPES[shape_id]
-    hook = {k: v for k, v in dict(segment_chunks=segment_chunks, block_v=block_v, overlap=overlap).items() if v}
+    hook = dict(segment_chunks=segment_chunks, block_v=block_v, overlap=overlap, chunk=chunk)
+    hook = {k: v for k, v in hook.items() if v}
     run = runner(make_inputs(lens, heads), exact, **hook)
     run()
     torch.cuda.synchronize()
@@ -47,6 +48,7 @@ def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0, block_v=0
     mode = "exact" if exact else f"auto L={segment_chunks}" if segment_chunks else "auto"
     mode += f" block_v={block_v}" if block_v else ""
     mode += " K1 serial" if overlap < 0 else ""
+    mode += f" chunk={chunk}" if chunk else ""
     print(f"{shape_id} {mode}: " + ", ".join(f"{n} x{c} {t:.1f} us" for n, t, c in sorted(rows, key=lambda r: -r[1])))
 
 
@@ -58,12 +60,16 @@ def main():
     parser.add_argument("--segments", default="0", help="forced segment lengths in chunks, comma-separated")
     parser.add_argument("--block-v", default="0", help="forced block_v values, comma-separated (0: the plan's)")
     parser.add_argument("--serial", action="store_true", help="K1 before the pass, never beside it")
+    parser.add_argument("--chunk", default="0", help="forced chunk lengths (16, 32; 0: the plan's), comma-separated")
     args = parser.parse_args()
     for shape in args.shapes:
         for L in [0] if args.exact else [int(x) for x in args.segments.split(",")]:
             for bv in [int(x) for x in args.block_v.split(",")]:
-                overlap = -1 if args.serial else 0
-                profile(shape, args.exact, once=args.once, segment_chunks=L, block_v=bv, overlap=overlap)
+                for chunk in [int(x) for x in args.chunk.split(",")]:
+                    overlap = -1 if args.serial else 0
+                    profile(
+                        shape, args.exact, once=args.once, segment_chunks=L, block_v=bv, overlap=overlap, chunk=chunk
+                    )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 
 Every block_v on a batched and a varlen case (with an empty and a partial sequence), in
 exact mode with K1 before and beside the recurrence (design section 4.7; varlen never
-overlaps) and in AUTO mode with one-chunk segments; a twelve-head case for the combine's
+overlaps), in AUTO mode with one-chunk segments, and in AUTO mode with 32-token chunks
+(K1 before and beside the whole pass, and one-chunk segments); a twelve-head case for the combine's
 16-row CTAs, a forty-head one for the longest-first varlen pass and a batched one of more
 CTAs than SMs with K1 beside the pass; then state pools (in place, padding,
 has_initial_state), checkpoints, strided views (fused projection slices) and garbage
@@ -25,12 +26,18 @@ CASES = [
     dict(batch=2, seqlen=37, heads=2, initial=torch.float32, final=torch.float32),
     dict(batch=1, seqlen=0, heads=2, lens=[20, 0, 33, 1], initial=torch.bfloat16, final=torch.bfloat16),
 ]
-MODES = [("exact", dict(exact=True), 0), ("auto-segments-2", dict(exact=False), 2)]
+# (name, fwd options, segment_chunks, chunk tokens)
+MODES = [
+    ("exact", dict(exact=True), 0, 0),
+    ("auto-segments-2", dict(exact=False), 2, 16),
+    ("auto-32", dict(exact=False), 0, 32),
+    ("auto-32-segments-2", dict(exact=False), 2, 32),
+]
 LENS = [150, 0, 70, 1]  # 221 tokens: several segments of 2 chunks, an empty and a 1-token sequence
 
 
-def run(name, p, segment_chunks=0, **overrides):
-    dispatch.run_native(check(p, **overrides), segment_chunks=segment_chunks)
+def run(name, p, segment_chunks=0, chunk=0, **overrides):
+    dispatch.run_native(check(p, **overrides), segment_chunks=segment_chunks, chunk=chunk)
     torch.cuda.synchronize()
     print(f"{name}: done")
 
@@ -63,9 +70,11 @@ for block_v in (32, 64, 128):
     for case in CASES:
         args = dict(case)
         p = make_problem(args.pop("batch"), args.pop("seqlen"), args.pop("heads"), device="cuda", **args)
-        for exact, segment_chunks, overlap in ((True, 0, -1), (True, 0, 1), (False, 1, 0)):
+        plans = ((True, 0, -1, 0), (True, 0, 1, 0), (False, 1, 0, 16), (False, 0, -1, 32), (False, 0, 1, 32),
+                 (False, 1, 0, 32))  # fmt: skip
+        for exact, segment_chunks, overlap, chunk in plans:
             call = check(p, exact=exact)
-            dispatch.run_native(call, block_v=block_v, segment_chunks=segment_chunks, overlap=overlap)
+            dispatch.run_native(call, block_v=block_v, segment_chunks=segment_chunks, overlap=overlap, chunk=chunk)
         torch.cuda.synchronize()
         print(f"block_v={block_v} {case}: out finite {bool(torch.isfinite(p['out']).all())}")
 
@@ -86,6 +95,8 @@ dispatch.run_native(check(waves, exact=True), block_v=128, overlap=1)
 torch.cuda.synchronize()
 print("exact overlapped multi-wave: done")
 
-for mode, options, segment_chunks in MODES:
+for mode, options, segment_chunks, chunk in MODES:
     for name, p, overrides in serving_cases():
-        run(f"{mode} {name}", p, segment_chunks, **options, **overrides)
+        if chunk == 32 and overrides.get("checkpoint_every", 0) % 32:
+            continue  # 32-token chunks need checkpoints every multiple of 32 tokens
+        run(f"{mode} {name}", p, segment_chunks, chunk, **options, **overrides)

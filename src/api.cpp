@@ -112,8 +112,11 @@ ProblemSizes sizes_of(const flash_kda_fwd_args &a) {
 }
 
 PlanRequest request_of(const flash_kda_fwd_args &a) {
-  return {a.mode, a.block_v, a.segment_chunks, a.num_sms, a.overlap};
+  return {a.mode, a.block_v, a.segment_chunks, a.num_sms, a.overlap, a.chunk_tokens};
 }
+
+// The ABI 3 prefix of flash_kda_fwd_plan_info: what an older caller passes.
+constexpr size_t kPlanInfoV3Bytes = offsetof(flash_kda_fwd_plan_info, chunk_tokens);
 
 // head_dim, sizes and the plan: everything flash_kda_fwd_plan needs. "" or what is wrong.
 std::string check_plan(const flash_kda_fwd_args &a, Plan &plan) {
@@ -243,7 +246,7 @@ void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
   p.has_initial_state = a.has_initial_state;
   p.checkpoints = a.checkpoints;
   p.checkpoint_dtype = static_cast<Dtype>(a.checkpoints_dtype);
-  p.checkpoint_chunks = a.checkpoints != nullptr ? a.checkpoint_every / kChunk : 0;
+  p.checkpoint_chunks = a.checkpoints != nullptr ? a.checkpoint_every / plan.chunk_tokens : 0;
   p.checkpoint_slots = a.checkpoints != nullptr ? a.checkpoint_slots : 0;
   p.cu_seqlens = a.cu_seqlens;
   p.cu_seqlens_dtype = dtype_or(a.cu_seqlens_dtype, Dtype::kInt64);
@@ -254,8 +257,9 @@ void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
   p.num_seqs = a.num_seqs;
   uint8_t *base = static_cast<uint8_t *>(a.workspace);
   p.records = base;
-  p.tiles_per_head = tiles_per_head(p.total_tokens, a.num_seqs);
-  const int64_t chunks = ceil_div(a.seqlen, kChunk);  // per sequence, batched mode
+  p.chunk_shift = plan.chunk_tokens == 32 ? 5 : 4;
+  p.tiles_per_head = tiles_per_head(p.total_tokens, a.num_seqs, plan.chunk_tokens);
+  const int64_t chunks = ceil_div(a.seqlen, plan.chunk_tokens);  // per sequence, batched mode
   p.prepare_tiles = a.cu_seqlens != nullptr ? p.tiles_per_head : a.num_seqs * chunks;
   // K1's order beside the pass (design §4.7): the sequences of one wave of the pass together.
   p.order_group = plan.overlap_group;
@@ -343,10 +347,12 @@ flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
                                     flash_kda_fwd_plan_info *out) noexcept {
   const char *fn = "flash_kda_fwd_plan";
   try {
-    if (out == nullptr || out->struct_size != sizeof(flash_kda_fwd_plan_info))
+    if (out == nullptr || (out->struct_size != sizeof(flash_kda_fwd_plan_info) &&
+                           out->struct_size != flash_kda::kPlanInfoV3Bytes))
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
                   "plan must not be NULL and plan->struct_size must be " +
-                      std::to_string(sizeof(flash_kda_fwd_plan_info)));
+                      std::to_string(sizeof(flash_kda_fwd_plan_info)) + " (or " +
+                      std::to_string(flash_kda::kPlanInfoV3Bytes) + ", ABI 3)");
     flash_kda_fwd_args a;
     std::string err = flash_kda::read_args(args, a);
     flash_kda::Plan plan{};
@@ -359,6 +365,10 @@ flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
     out->workspace_bytes = plan.workspace_bytes;
     out->overlap_min_ctas = plan.overlap_min_ctas;
     out->overlap_max_ctas = plan.overlap_max_ctas;
+    if (out->struct_size == sizeof(flash_kda_fwd_plan_info)) {
+      out->chunk_tokens = plan.chunk_tokens;
+      out->reserved4 = 0;
+    }
     return FLASH_KDA_OK;
   } catch (...) {
     return fail(FLASH_KDA_INTERNAL, fn, "unexpected C++ exception");

@@ -61,15 +61,43 @@ constexpr double kOverlapUs = 3.0;     // the flags' memset
 // one and the free SMs, 0.787 with three; T=32768 H=96 3.22 against 3.40).
 constexpr double kFreeSupply = 0.4;
 
+// The chunk length's part of the cost model. 16-token chunks: config.h's link times and
+// K1's measured rates above. 32-token chunks (docs/proposals/32-token-chunks.md): every
+// pass runs one CTA per SM (config.h resident_ctas) and a link costs chunk32_link_scale
+// 16-token links of the same width at one CTA per SM (config.h); K1's 32-token CTAs are
+// 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone and
+// ~14 beside the pass, where two fit (H200, T=8192 H=24, 48 and 96, NOTES.md step 48).
+struct ChunkCosts {
+  int32_t tokens;
+  bool one_cta_per_sm;         // every pass at one CTA per SM, links chunk32_link_scale
+  double k1_record_us;         // K1 alone: one record per CTA
+  int k1_ctas_alone;           // K1 CTAs per SM alone
+  double k1_beside_record_us;  // a record per K1 CTA beside the pass
+  int k1_beside;               // K1 CTAs per SM beside a pass CTA; 0: config.h's per width
+};
+constexpr ChunkCosts kCosts16 = {
+    16, false, kPrepareRecordUs, kPrepareCtasAlone, kPrepareBesideRecordUs, 0};
+constexpr ChunkCosts kCosts32 = {32, true, 9.4, 4, 14.0, 2};
+
+// A link of width s for these chunks against config.h's 16-token link times.
+double link_scale(const RecurrenceShape &s, const ChunkCosts &cost) {
+  return cost.one_cta_per_sm ? s.chunk32_link_scale : 1.0;
+}
+
+const ChunkCosts &costs_of(int32_t tokens) {
+  return tokens == 32 ? kCosts32 : kCosts16;
+}
+
 double waves(int64_t ctas, int64_t slots) {
   return static_cast<double>(ceil_div(ctas, slots));
 }
 
 // The whole-sequence pass: one CTA per SM, chains of `chunks` links.
-double whole_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms) {
+double whole_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms,
+                const ChunkCosts &cost) {
   const RecurrenceShape &s = *recurrence_shape(block_v);
   return waves(pairs * (kHeadDim / block_v), num_sms) * static_cast<double>(chunks) *
-         s.whole_link_us;
+         s.whole_link_us * link_scale(s, cost);
 }
 
 // A pass of `ctas` CTAs in chains of `links` links, `resident` CTAs per SM: each wave
@@ -87,15 +115,18 @@ double pass_us(int64_t ctas, int64_t links, int32_t num_sms, int resident, doubl
 // The fastest width for a pass of segments (code kStates: phase A; kGeneral: the rerun)
 // that covers `columns` value columns in chains of `links` links.
 double best_pass_us(PassCode code, int64_t columns, int64_t links, int32_t num_sms,
-                    int32_t &block_v) {
+                    const ChunkCosts &cost, int32_t &block_v) {
   double best = -1.0;
   for (const RecurrenceShape &s : kRecurrenceShapes) {
     const bool states = code == PassCode::kStates;
-    const double link_us = states ? s.states_link_us : s.rerun_link_us;
+    const bool alone = cost.one_cta_per_sm;
+    const double scale = link_scale(s, cost);
+    const double link_us =
+        scale * (states ? (alone ? s.states_alone_us : s.states_link_us) : s.rerun_link_us);
     if (link_us <= 0) continue;
-    const double t = pass_us(ceil_div(columns, s.block_v), links, num_sms,
-                             states ? s.states_resident : s.resident, link_us,
-                             states ? s.states_alone_us : link_us);
+    const int resident = alone ? 1 : states ? s.states_resident : s.resident;
+    const double t = pass_us(ceil_div(columns, s.block_v), links, num_sms, resident, link_us,
+                             states ? scale * s.states_alone_us : link_us);
     if (best < 0 || t < best) {
       best = t;
       block_v = s.block_v;
@@ -114,20 +145,20 @@ double combine_us(int64_t pairs, int64_t P, int32_t num_sms) {
 }
 
 // Predicted recurrence time with segments of L chunks, chains of `chunks` chunks.
-double segmented_us(int64_t pairs, int64_t chunks, int64_t L, int32_t num_sms, int32_t &bv_a,
-                    int32_t &bv_c) {
+double segmented_us(int64_t pairs, int64_t chunks, int64_t L, int32_t num_sms,
+                    const ChunkCosts &cost, int32_t &bv_a, int32_t &bv_c) {
   const int64_t P = std::max<int64_t>(ceil_div(chunks, L), 2);
   // Phase A: value columns of segments 0..P-2, transition columns of segments 1..P-2.
   const int64_t columns_a = pairs * kHeadDim * ((P - 1) + (P - 2));
-  const double a = best_pass_us(PassCode::kStates, columns_a, L, num_sms, bv_a);
+  const double a = best_pass_us(PassCode::kStates, columns_a, L, num_sms, cost, bv_a);
   const double combine = combine_us(pairs, P, num_sms);
-  const double c = best_pass_us(PassCode::kGeneral, pairs * P * kHeadDim, L, num_sms, bv_c);
+  const double c = best_pass_us(PassCode::kGeneral, pairs * P * kHeadDim, L, num_sms, cost, bv_c);
   return a + combine + c + 2 * kLaunchUs;
 }
 
 // K1 alone on the GPU.
-double prepare_us(int64_t records, int32_t num_sms) {
-  return static_cast<double>(records) * kPrepareRecordUs / (num_sms * kPrepareCtasAlone);
+double prepare_us(int64_t records, int32_t num_sms, const ChunkCosts &cost) {
+  return static_cast<double>(records) * cost.k1_record_us / (num_sms * cost.k1_ctas_alone);
 }
 
 // SMs the whole-sequence pass leaves free (none where it runs in more than one wave).
@@ -138,14 +169,15 @@ int64_t free_sms(int64_t pairs, int32_t block_v, int32_t num_sms) {
 // K1 then the whole-sequence pass (k = 0), or K1 beside the pass (design §4.7): k K1
 // CTAs on each of the pass's SMs and kPrepareCtasAlone on each SM it leaves free. While K1
 // runs, the pass advances kBesideSlowdown times slower; the forward ends when both have.
-double k1_and_pass_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms, int k) {
-  const double pass = whole_us(pairs, chunks, block_v, num_sms);
+double k1_and_pass_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms, int k,
+                      const ChunkCosts &cost) {
+  const double pass = whole_us(pairs, chunks, block_v, num_sms, cost);
   const double records = static_cast<double>(pairs * chunks);
-  if (k == 0) return prepare_us(pairs * chunks, num_sms) + pass;
+  if (k == 0) return prepare_us(pairs * chunks, num_sms, cost) + pass;
   const int64_t ctas = pairs * (kHeadDim / block_v), free = free_sms(pairs, block_v, num_sms);
   const double rate =
-      static_cast<double>(std::min<int64_t>(ctas, num_sms) * k) / kPrepareBesideRecordUs +
-      static_cast<double>(free * kPrepareCtasAlone) / kPrepareRecordUs;
+      static_cast<double>(std::min<int64_t>(ctas, num_sms) * k) / cost.k1_beside_record_us +
+      static_cast<double>(free * cost.k1_ctas_alone) / cost.k1_record_us;
   const double beside = records / rate;
   return beside + std::max(0.0, pass - beside / kBesideSlowdown) + kOverlapUs;
 }
@@ -153,20 +185,22 @@ double k1_and_pass_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t nu
 // K1 CTAs per SM kept beside the pass at its start (at least overlap_min_ctas): one where
 // the free SMs write at least kFreeSupply of the records as fast as the pass reads them,
 // else as many as fit.
-int32_t overlap_max_ctas(int64_t pairs, int32_t block_v, int32_t num_sms) {
+int32_t overlap_max_ctas(int64_t pairs, int32_t block_v, int32_t num_sms, const ChunkCosts &cost) {
   const int64_t free = free_sms(pairs, block_v, num_sms);
-  const double free_rate = static_cast<double>(free * kPrepareCtasAlone) / kPrepareRecordUs;
-  const double pass_rate = static_cast<double>(pairs) / recurrence_shape(block_v)->whole_link_us;
-  return free_rate >= kFreeSupply * pass_rate ? 1 : kPrepareCtasAlone;
+  const double free_rate = static_cast<double>(free * cost.k1_ctas_alone) / cost.k1_record_us;
+  const RecurrenceShape &s = *recurrence_shape(block_v);
+  const double pass_rate = static_cast<double>(pairs) / (s.whole_link_us * link_scale(s, cost));
+  return free_rate >= kFreeSupply * pass_rate ? 1 : cost.k1_ctas_alone;
 }
 
 // Whether K1 can run beside the whole-sequence pass: not for varlen (records by sequence),
 // segments (the segment pass fills the GPU) or 2^31 items or more (K1's 32-bit counter). A
 // pass of more than one wave gets K1's items wave by wave (overlap_group).
-bool can_overlap(const ProblemSizes &z, int32_t segment_chunks, const PlanRequest &r) {
+bool can_overlap(const ProblemSizes &z, int32_t segment_chunks, const PlanRequest &r,
+                 const ChunkCosts &cost) {
   const int64_t pairs = z.num_seqs * z.heads;
   return r.overlap >= 0 && !z.varlen && segment_chunks == 0 && r.num_sms >= 1 &&
-         2 * pairs * ceil_div(z.seqlen, kChunk) < (int64_t{1} << 31);
+         2 * pairs * ceil_div(z.seqlen, cost.tokens) < (int64_t{1} << 31);
 }
 
 // K1's item groups beside the pass (design §4.7): the sequences whose pass CTAs one wave
@@ -180,12 +214,13 @@ int32_t overlap_group(const ProblemSizes &z, int32_t block_v, int32_t num_sms) {
 // then the pass (the launch overlaps where that many fit); 0 where none does or it cannot
 // run.
 int32_t overlap_min_ctas(const ProblemSizes &z, const Plan &plan, const PlanRequest &r) {
-  if (!can_overlap(z, plan.segment_chunks, r)) return 0;
+  const ChunkCosts &cost = costs_of(plan.chunk_tokens);
+  if (!can_overlap(z, plan.segment_chunks, r, cost)) return 0;
   if (r.overlap > 0) return 1;
-  const int64_t pairs = z.num_seqs * z.heads, chunks = ceil_div(z.seqlen, kChunk);
-  const double serial = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0);
-  for (int k = 1; k <= kPrepareCtasAlone; ++k)
-    if (k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, k) < serial) return k;
+  const int64_t pairs = z.num_seqs * z.heads, chunks = ceil_div(z.seqlen, cost.tokens);
+  const double serial = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0, cost);
+  for (int k = 1; k <= cost.k1_ctas_alone; ++k)
+    if (k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, k, cost) < serial) return k;
   return 0;
 }
 
@@ -213,9 +248,10 @@ int64_t prefix_bytes(int64_t num_seqs) {
 
 // Fills the offsets of plan from max_segments; false when over kMaxWorkspace.
 bool lay_out(int64_t total, int64_t heads, int64_t num_seqs, Plan &plan) {
-  const int64_t tiles = tiles_per_head(total, num_seqs);
+  const int tokens = plan.chunk_tokens == 32 ? 32 : kChunk;  // exact_workspace_bytes: 16
+  const int64_t tiles = tiles_per_head(total, num_seqs, tokens);
   const int64_t records =
-      mul_within(mul_within(heads, tiles, kMaxWorkspace), kRecordBytes, kMaxWorkspace);
+      mul_within(mul_within(heads, tiles, kMaxWorkspace), record_bytes(tokens), kMaxWorkspace);
   const int64_t prefix = prefix_bytes(num_seqs);
   plan.tile_prefix = records;
   plan.segment_prefix = add_within(records, prefix, kMaxWorkspace);
@@ -233,6 +269,68 @@ bool lay_out(int64_t total, int64_t heads, int64_t num_seqs, Plan &plan) {
   plan.overlap_sync = add_within(plan.ready, flags - int64_t{sizeof(OverlapSync)}, kMaxWorkspace);
   plan.workspace_bytes = add_within(plan.ready, flags, kMaxWorkspace);
   return plan.workspace_bytes >= 0;
+}
+
+// Chunk length, widths and segments of a plan for chunks of cost.tokens tokens (the rest of
+// make_plan follows from them); returns the predicted time of the call in microseconds.
+double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts &cost,
+                   Plan &plan) {
+  const int64_t total = z.batch * z.seqlen;
+  const int64_t pairs = z.num_seqs * z.heads;
+  const int64_t tiles = tiles_per_head(total, z.num_seqs, cost.tokens);
+  plan.chunk_tokens = cost.tokens;
+  plan.block_v = r.block_v != 0 ? r.block_v : pick_block_v(pairs, r.num_sms);
+
+  // Chunks of a typical sequence: exact when batched, the mean in varlen mode (the
+  // lengths live on the device; reading them would synchronise).
+  const int64_t chunks = z.varlen ? ceil_div(ceil_div(total, cost.tokens), z.num_seqs)
+                                  : ceil_div(z.seqlen, cost.tokens);
+  int64_t L = r.segment_chunks;
+  int32_t bv_a = plan.block_v, bv_c = plan.block_v;
+  double predicted = 0.0;
+  if (r.num_sms > 0) {
+    // K1 runs alone before the segment passes; beside the whole-sequence pass where that
+    // can run and pays with the H200's fit per width (config.h), or cost.k1_beside.
+    const int beside =
+        cost.k1_beside > 0 ? cost.k1_beside : recurrence_shape(plan.block_v)->prepare_beside;
+    const double k1 = prepare_us(pairs * chunks, r.num_sms, cost);
+    double whole = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0, cost);
+    if (can_overlap(z, 0, r, cost))
+      whole = std::min(whole, k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, beside, cost));
+    predicted = whole;
+    if (r.mode == FLASH_KDA_MODE_AUTO && L == 0) {
+      // Candidates: the shortest segments that give P = kMinSegments .. kFineSegmentCounts
+      // segments (so that a pass can just fill its waves), then doubling lengths below that.
+      double best = kMargin * whole - k1;  // the segmented recurrence to beat
+      auto consider = [&](int64_t cand) {
+        int32_t a = 0, c = 0;
+        const double t = segmented_us(pairs, chunks, cand, r.num_sms, cost, a, c);
+        if (t < best) {
+          best = t;
+          L = cand;
+          bv_a = a;
+          bv_c = c;
+        }
+      };
+      for (int64_t P = kMinSegments; P <= kFineSegmentCounts; ++P) {
+        const int64_t cand = ceil_div(chunks, P);
+        if (cand >= kMinSegmentChunks && ceil_div(chunks, cand) == P) consider(cand);
+      }
+      for (int64_t cand = kMinSegmentChunks; ceil_div(chunks, cand) > kFineSegmentCounts; cand *= 2)
+        consider(cand);
+      if (L > 0) predicted = best + k1;
+    }
+  }
+  if (L > 0 && r.segment_chunks > 0 && r.block_v == 0)
+    segmented_us(pairs, chunks, L, r.num_sms, cost, bv_a, bv_c);
+  if (L > 0) {
+    plan.segment_chunks = static_cast<int32_t>(std::min<int64_t>(L, int64_t{1} << 30));
+    plan.max_segments = z.varlen ? ceil_div(tiles, L) + z.num_seqs
+                                 : z.num_seqs * ceil_div(ceil_div(z.seqlen, cost.tokens), L);
+    plan.segment_block_v = r.block_v != 0 ? r.block_v : bv_a;
+    plan.block_v = r.block_v != 0 ? r.block_v : bv_c;
+  }
+  return predicted;
 }
 
 }  // namespace
@@ -280,58 +378,32 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
   if (r.overlap < -1 || r.overlap > 1) return "overlap must be -1, 0 or 1, got " + str(r.overlap);
   if (r.segment_chunks > 0 && r.mode != FLASH_KDA_MODE_AUTO)
     return "segment_chunks needs mode AUTO, got mode " + str(r.mode);
-  const int64_t total = z.batch * z.seqlen;
-  const int64_t pairs = z.num_seqs * z.heads;
-  const int64_t tiles = tiles_per_head(total, z.num_seqs);
-  plan.block_v = r.block_v != 0 ? r.block_v : pick_block_v(pairs, r.num_sms);
-
-  // Chunks of a typical sequence: exact when batched, the mean in varlen mode (the
-  // lengths live on the device; reading them would synchronise).
-  const int64_t chunks =
-      z.varlen ? ceil_div(ceil_div(total, kChunk), z.num_seqs) : ceil_div(z.seqlen, kChunk);
-  int64_t L = r.segment_chunks;
-  int32_t bv_a = plan.block_v, bv_c = plan.block_v;
-  if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && r.num_sms > 0) {
-    // Candidates: the shortest segments that give P = kMinSegments .. kFineSegmentCounts
-    // segments (so that a pass can just fill its waves), then doubling lengths below that.
-    // K1 runs alone before the segment passes; beside the whole-sequence pass where that
-    // can run and pays with the H200's fit per width (config.h).
-    const double k1 = prepare_us(pairs * chunks, r.num_sms);
-    double whole = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0);
-    if (can_overlap(z, 0, r))
-      whole = std::min(whole, k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms,
-                                             recurrence_shape(plan.block_v)->prepare_beside));
-    double best = kMargin * whole - k1;  // the segmented recurrence to beat
-    auto consider = [&](int64_t cand) {
-      int32_t a = 0, c = 0;
-      const double t = segmented_us(pairs, chunks, cand, r.num_sms, a, c);
-      if (t < best) {
-        best = t;
-        L = cand;
-        bv_a = a;
-        bv_c = c;
-      }
-    };
-    for (int64_t P = kMinSegments; P <= kFineSegmentCounts; ++P) {
-      const int64_t cand = ceil_div(chunks, P);
-      if (cand >= kMinSegmentChunks && ceil_div(chunks, cand) == P) consider(cand);
+  if (r.chunk_tokens != 0 && r.chunk_tokens != 16 && r.chunk_tokens != 32)
+    return "chunk_tokens must be 0, 16 or 32, got " + str(r.chunk_tokens);
+  if (r.chunk_tokens == 32 && r.mode != FLASH_KDA_MODE_AUTO)
+    return "chunk_tokens 32 needs mode AUTO, got mode " + str(r.mode);
+  if (r.chunk_tokens == 32 && z.checkpoint_every % 32 != 0)
+    return "chunk_tokens 32 needs checkpoint_every a multiple of 32 (or 0), got " +
+           str(z.checkpoint_every);
+  if (r.chunk_tokens != 0) {
+    plan_chunks(z, r, costs_of(r.chunk_tokens), plan);
+  } else {
+    // AUTO mode picks the chunk length the cost model predicts faster (forced segments
+    // keep 16 tokens, as flash_kda.h says).
+    const double t16 = plan_chunks(z, r, kCosts16, plan);
+    if (r.mode == FLASH_KDA_MODE_AUTO && r.segment_chunks == 0 && r.num_sms > 0 &&
+        z.checkpoint_every % 32 == 0) {
+      Plan p32{};
+      if (plan_chunks(z, r, kCosts32, p32) < t16) plan = p32;
     }
-    for (int64_t cand = kMinSegmentChunks; ceil_div(chunks, cand) > kFineSegmentCounts; cand *= 2)
-      consider(cand);
-  }
-  if (L > 0 && r.segment_chunks > 0 && r.block_v == 0)
-    segmented_us(pairs, chunks, L, r.num_sms, bv_a, bv_c);
-  if (L > 0) {
-    plan.segment_chunks = static_cast<int32_t>(std::min<int64_t>(L, int64_t{1} << 30));
-    plan.max_segments = z.varlen ? ceil_div(tiles, L) + z.num_seqs
-                                 : z.num_seqs * ceil_div(ceil_div(z.seqlen, kChunk), L);
-    plan.segment_block_v = r.block_v != 0 ? r.block_v : bv_a;
-    plan.block_v = r.block_v != 0 ? r.block_v : bv_c;
   }
   plan.overlap_min_ctas = overlap_min_ctas(z, plan, r);
+  const int64_t total = z.batch * z.seqlen;
+  const int64_t pairs = z.num_seqs * z.heads;
   if (plan.overlap_min_ctas > 0) {
     plan.overlap_max_ctas =
-        std::max(plan.overlap_min_ctas, overlap_max_ctas(pairs, plan.block_v, r.num_sms));
+        std::max(plan.overlap_min_ctas,
+                 overlap_max_ctas(pairs, plan.block_v, r.num_sms, costs_of(plan.chunk_tokens)));
     plan.overlap_group = overlap_group(z, plan.block_v, r.num_sms);
   }
   plan.longest_first = longest_first(z, plan, r);

@@ -23,6 +23,7 @@ struct ProblemSizes {
 };
 
 struct Plan {
+  int32_t chunk_tokens;      // tokens per chunk: 16, or 32 (AUTO mode; design §4.3)
   int32_t block_v;           // recurrence CTA width of the whole-sequence or rerun pass
   int32_t segment_chunks;    // 0 = one chain per sequence; else chunks per segment
   int32_t segment_block_v;   // CTA width of the segment pass
@@ -48,7 +49,8 @@ struct PlanRequest {
   int32_t block_v;         // 0 = pick
   int32_t segment_chunks;  // 0 = pick (AUTO mode)
   int32_t num_sms;
-  int32_t overlap;  // 0 = pick, 1 = wherever it can run, -1 = never
+  int32_t overlap;       // 0 = pick, 1 = wherever it can run, -1 = never
+  int32_t chunk_tokens;  // 0 = pick, 16 or 32 (32: AUTO mode only)
 };
 
 // "" when the sizes are within the limits, else what is wrong ("batch * seqlen must be

@@ -21,16 +21,9 @@ from conftest import (
 from flash_kda import _sizes, _validate, dispatch, reference
 from flash_kda._numerics import Ops
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
 BLOCK_VS = (32, 64, 128)
 DEV = "cuda"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def native_gpu():
-    if flash_kda.backend_for(DEV) != "native":
-        pytest.skip(f"no native path here: {dispatch.explain(DEV)[1]}")
-    assert Ops(torch.device(DEV)).exact_instructions, "the reference must run the probes"
 
 
 def run_native(p, block_v=0, workspace=None, overlap=0):

@@ -283,15 +283,18 @@ def test_auto_plan_segments_only_chain_bound_calls(lib, seqlen, heads, segmented
     not, and exact mode never is."""
     sizes = dict(batch=1, seqlen=seqlen, heads=heads, num_seqs=1)
     auto = lib.plan(valid_args(mode=1, **sizes))
-    chunks = -(-seqlen // 16)
+    assert auto.chunk_tokens in (16, 32), auto.chunk_tokens
+    chunks = -(-seqlen // auto.chunk_tokens)
     if segmented:
         assert auto.segment_chunks >= 8 and -(-chunks // auto.segment_chunks) >= 3, auto
         assert auto.max_segments == -(-chunks // auto.segment_chunks)
     else:
         assert auto.segment_chunks == 0 and auto.max_segments == 0, auto
-    assert lib.plan(valid_args(mode=0, **sizes)).segment_chunks == 0
-    forced = lib.plan(valid_args(mode=1, segment_chunks=40, **sizes))
-    assert forced.segment_chunks == 40 and forced.max_segments == -(-chunks // 40)
+    exact = lib.plan(valid_args(mode=0, **sizes))
+    assert exact.segment_chunks == 0 and exact.chunk_tokens == 16
+    forced = lib.plan(valid_args(mode=1, segment_chunks=40, **sizes))  # forced segments: 16 tokens
+    chunks = -(-seqlen // 16)
+    assert forced.chunk_tokens == 16 and forced.segment_chunks == 40 and forced.max_segments == -(-chunks // 40)
 
 
 @pytest.mark.parametrize(
@@ -335,3 +338,49 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
     assert forced == (0 if expect == "never" else 1)
     with pytest.raises(RuntimeError, match=re.escape("overlap must be -1, 0 or 1, got 2")):
         lib.plan(valid_args(mode=mode, overlap=2, **sizes))
+
+
+def test_chunk_length_rules(lib):
+    """Chunks are 16 tokens in exact mode and with forced segments; AUTO mode may pick 32
+    (docs/proposals/32-token-chunks.md) only where checkpoint_every is a multiple of 32;
+    a forced length outside those rules is refused with the reason."""
+    sizes = dict(batch=1, seqlen=8192, heads=6, num_seqs=1)
+    assert lib.plan(valid_args(mode=0, **sizes)).chunk_tokens == 16
+    assert lib.plan(valid_args(mode=1, chunk_tokens=16, **sizes)).chunk_tokens == 16
+    assert lib.plan(valid_args(mode=1, chunk_tokens=32, **sizes)).chunk_tokens == 32
+    assert lib.plan(valid_args(mode=1, segment_chunks=40, **sizes)).chunk_tokens == 16
+    with_checkpoints = dict(sizes, checkpoints=0xA000, checkpoints_dtype=1, checkpoint_slots=1 << 20)
+    assert lib.plan(valid_args(mode=1, checkpoint_every=48, **with_checkpoints)).chunk_tokens == 16
+    for overrides, reason in [
+        (dict(mode=0, chunk_tokens=32), "chunk_tokens 32 needs mode AUTO, got mode 0"),
+        (dict(mode=1, chunk_tokens=24), "chunk_tokens must be 0, 16 or 32, got 24"),
+        (dict(mode=1, chunk_tokens=32, checkpoint_every=48, **with_checkpoints), "multiple of 32 (or 0), got 48"),
+    ]:
+        args = valid_args(**dict(sizes, **overrides))
+        with pytest.raises(RuntimeError, match=re.escape(reason)):
+            lib.plan(args)
+
+
+def test_32_token_workspace_holds_its_records(lib):
+    """A 32-token plan's workspace holds H (ceil(T / 32) + N) records of 28,288 bytes
+    (workspace.h RecordLayout<2>) besides its flags and segment buffers."""
+    for batch, seqlen, heads in [(1, 8192, 6), (3, 1000, 2), (1, 1, 1)]:
+        sizes = dict(batch=batch, seqlen=seqlen, heads=heads, num_seqs=batch)
+        plan = lib.plan(valid_args(mode=1, chunk_tokens=32, **sizes))
+        records = heads * (-(-batch * seqlen // 32) + batch) * 28288
+        assert plan.workspace_bytes >= records, (plan.workspace_bytes, records)
+
+
+def test_plan_info_of_abi_3_callers(lib):
+    """A caller built against ABI 3 passes the shorter plan struct: it gets the fields it
+    has, and nothing past its struct_size is written."""
+    buf = (ctypes.c_uint8 * ctypes.sizeof(_native.FwdPlan))(*([0xAB] * ctypes.sizeof(_native.FwdPlan)))
+    plan = _native.FwdPlan.from_buffer(buf)
+    plan.struct_size = _native.FwdPlan.chunk_tokens.offset
+    args = valid_args(mode=1)
+    args.struct_size = ctypes.sizeof(_native.FwdArgs)
+    assert lib._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan)) == 0
+    assert plan.block_v in (32, 64, 128) and plan.workspace_bytes > 0
+    assert bytes(buf[_native.FwdPlan.chunk_tokens.offset :]) == b"\xab" * (
+        len(buf) - _native.FwdPlan.chunk_tokens.offset
+    )

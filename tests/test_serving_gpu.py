@@ -23,15 +23,9 @@ from conftest import (
 )
 from flash_kda import dispatch, fallback, reference
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
 DEV = "cuda"
 bf16, fp32 = torch.bfloat16, torch.float32
-
-
-@pytest.fixture(scope="module", autouse=True)
-def native_gpu():
-    if flash_kda.backend_for(DEV) != "native":
-        pytest.skip(f"no native path here: {dispatch.explain(DEV)[1]}")
 
 
 def run_exact(p):

@@ -148,10 +148,11 @@ def fwd(
     exact : bool, optional
         True: bit-exact FlashKDA numerics (out, final_state and checkpoints bitwise equal
         to :func:`flash_kda.reference.fwd` on the same GPU; a checkpoint at token t equals
-        the final_state of the first t tokens). False: long sequences with few heads may
-        be split into segments whose start states are combined in fp32: deterministic,
-        within the accuracy contract, not bit-exact. None (default): True when the
-        environment variable ``FLASH_KDA_EXACT`` is ``"1"``, else False.
+        the final_state of the first t tokens). False: where the library's plan predicts
+        a gain, long sequences with few heads are split into segments whose start states
+        are combined in fp32, and chains may run 32-token chunks (docs/design.md §4.8):
+        deterministic, within the accuracy contract, not bit-exact. None (default): True
+        when the environment variable ``FLASH_KDA_EXACT`` is ``"1"``, else False.
 
     Raises
     ------

@@ -12,7 +12,7 @@ import os
 import threading
 from typing import NamedTuple, Optional
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 LIBRARY_NAME = "libflash_kda.so"
 LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
 
@@ -101,7 +101,7 @@ class FwdArgs(ctypes.Structure):
         ("mode", _i32),
         ("segment_chunks", _i32),
         ("overlap", _i32),
-        ("reserved3", _i32),
+        ("chunk_tokens", _i32),
     ]
 
 
@@ -117,6 +117,8 @@ class FwdPlan(ctypes.Structure):
         ("workspace_bytes", _i64),
         ("overlap_min_ctas", _i32),
         ("overlap_max_ctas", _i32),
+        ("chunk_tokens", _i32),
+        ("reserved4", _i32),
     ]
 
 

@@ -172,7 +172,9 @@ def _word_aligned(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return x.clone(memory_format=torch.contiguous_format)
 
 
-def native_args(call: _validate.FwdCall, num_sms: int, block_v: int = 0, segment_chunks: int = 0, overlap: int = 0):
+def native_args(
+    call: _validate.FwdCall, num_sms: int, block_v: int = 0, segment_chunks: int = 0, overlap: int = 0, chunk: int = 0
+):
     """``(flash_kda_fwd_args, tensors to keep alive until the launch)`` of a call."""
     cu, indices = call.cu_seqlens, call.state_indices
     if cu is not None:
@@ -200,7 +202,7 @@ def native_args(call: _validate.FwdCall, num_sms: int, block_v: int = 0, segment
         checkpoint_every=call.checkpoint_every if checkpoints is not None else 0,
         checkpoint_slots=checkpoints.shape[0] if checkpoints is not None else 0,
         mode=_native.MODE_EXACT if call.exact else _native.MODE_AUTO, segment_chunks=segment_chunks,
-        overlap=overlap,
+        overlap=overlap, chunk_tokens=chunk,
     )  # fmt: skip
     (q, k, v, g, out, beta) = call.strides  # (batch, token, head) of each, in the struct's order
     _STRIDES.pack_into(args, _native.FwdArgs.q_strides.offset, *q, *k, *v, *g, *out, *beta)
@@ -212,10 +214,12 @@ def validated(*args, exact: bool = True, **keywords) -> _validate.FwdCall:
     return _validate.check_fwd(*args, exact=exact, **keywords)
 
 
-def plan_of(call: _validate.FwdCall, block_v: int = 0, segment_chunks: int = 0, overlap: int = 0) -> _native.FwdPlan:
-    """The library's plan (block_v, segments, K1 overlap, workspace bytes) for a validated
-    CUDA call."""
-    args, _ = native_args(call, device_facts(_cuda_index(call.device))[1], block_v, segment_chunks, overlap)
+def plan_of(
+    call: _validate.FwdCall, block_v: int = 0, segment_chunks: int = 0, overlap: int = 0, chunk: int = 0
+) -> _native.FwdPlan:
+    """The library's plan (chunk length, block_v, segments, K1 overlap, workspace bytes) for
+    a validated CUDA call."""
+    args, _ = native_args(call, device_facts(_cuda_index(call.device))[1], block_v, segment_chunks, overlap, chunk)
     return _native.load().plan(args)
 
 
@@ -226,7 +230,7 @@ def _workspace_bytes(lib, args) -> int:
     """``lib.plan(args).workspace_bytes``, remembered per plan input (a plan call and its
     argument struct cost ~25 us of the ~120 us a call spends on the CPU)."""
     key = (args.batch, args.seqlen, args.heads, args.num_seqs, bool(args.cu_seqlens), args.checkpoint_every,
-           args.mode, args.block_v, args.segment_chunks, args.num_sms, args.overlap)  # fmt: skip
+           args.mode, args.block_v, args.segment_chunks, args.num_sms, args.overlap, args.chunk_tokens)  # fmt: skip
     size = _plans.get(key)
     if size is None:
         if len(_plans) >= 4096:
@@ -270,6 +274,7 @@ def run_native(
     block_v: int = 0,
     segment_chunks: int = 0,
     overlap: int = 0,
+    chunk: int = 0,
     workspace: Optional[torch.Tensor] = None,
 ) -> None:
     """Call the C ABI on the current stream of the call's device.
@@ -277,7 +282,8 @@ def run_native(
     ``block_v`` 0 lets the library pick (tests force 32/64/128); ``segment_chunks`` > 0
     forces the segment length of AUTO mode (``call.exact`` False); ``overlap`` 1 / -1
     forces K1 beside the whole-sequence pass on / off (0: the plan decides, design
-    section 4.7; no result changes); ``workspace`` (uint8 on
+    section 4.7; no result changes); ``chunk`` 16 or 32 forces the chunk length (32: AUTO
+    mode only; 0: the plan decides); ``workspace`` (uint8 on
     the device, at least ``lib.plan(args).workspace_bytes``) may be given to inspect the
     records afterwards; by default it comes from PyTorch's allocator.
     """
@@ -285,7 +291,7 @@ def run_native(
     device = call.device
     index = _cuda_index(device)
     cc, num_sms = device_facts(index)
-    args, keep_alive = native_args(call, num_sms, block_v, segment_chunks, overlap)
+    args, keep_alive = native_args(call, num_sms, block_v, segment_chunks, overlap, chunk)
     if workspace is None:
         workspace = torch.empty(_workspace_bytes(lib, args), dtype=torch.uint8, device=device)
     args.workspace = workspace.data_ptr()

@@ -47,6 +47,10 @@ struct RecurrenceShape {
   // launch computes the device's own, launch.cuh plan_overlap); the plan's choice between
   // segments and the whole pass assumes it.
   int prepare_beside;
+  // A 32-token link (kBlocks = 2, one CTA per SM in every pass) against a 16-token link of
+  // the same width at one CTA per SM, on the H200 (benchmarks/NOTES.md step 48: the plain
+  // pass with K1 before it at T=8192, H=24 for <1, 4>, H=48 for <1, 8>, H=96 for <2, 8>).
+  double chunk32_link_scale;
 };
 
 // block_v -> <kNB, kWarps>, chosen on the H200 with benchmarks/bench_fwd.py --block-v
@@ -59,9 +63,9 @@ struct RecurrenceShape {
 // Three widths instead of the style's two: each width's best shape differs and the
 // benchmarks above show the gain.
 constexpr RecurrenceShape kRecurrenceShapes[] = {
-    {32, 1, 4, 1, 1, 0.56, 0.0, 0.0, 0.0, 3},
-    {64, 1, 8, 2, 2, 0.86, 1.10, 1.10, 1.65, 5},
-    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.15, 3},
+    {32, 1, 4, 1, 1, 0.56, 0.0, 0.0, 0.0, 3, 1.50},
+    {64, 1, 8, 2, 2, 0.86, 1.10, 1.10, 1.65, 5, 1.80},
+    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.15, 3, 1.96},
 };
 constexpr int kNumRecurrenceShapes = 3;
 
@@ -84,10 +88,12 @@ constexpr int combine_rows(int64_t pairs, int64_t num_sms) {
   return pairs * 16 <= num_sms ? 8 : 16;
 }
 
-// CTAs per SM the instantiation <nb, warps, code> is compiled for (its __launch_bounds__):
-// the whole-sequence kernel runs one per SM (its grid is at most one wave).
-constexpr int resident_ctas(int nb, int warps, PassCode code) {
-  if (code == PassCode::kPlain) return 1;
+// CTAs per SM the instantiation <nb, warps, code, blocks> is compiled for (its
+// __launch_bounds__): the whole-sequence kernel runs one per SM (its grid is at most one
+// wave), and so does every 32-token pass (blocks = 2): its link holds two blocks' inputs,
+// which spilled at the two-CTA register cap (benchmarks/NOTES.md step 46).
+constexpr int resident_ctas(int nb, int warps, PassCode code, int blocks = 1) {
+  if (code == PassCode::kPlain || blocks > 1) return 1;
   for (int i = 0; i < kNumRecurrenceShapes; ++i)
     if (kRecurrenceShapes[i].nb == nb && kRecurrenceShapes[i].warps == warps)
       return code == PassCode::kStates ? kRecurrenceShapes[i].states_resident

@@ -68,13 +68,35 @@ inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, 
 }
 
 // What the launches read about the current device: its attributes, and K1's occupancy and
-// footprint (a property of the module). Queried once per device and remembered (they do
-// not change while the process runs): ~10 runtime queries fewer a call.
+// footprint (a property of the module) for 16- and 32-token records. Queried once per
+// device and remembered (they do not change while the process runs): ~10 runtime queries
+// fewer a call. The 32-token K1's dynamic shared-memory limit is raised here, once.
 struct DeviceFacts {
   int sms, regs_sm, smem_optin, smem_sm, threads_sm;
-  int k1_alone;  // prepare_overlap_kernel CTAs per SM by itself
-  Footprint k1;  // what one of them holds
+  int k1_alone[2];  // prepare_overlap_kernel<blocks> CTAs per SM by itself, blocks = 1, 2
+  Footprint k1[2];  // what one of them holds
 };
+
+// K1 for chunks of `blocks` 16-token blocks: its kernels, threads and dynamic shared memory.
+struct K1Launch {
+  const void *kernel, *overlap;
+  int threads, smem;
+};
+
+inline K1Launch k1_launch(int blocks) {
+  if (blocks == 2)
+    return {reinterpret_cast<const void *>(prepare_kernel<2>),
+            reinterpret_cast<const void *>(prepare_overlap_kernel<2>), K1Shape<2>::kThreads,
+            K1Shape<2>::kDynamicSmem};
+  return {reinterpret_cast<const void *>(prepare_kernel<1>),
+          reinterpret_cast<const void *>(prepare_overlap_kernel<1>), K1Shape<1>::kThreads,
+          K1Shape<1>::kDynamicSmem};
+}
+
+// Chunks of the call, in 16-token blocks (1 or 2).
+inline int chunk_blocks(const FwdParams &p) {
+  return p.chunk_shift == 5 ? 2 : 1;
+}
 
 inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
   const std::pair<int *, cudaDeviceAttr> attrs[] = {
@@ -87,11 +109,21 @@ inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
     const cudaError_t err = cudaDeviceGetAttribute(value, attr, device);
     if (err != cudaSuccess) return err;
   }
-  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &f.k1_alone, prepare_overlap_kernel, kPrepareThreads, 0);
-  if (err != cudaSuccess) return err;
-  return footprint(reinterpret_cast<const void *>(prepare_overlap_kernel), kPrepareThreads, 0,
-                   f.k1);
+  for (int blocks = 1; blocks <= 2; ++blocks) {
+    const K1Launch k1 = k1_launch(blocks);
+    for (const void *kernel : {k1.kernel, k1.overlap}) {
+      if (k1.smem == 0) continue;
+      const cudaError_t err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k1.smem);
+      if (err != cudaSuccess) return err;
+    }
+    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &f.k1_alone[blocks - 1], k1.overlap, k1.threads, k1.smem);
+    if (err != cudaSuccess) return err;
+    err = footprint(k1.overlap, k1.threads, k1.smem, f.k1[blocks - 1]);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 // The current device's facts: devices 0..63 are queried on first use (a failed query is
@@ -118,7 +150,7 @@ inline cudaError_t device_facts(DeviceFacts &out) {
 }
 
 // v as a 4-D tensor (128 columns, heads, tokens, batch) with the caller's strides, for
-// K2's tensor copies: one box is the [16 tokens, p.block_v columns] tile of one head; tokens
+// K2's tensor copies: one box is the [chunk tokens, p.block_v columns] tile of one head; tokens
 // past the end of a batch row read as zeros.
 inline cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -133,7 +165,8 @@ inline cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
   };
   const cuuint64_t strides[3] = {bytes(s.head, p.heads), bytes(s.token, p.seqlen),
                                  bytes(s.batch, p.batch)};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(p.block_v), 1, kChunk, 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(p.block_v), 1,
+                             static_cast<cuuint32_t>(kChunk * chunk_blocks(p)), 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
   const CUresult res =
       encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<uint16_t *>(p.v), dims, strides,
@@ -152,9 +185,9 @@ struct PassLaunch {
   FwdParams params;
 };
 
-// Pass `pass` of recurrence_kernel<kNB, kWarps, kCode> (grid: units x heads x column
-// slices).
-template <int kNB, int kWarps, PassCode kCode>
+// Pass `pass` of recurrence_kernel<kNB, kWarps, kCode, kBlocks> (grid: units x heads x
+// column slices).
+template <int kNB, int kWarps, PassCode kCode, int kBlocks>
 LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch &out) {
   constexpr int kBlockV = 8 * kNB * kWarps;
   DeviceFacts device;
@@ -164,13 +197,14 @@ LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch
   out.params.pass = pass;
   out.params.block_v = kBlockV;
   // As deep a ring as lets resident_ctas CTAs share an SM (1 KB per CTA is reserved).
-  constexpr int kResident = resident_ctas(kNB, kWarps, kCode);
+  constexpr int kResident = resident_ctas(kNB, kWarps, kCode, kBlocks);
   const int per_cta = std::min(device.smem_optin, device.smem_sm / kResident - 1024);
-  out.params.stages = std::min(kMaxStages, (per_cta - kBarrierBytes) / stage_bytes(kBlockV));
+  out.params.stages =
+      std::min(kMaxStages / kBlocks, (per_cta - kBarrierBytes) / stage_bytes(kBlockV, kBlocks));
   if (out.params.stages < 2)
     return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
-  out.kernel = reinterpret_cast<const void *>(recurrence_kernel<kNB, kWarps, kCode>);
-  out.smem = recurrence_smem_bytes(kBlockV, out.params.stages);
+  out.kernel = reinterpret_cast<const void *>(recurrence_kernel<kNB, kWarps, kCode, kBlocks>);
+  out.smem = recurrence_smem_bytes(kBlockV, out.params.stages, kBlocks);
   out.threads = 32 * (kWarps + 1);
   const int64_t units = pass == ChainPass::kWhole ? p.num_seqs : p.max_segments;
   const int columns = pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
@@ -182,31 +216,38 @@ LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch
 }
 
 // The pass at the width the plan chose; the widths are config.h's.
-template <PassCode kCode>
+template <PassCode kCode, int kBlocks>
 LaunchStatus configure_width(const FwdParams &p, ChainPass pass, int block_v, PassLaunch &out) {
   constexpr RecurrenceShape s0 = kRecurrenceShapes[0], s1 = kRecurrenceShapes[1],
                             s2 = kRecurrenceShapes[2];
   static_assert(kNumRecurrenceShapes == 3, "one case per config.h instantiation");
   switch (block_v) {
     case s0.block_v:
-      return configure_recurrence<s0.nb, s0.warps, kCode>(p, pass, out);
+      return configure_recurrence<s0.nb, s0.warps, kCode, kBlocks>(p, pass, out);
     case s1.block_v:
-      return configure_recurrence<s1.nb, s1.warps, kCode>(p, pass, out);
+      return configure_recurrence<s1.nb, s1.warps, kCode, kBlocks>(p, pass, out);
     case s2.block_v:
-      return configure_recurrence<s2.nb, s2.warps, kCode>(p, pass, out);
+      return configure_recurrence<s2.nb, s2.warps, kCode, kBlocks>(p, pass, out);
     default:
       return {cudaErrorInvalidValue, "recurrence_kernel block_v (not in config.h)"};
   }
+}
+
+// The pass for the call's chunk length (16 or 32 tokens).
+template <PassCode kCode>
+LaunchStatus configure_chunk(const FwdParams &p, ChainPass pass, int block_v, PassLaunch &out) {
+  if (chunk_blocks(p) == 2) return configure_width<kCode, 2>(p, pass, block_v, out);
+  return configure_width<kCode, 1>(p, pass, block_v, out);
 }
 
 // The instantiation of a pass (config.h: PassCode): the whole-sequence pass without
 // checkpoints and the segment pass have their own, the rerun and checkpoints the general one.
 inline LaunchStatus configure_pass(const FwdParams &p, ChainPass pass, int block_v,
                                    PassLaunch &out) {
-  if (pass == ChainPass::kSegment) return configure_width<PassCode::kStates>(p, pass, block_v, out);
+  if (pass == ChainPass::kSegment) return configure_chunk<PassCode::kStates>(p, pass, block_v, out);
   if (pass == ChainPass::kWhole && p.checkpoints == nullptr)
-    return configure_width<PassCode::kPlain>(p, pass, block_v, out);
-  return configure_width<PassCode::kGeneral>(p, pass, block_v, out);
+    return configure_chunk<PassCode::kPlain>(p, pass, block_v, out);
+  return configure_chunk<PassCode::kGeneral>(p, pass, block_v, out);
 }
 
 // cudaLaunchKernelExC of `kernel` on `stream`; `programmatic`: it may start once every CTA
@@ -243,8 +284,9 @@ inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_
 // once every pass CTA is resident.
 inline LaunchStatus launch_prepare_extra(FwdParams k1, int64_t ctas, cudaStream_t stream) {
   void *args[] = {&k1};
-  const cudaError_t launch = launch_kernel(reinterpret_cast<const void *>(prepare_overlap_kernel),
-                                           ctas, kPrepareThreads, 0, args, true, stream);
+  const K1Launch shape = k1_launch(chunk_blocks(k1));
+  const cudaError_t launch =
+      launch_kernel(shape.overlap, ctas, shape.threads, shape.smem, args, true, stream);
   if (launch != cudaSuccess) return {launch, "prepare_overlap_kernel launch (free SMs)"};
   return launch_status("prepare_overlap_kernel launch (free SMs)");
 }
@@ -286,13 +328,15 @@ inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, in
   cudaError_t err = device_facts(d);
   if (err != cudaSuccess) return {err, "prepare_kernel device query"};
   sms = d.sms;
-  alone = d.k1_alone;
+  const int blocks = chunk_blocks(p);
+  alone = d.k1_alone[blocks - 1];
+  const Footprint &k1 = d.k1[blocks - 1];
   Footprint k2;
   err = footprint(first.kernel, first.threads, first.smem, k2);
   if (err != cudaSuccess) return {err, "recurrence_kernel attributes"};
   const int beside =
-      std::min({alone, (d.regs_sm / 4 - k2.sub_partition_regs) / d.k1.sub_partition_regs,
-                (d.smem_sm - k2.smem) / d.k1.smem, (d.threads_sm - k2.threads) / d.k1.threads});
+      std::min({alone, (d.regs_sm / 4 - k2.sub_partition_regs) / k1.sub_partition_regs,
+                (d.smem_sm - k2.smem) / k1.smem, (d.threads_sm - k2.threads) / k1.threads});
   if (beside >= p.overlap_min_ctas) keep = std::min(beside, p.overlap_max_ctas);
   return {cudaSuccess, nullptr};
 }
@@ -317,16 +361,22 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (st.error != cudaSuccess) return st;
   const bool overlap = keep > 0;
   FwdParams k1 = p;
+  const K1Launch shape = k1_launch(chunk_blocks(p));
+  void *args[] = {&k1};
+  cudaError_t launch = cudaSuccess;
   if (overlap) {
     const size_t bytes = static_cast<size_t>(ready_bytes(p.heads, p.tiles_per_head));
     const cudaError_t err = cudaMemsetAsync(p.ready, 0, bytes, stream);
     if (err != cudaSuccess) return {err, "ready flags (memset)"};
-    prepare_overlap_kernel<<<static_cast<unsigned>(keep * sms), kPrepareThreads, 0, stream>>>(k1);
+    launch = cudaLaunchKernel(shape.overlap, dim3(static_cast<unsigned>(keep * sms)),
+                              dim3(shape.threads), args, shape.smem, stream);
   } else {
     k1.ready = first.params.ready = nullptr;
-    prepare_kernel<<<dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads)),
-                     kPrepareThreads, 0, stream>>>(k1);
+    launch = cudaLaunchKernel(
+        shape.kernel, dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads)),
+        dim3(shape.threads), args, shape.smem, stream);
   }
+  if (launch != cudaSuccess) return {launch, "prepare_kernel launch"};
   st = launch_status("prepare_kernel launch");
   if (st.error != cudaSuccess) return st;
   st = launch_pass(first, overlap, stream);

@@ -68,7 +68,8 @@ struct FwdParams {
 
   // Workspace (plan.cpp lay_out): records, the prefix arrays, the segment buffers, then
   // the ready flags and K1's counter.
-  uint8_t *records;        // [heads, tiles_per_head, kRecordBytes]
+  uint8_t *records;        // [heads, tiles_per_head, record_bytes(16 << (chunk_shift - 4))]
+  int32_t chunk_shift;     // log2 of the tokens of a chunk: 4 (16, exact mode) or 5 (32)
   int64_t tiles_per_head;  // record stride of one head
   int64_t prepare_tiles;   // records per head K1 covers: exact in batched mode, upper
                            // bound in varlen

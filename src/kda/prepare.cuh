@@ -46,11 +46,15 @@ struct PrepareSmem {
 enum Tile { kQ = 0, kK = 1, kG = 2, kQd = 0, kKd = 1, kKi = 2 };
 
 // Step 0: q, k, g rows t < n (zeros beyond), beta -> b_t = sig(f(beta_t)). Thread t
-// loads 16-byte vector t % 16 of rows t / 16 and t / 16 + 8 of each tile (one row base
-// per tensor, then one multiply-add per row: K1 is issue-bound, ncu H200).
-__device__ __forceinline__ void load_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
-                                           PrepareSmem &sm) {
-  static_assert(kPrepareThreads == 8 * 16, "16 vectors per row, 8 rows per pass");
+// loads 16-byte vector t % 16 of rows t / 16 + kStep r (kStep = threads / 16) of each tile
+// (one row base per tensor, then one multiply-add per row: K1 is issue-bound, ncu H200).
+// kRows = 16 or 32 (a 32-token chunk, K1 of 256 threads).
+template <int kRows, int kThreads>
+__device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const ChunkRef &ch,
+                                          uint16_t (*const x[3])[kRow], uint16_t *beta_bf,
+                                          float *beta_h) {
+  constexpr int kStep = kThreads / 16;
+  static_assert(kRows % kStep == 0, "16 vectors per row, kStep rows per pass");
   const int vec = threadIdx.x % 16, row0 = threadIdx.x / 16;
   const uint16_t *const src[3] = {p.q, p.k, p.g};
   const Strides *const st[3] = {&p.q_strides, &p.k_strides, &p.g_strides};
@@ -59,35 +63,43 @@ __device__ __forceinline__ void load_chunk(const FwdParams &p, int64_t h, const 
     const uint4 *base = reinterpret_cast<const uint4 *>(
                             src[which] + token_offset(*st[which], ch.b, ch.t0 + row0, h)) +
                         vec;
-    const int64_t step = st[which]->token;  // 8 rows of token stride s: 8 s bf16 = s vectors
+    const int64_t step = st[which]->token;  // kStep rows of token stride s: kStep s / 8 vectors
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + 8 * r;
-      const uint4 val = row < ch.n ? __ldg(base + r * step) : make_uint4(0, 0, 0, 0);
-      reinterpret_cast<uint4 *>(sm.x[which][row])[vec] = val;
+    for (int r = 0; r < kRows / kStep; ++r) {
+      const int row = row0 + kStep * r;
+      const uint4 val = row < ch.n ? __ldg(base + r * step * (kStep / 8)) : make_uint4(0, 0, 0, 0);
+      reinterpret_cast<uint4 *>(x[which][row])[vec] = val;
     }
   }
-  if (threadIdx.x < kChunk) {
+  if (threadIdx.x < kRows) {
     const int t = threadIdx.x;
     const uint32_t raw =
         t < ch.n ? __ldg(p.beta + token_offset(p.beta_strides, ch.b, ch.t0 + t, h)) : 0u;
     const float b = sigmoid_tanh(bf16_to_f32(raw));
-    sm.beta_bf[t] = static_cast<uint16_t>(f32_to_bf16(b));
-    sm.beta_h[t] = f16_to_f32(f32_to_f16(b));
+    beta_bf[t] = static_cast<uint16_t>(f32_to_bf16(b));
+    beta_h[t] = f16_to_f32(f32_to_f16(b));
   }
+}
+
+__device__ __forceinline__ void load_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
+                                           PrepareSmem &sm) {
+  uint16_t (*const x[3])[kRow] = {sm.x[0], sm.x[1], sm.x[2]};
+  load_rows<kChunk, kPrepareThreads>(p, h, ch, x, sm.beta_bf, sm.beta_h);
 }
 
 // Step 2: x_hat = bf(f(x) * RSQ(T + 1e-6)) with T the fixed reduction tree of design §3.2 step 2:
 // 16 segments of 8 elements, fma partials in element order, then a butterfly (xor 8, 4, 2, 1) over
-// the segments. Required. Thread = (segment j, rows r and r + 8) of q and of k; the 16 lanes
+// the segments. Required. Thread = (segment j, rows r0 + kStep rr) of q and of k; the 16 lanes
 // holding one row's segments form a half-warp.
-__device__ __forceinline__ void l2_normalize(PrepareSmem &sm) {
+template <int kRows, int kThreads>
+__device__ __forceinline__ void l2_normalize_rows(uint16_t (*const x[2])[kRow]) {
+  constexpr int kStep = kThreads / 16;
   const int j = threadIdx.x % 16, r0 = threadIdx.x / 16;
 #pragma unroll
   for (int which = 0; which < 2; ++which) {
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      uint4 *seg = reinterpret_cast<uint4 *>(&sm.x[which][r0 + 8 * rr][8 * j]);
+    for (int rr = 0; rr < kRows / kStep; ++rr) {
+      uint4 *seg = reinterpret_cast<uint4 *>(&x[which][r0 + kStep * rr][8 * j]);
       const uint4 raw = *seg;
       const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
       float partial = 0.f;
@@ -110,9 +122,13 @@ __device__ __forceinline__ void l2_normalize(PrepareSmem &sm) {
   }
 }
 
+__device__ __forceinline__ void l2_normalize(PrepareSmem &sm) {
+  uint16_t (*const x[2])[kRow] = {sm.x[kQ], sm.x[kK]};
+  l2_normalize_rows<kChunk, kPrepareThreads>(x);
+}
+
 // The 4-byte word holding elements (row, col), (row, col + 1) of a padded tile.
-__device__ __forceinline__ uint32_t tile_pair(const uint16_t (&tile)[kChunk][kRow], int row,
-                                              int col) {
+__device__ __forceinline__ uint32_t tile_pair(const uint16_t (*tile)[kRow], int row, int col) {
   return *reinterpret_cast<const uint32_t *>(&tile[row][col]);
 }
 
@@ -131,24 +147,32 @@ constexpr int kPairs = kHeadDim / 2;
 constexpr uint32_t kHandoffBarrier = 1;
 static_assert(kPrepareThreads == 2 * kPairs, "thread = (channel pair, token half)");
 
-// Steps 1, 3, 4: G[j] = cumulative sum of gamma up to row 8 th + j of both channels
-// (sequential, fp32, FTZ). Ends with sm.decay[c] = e[c] = EX2(G[15][c]) (step 5).
-__device__ __forceinline__ void gate_cumsum(const FwdParams &p, int64_t h, int n, PrepareSmem &sm,
-                                            float2 (&G)[kChunk / 2]) {
-  const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
+// Steps 1, 3 for the thread's channel pair cp and rows 8 th .. 8 th + 7 of the raw gate
+// tile: gamma[j] of both channels, 0 for rows t >= n (selected, not branched).
+__device__ __forceinline__ void gate_values(const FwdParams &p, int64_t h, int n,
+                                            const uint16_t (*g)[kRow], int cp, int th,
+                                            float2 (&gamma)[8]) {
   const float a = ex2_approx(mul_ftz(__ldg(p.A_log + h), kLog2eF));
   const float2 dt = __ldg(reinterpret_cast<const float2 *>(p.dt_bias + h * kHeadDim) + cp);
-  float2 gamma[kChunk / 2];
 #pragma unroll
-  for (int j = 0; j < kChunk / 2; ++j) {  // rows t >= n: gamma = 0 (selected, not branched)
+  for (int j = 0; j < 8; ++j) {
     const int t = 8 * th + j;
-    const uint32_t w = tile_pair(sm.x[kG], t, 2 * cp);
+    const uint32_t w = tile_pair(g, t, 2 * cp);
     const float y0 = mul_ftz(add_ftz(bf16_to_f32(lo16(w)), dt.x), a);
     const float y1 = mul_ftz(add_ftz(bf16_to_f32(hi16(w)), dt.y), a);
     const float g0 = mul_ftz(p.gate_scale, sigmoid_tanh(y0));
     const float g1 = mul_ftz(p.gate_scale, sigmoid_tanh(y1));
     gamma[j] = t < n ? make_float2(g0, g1) : make_float2(0.f, 0.f);
   }
+}
+
+// Steps 1, 3, 4: G[j] = cumulative sum of gamma up to row 8 th + j of both channels
+// (sequential, fp32, FTZ). Ends with sm.decay[c] = e[c] = EX2(G[15][c]) (step 5).
+__device__ __forceinline__ void gate_cumsum(const FwdParams &p, int64_t h, int n, PrepareSmem &sm,
+                                            float2 (&G)[kChunk / 2]) {
+  const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
+  float2 gamma[kChunk / 2];
+  gate_values(p, h, n, sm.x[kG], cp, th, gamma);
   float2 *const handoff = reinterpret_cast<float2 *>(sm.decay) + cp;
   float2 acc = make_float2(0.f, 0.f);
   if (th == 1) {  // G[7] of the first half
@@ -193,64 +217,119 @@ __device__ __forceinline__ void apply_decays(const FwdParams &p, const float2 (&
 
 // Lane's A fragment of the 16x16 block of `tile` at columns [16 kb, 16 kb + 16): one
 // ldmatrix, matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15), rows first.
-__device__ __forceinline__ uint4 a_frag(const uint16_t (&tile)[kChunk][kRow], int kb) {
+__device__ __forceinline__ uint4 a_frag(const uint16_t (*tile)[kRow], int kb) {
   const int lane = threadIdx.x % 32;
   uint32_t d[4];
   ldmatrix_x4(&tile[lane % 8 + 8 * (lane / 8 % 2)][16 * kb + 8 * (lane / 16)], d);
   return make_uint4(d[0], d[1], d[2], d[3]);
 }
 
-// Steps 7, 8: warp w computes columns [8 (w % 2), +8) of L = Kd Ki^T (w < 2, scaled by
-// beta, strictly lower, fp16 into lmat) or of Mqk = Qd Ki^T (w >= 2, lower with the
-// diagonal, bf16 in fragment order). MMA32 over k-blocks 0..7 in order; required.
-__device__ __forceinline__ void chunk_scores(PrepareSmem &sm) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
-  const int nb = warp % 2;
-  const bool is_l = warp < 2;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+// Columns [8 nb, 8 nb + 8) of A B^T for 16 rows of A and of B (rows of padded tiles):
+// MMA32 over k-blocks 0..7 in order; required (design §3.2 steps 7, 8).
+__device__ __forceinline__ void score_columns(const uint16_t (*a)[kRow], const uint16_t (*b)[kRow],
+                                              int nb, float (&acc)[4]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] = 0.f;
 #pragma unroll
   for (int kb = 0; kb < kKBlocks; kb += 2) {
-    // B^T rows 8 nb + g of Ki for k-blocks kb and kb + 1: one ldmatrix whose matrix m is
-    // rows 8 nb .. 8 nb + 7 at columns 16 kb + 8 m.
-    uint32_t b[4];
-    ldmatrix_x4(&sm.x[kKi][8 * nb + lane % 8][16 * kb + 8 * (lane / 8)], b);
+    // B^T rows 8 nb + g for k-blocks kb and kb + 1: one ldmatrix whose matrix m is rows
+    // 8 nb .. 8 nb + 7 at columns 16 kb + 8 m.
+    uint32_t bt[4];
+    ldmatrix_x4(&b[8 * nb + lane % 8][16 * kb + 8 * (lane / 8)], bt);
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
-      const uint4 av = a_frag(sm.x[is_l ? kKd : kQd], kb + s);
-      const uint32_t a[4] = {av.x, av.y, av.z, av.w};
-      mma_bf16_f32(acc, a, b[2 * s], b[2 * s + 1]);
+      const uint4 av = a_frag(a, kb + s);
+      const uint32_t af[4] = {av.x, av.y, av.z, av.w};
+      mma_bf16_f32(acc, af, bt[2 * s], bt[2 * s + 1]);
     }
   }
-  // acc[2 r + c] is element (g + 8 r, j0 + c): each row's two columns go out as one word
-  // (a zeroed element is +0 before the conversion, i.e. bits 0 as before).
-  const int j0 = 8 * nb + 2 * cq;
-  if (is_l) {
+}
+
+// acc[2 r + c] is element (g + 8 r, j0 + c), j0 = 8 nb + 2 cq: each row's two columns go
+// out as one word (a zeroed element is +0 before the conversion, i.e. bits 0 as before).
+// L = hf(hf(acc) * beta_i), fp16 into a row-major block, strictly lower unless `full`.
+__device__ __forceinline__ void store_l(const float (&acc)[4], int nb, const float *beta_h,
+                                        bool full, uint16_t (*lmat)[kChunk]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, j0 = 8 * nb + 2 * (lane % 4);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = g + 8 * r;
-      const float beta = sm.beta_h[i];
-      float l[2];
+  for (int r = 0; r < 2; ++r) {
+    const int i = g + 8 * r;
+    const float beta = beta_h[i];
+    float l[2];
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float l_raw = f16_to_f32(f32_to_f16(acc[2 * r + c]));
-        l[c] = i > j0 + c ? mul_ftz(l_raw, beta) : 0.f;
-      }
-      *reinterpret_cast<uint32_t *>(&sm.lmat[i][j0]) = pack_f16x2(l[0], l[1]);
+    for (int c = 0; c < 2; ++c) {
+      const float l_raw = f16_to_f32(f32_to_f16(acc[2 * r + c]));
+      l[c] = full || i > j0 + c ? mul_ftz(l_raw, beta) : 0.f;
     }
-  } else {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = g + 8 * r;
-      *reinterpret_cast<uint32_t *>(&sm.mqk[frag_a_index(i, j0)]) =
-          pack_bf16x2(i >= j0 ? acc[2 * r] : 0.f, i >= j0 + 1 ? acc[2 * r + 1] : 0.f);
-    }
+    *reinterpret_cast<uint32_t *>(&lmat[i][j0]) = pack_f16x2(l[0], l[1]);
   }
+}
+
+// Mqk = bf(acc) into a block in A-fragment order, lower with the diagonal unless `full`.
+__device__ __forceinline__ void store_mqk(const float (&acc)[4], int nb, bool full, uint16_t *mqk) {
+  const int lane = threadIdx.x % 32, g = lane / 4, j0 = 8 * nb + 2 * (lane % 4);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = g + 8 * r;
+    *reinterpret_cast<uint32_t *>(&mqk[frag_a_index(i, j0)]) =
+        pack_bf16x2(full || i >= j0 ? acc[2 * r] : 0.f, full || i >= j0 + 1 ? acc[2 * r + 1] : 0.f);
+  }
+}
+
+// Steps 7, 8: warp w computes columns [8 (w % 2), +8) of L = Kd Ki^T (w < 2, scaled by
+// beta, strictly lower, fp16 into lmat) or of Mqk = Qd Ki^T (w >= 2, lower with the
+// diagonal, bf16 in fragment order).
+__device__ __forceinline__ void chunk_scores(PrepareSmem &sm) {
+  const int warp = threadIdx.x / 32, nb = warp % 2;
+  const bool is_l = warp < 2;
+  float acc[4];
+  score_columns(sm.x[is_l ? kKd : kQd], sm.x[kKi], nb, acc);
+  if (is_l)
+    store_l(acc, nb, sm.beta_h, false, sm.lmat);
+  else
+    store_mqk(acc, nb, false, sm.mqk);
 }
 
 // A 16x16 fp16 matrix in accumulator layout: c[nb][r] = {X[g + 8r][8nb + 2cq], +1}.
 struct Tile16 {
   uint32_t c[2][2];
 };
+
+// A row-major fp16 16x16 block as a Tile16, and back.
+__device__ __forceinline__ Tile16 load_tile16(const uint16_t (*m)[kChunk]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
+  Tile16 t;
+#pragma unroll
+  for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      t.c[nb][r] = *reinterpret_cast<const uint32_t *>(&m[g + 8 * r][8 * nb + 2 * cq]);
+  return t;
+}
+
+__device__ __forceinline__ void store_tile16(const Tile16 &t, uint16_t (*m)[kChunk]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
+#pragma unroll
+  for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<uint32_t *>(&m[g + 8 * r][8 * nb + 2 * cq]) = t.c[nb][r];
+}
+
+// bf(f(X)) (negated when `negate`: bf(-x) = -bf(x) exactly) into a block in A-fragment
+// order; the two halves of a word are adjacent there.
+__device__ __forceinline__ void store_bf16_frag(const Tile16 &t, bool negate, uint16_t *frag) {
+  const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
+  const float sign = negate ? -1.f : 1.f;
+#pragma unroll
+  for (int idx = 0; idx < 4; ++idx) {
+    const int nb = idx / 2, r = idx % 2;
+    const uint32_t pair = t.c[nb][r];
+    *reinterpret_cast<uint32_t *>(&frag[frag_a_index(g + 8 * r, 8 * nb + 2 * cq)]) =
+        pack_bf16x2(sign * f16_to_f32(lo16(pair)), sign * f16_to_f32(hi16(pair)));
+  }
+}
 
 // X (+h) Y: elementwise fp16 add, exact fp32 sum rounded once; required (design §3.2 step 9).
 __device__ __forceinline__ Tile16 add_f16(const Tile16 &x, const Tile16 &y) {
@@ -275,20 +354,19 @@ __device__ __forceinline__ Tile16 mma16(const Tile16 &x, const Tile16 &y) {
   return d;
 }
 
-// Step 9 (one warp): INV = bf((I - L)(I + L^2)(I + L^4)(I + L^8)) by the doubling
-// recurrence N_{m+1} = N_m (+h) MMA16(N_m, P), P = L^(2^(m+1)), all in registers.
-__device__ __forceinline__ void neumann_inverse(PrepareSmem &sm) {
+// Step 9 before its rounding (one warp): N3 = (I - L)(I + L^2)(I + L^4)(I + L^8) by the
+// doubling recurrence N_{m+1} = N_m (+h) MMA16(N_m, P), P = L^(2^(m+1)), all in registers.
+__device__ __forceinline__ Tile16 neumann_product(const Tile16 &l) {
   const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
-  Tile16 l, n0;
+  Tile16 n0;
 #pragma unroll
   for (int nb = 0; nb < 2; ++nb) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = g + 8 * r, j = 8 * nb + 2 * cq;
-      const uint32_t pair = *reinterpret_cast<const uint32_t *>(&sm.lmat[i][j]);
-      l.c[nb][r] = pair;
-      const uint32_t neg = pair ^ 0x80008000u;  // N0 = I - L: exact sign flip off the diagonal
-      const uint32_t one = 0x3c00u;             // fp16 1.0
+      const uint32_t neg =
+          l.c[nb][r] ^ 0x80008000u;  // N0 = I - L: exact sign flip off the diagonal
+      const uint32_t one = 0x3c00u;  // fp16 1.0
       n0.c[nb][r] = (i == j ? one : lo16(neg)) | ((i == j + 1 ? one : hi16(neg)) << 16);
     }
   }
@@ -297,39 +375,44 @@ __device__ __forceinline__ void neumann_inverse(PrepareSmem &sm) {
   const Tile16 p4 = mma16(p2, p2);
   const Tile16 n2 = add_f16(n1, mma16(n1, p4));
   const Tile16 p8 = mma16(p4, p4);
-  const Tile16 n3 = add_f16(n2, mma16(n2, p8));
-#pragma unroll
-  for (int idx = 0; idx < 4; ++idx) {  // the two halves of a word are adjacent in sm.inv
-    const int nb = idx / 2, r = idx % 2;
-    const uint32_t pair = n3.c[nb][r];
-    *reinterpret_cast<uint32_t *>(&sm.inv[frag_a_index(g + 8 * r, 8 * nb + 2 * cq)]) =
-        pack_bf16x2(f16_to_f32(lo16(pair)), f16_to_f32(hi16(pair)));
-  }
+  return add_f16(n2, mma16(n2, p8));
+}
+
+// Step 9 (one warp): INV = bf(N3).
+__device__ __forceinline__ void neumann_inverse(PrepareSmem &sm) {
+  store_bf16_frag(neumann_product(load_tile16(sm.lmat)), false, sm.inv);
+}
+
+// Lane's A fragment of key block mb of X^T (rows k = 16 mb + i, columns t) from a
+// row-major tile X[t][k]: the pairs (X[t][k], X[t + 1][k]) come from one ldmatrix.trans,
+// matrix m = rows t in 8 (m / 2) .. + 7 at columns k in 16 mb + 8 (m % 2) .. + 7.
+__device__ __forceinline__ uint4 t_frag(const uint16_t (*tile)[kRow], int mb) {
+  const int lane = threadIdx.x % 32;
+  uint32_t d[4];
+  ldmatrix_x4_trans(&tile[lane % 8 + 8 * (lane / 16)][16 * mb + 8 * (lane / 8 % 2)], d);
+  return make_uint4(d[0], d[1], d[2], d[3]);
 }
 
 // Lane's A fragment of key block mb of Kr^T (rows k = 16 mb + i, columns t):
-// Kr[t][k] = Ki[t][k] (*) bf(e[k]), design §3.2 step 6 (required: Kr from the rounded Ki).
-// The pairs (Ki[t][k], Ki[t + 1][k]) come from one ldmatrix.trans, matrix m = rows
-// t in 8 (m / 2) .. + 7 at columns k in 16 mb + 8 (m % 2) .. + 7; each word is then one
-// paired product with bf(e[k]) in both halves.
+// Kr[t][k] = Ki[t][k] (*) bf(e[k]), design §3.2 step 6 (required: Kr from the rounded Ki);
+// each word of Ki^T is one paired product with bf(e[k]) in both halves.
 __device__ __forceinline__ uint4 kr_t_frag(const PrepareSmem &sm, int mb) {
-  const int lane = threadIdx.x % 32, k = 16 * mb + lane / 4;
-  uint32_t ki[4];
-  ldmatrix_x4_trans(&sm.x[kKi][lane % 8 + 8 * (lane / 16)][16 * mb + 8 * (lane / 8 % 2)], ki);
+  const int k = 16 * mb + (threadIdx.x % 32) / 4;
+  const uint4 ki = t_frag(sm.x[kKi], mb);
   const float e0 = sm.decay[k], e1 = sm.decay[k + 8];
   const uint32_t e0_bf = pack_bf16x2(e0, e0), e1_bf = pack_bf16x2(e1, e1);
-  return make_uint4(bf16x2_mul(ki[0], e0_bf), bf16x2_mul(ki[1], e1_bf), bf16x2_mul(ki[2], e0_bf),
-                    bf16x2_mul(ki[3], e1_bf));
+  return make_uint4(bf16x2_mul(ki.x, e0_bf), bf16x2_mul(ki.y, e1_bf), bf16x2_mul(ki.z, e0_bf),
+                    bf16x2_mul(ki.w, e1_bf));
 }
 
 // uint4 number i (0..31) of the decay plane: floats f = 4 i .. 4 i + 3 hold e[k] with
 // decay_index(k) = f, i.e. k = 16 mb + g + 8 h for f = (8 g + mb) * 2 + h.
-__device__ __forceinline__ uint4 decay_vec(const PrepareSmem &sm, int i) {
+__device__ __forceinline__ uint4 decay_vec(const float *decay, int i) {
   uint32_t w[4];
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
     const int f = 4 * i + m, g = f / 16, mb = (f / 2) % 8, half = f % 2;
-    w[m] = __float_as_uint(sm.decay[16 * mb + g + 8 * half]);
+    w[m] = __float_as_uint(decay[16 * mb + g + 8 * half]);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -356,7 +439,7 @@ __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, cons
   } else if (tid < 64) {
     rec[kOffMqk / 16 + lane] = reinterpret_cast<const uint4 *>(sm.mqk)[lane];
   } else if (tid < 96) {
-    rec[kOffDecay / 16 + lane] = decay_vec(sm, lane);
+    rec[kOffDecay / 16 + lane] = decay_vec(sm.decay, lane);
   } else if (tid < 96 + (kRecordBytes - kOffBeta) / 16) {
     const uint32_t i = tid - 96;  // beta (32 B), then zero padding
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -385,9 +468,259 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   store_record(p, h, ch, sm);
 }
 
+// ---------------------------------------------------------------- 32-token records
+// (docs/proposals/32-token-chunks.md; AUTO mode where the plan picks them). One CTA of
+// 256 threads makes the record of a 32-token chunk. Blocks I = 0, 1 are its rows
+// 16 I .. 16 I + 15. The chunk's cumulative gate G runs over all 32 rows; block 1 also has
+// its own, G^1, restarted at row 16 (block 0's own is G). Kd and Qd come from G, and
+// Kr = k^ (*) bf(EX2(G_31 - G)) is formed directly. Each diagonal block's L, Mqk and Neumann
+// product come from the block's own gate, i.e. the ledger's steps 6-9 on 16 rows. The
+// cross block is taken against the end of block 0, so no factor exceeds 1:
+// B_j = k^_j (*) bf(EX2(G_15 - G_j)), L10 = hf(hf(Kd^1 B^T) * hf(b_i)), Mqk10 =
+// bf(Qd^1 B^T) with block 1's own Kd^1, Qd^1, and INV10 = bf(-MMA16(N11, MMA16(L10, N00)))
+// from the blocks' fp16 Neumann products (forward substitution). _chunk_model.py is the
+// same arithmetic in PyTorch, the oracle of this kernel.
+constexpr int kPrepare32Threads = 256;
+static_assert(kPrepare32Threads == 4 * kPairs, "thread = (channel pair, quarter of 8 rows)");
+
+struct PrepareSmem32 {
+  // q -> Qd, k -> Kd (the chunk's gate), g -> Kr; 32 rows each.
+  alignas(16) uint16_t x[3][2 * kChunk][kRow];
+  // Blocks' own operands (16 rows): Ki of block 0, B, and block 1's Qd^1, Kd^1, Ki^1.
+  alignas(16) uint16_t own[5][kChunk][kRow];
+  alignas(
+      16) uint16_t inv[Record32::kPairs][kTileElems];  // INV blocks 00, 10, 11, A-fragment order
+  alignas(16) uint16_t mqk[Record32::kPairs][kTileElems];       // Mqk blocks 00, 10, 11
+  alignas(16) uint16_t lmat[Record32::kPairs][kChunk][kChunk];  // L blocks (fp16), row-major
+  alignas(16) uint16_t nprod[2][kChunk][kChunk];                // N00, N11 (fp16), row-major
+  alignas(16) float handoff[4][kHeadDim];  // G_7, G_15, G_23 and G^1_23, by channel
+  alignas(16) float g_end[kHeadDim];       // G_31
+  alignas(16) float decay[kHeadDim];       // e = EX2(G_31)
+  float beta_h[2 * kChunk];
+  alignas(16) uint16_t beta_bf[2 * kChunk];
+};
+enum OwnTile { kKi0 = 0, kB0 = 1, kQd1 = 2, kKd1 = 3, kKi1 = 4 };
+enum Handoff { kG7 = 0, kG15 = 1, kG23 = 2, kOwn23 = 3 };
+
+// Steps 1, 3, 4 on 32 rows: thread = (channel pair cp, quarter th, i.e. rows 8 th .. 8 th +
+// 7). The chunk's sum is one sequential chain over the 32 rows, handed from quarter to
+// quarter through shared memory across CTA barriers; block 1's own sum starts from zero at
+// row 16 (quarter 2, at once) and is handed to quarter 3 with G_23. G[j] and G1[j] (block 1
+// only) are the sums up to row 8 th + j; after the CTA barrier that follows, handoff[kG15]
+// and g_end hold G_15 and G_31 of every channel. (Named barriers between pairs of quarters,
+// as the 16-token K1 hands G_7 over, made racecheck report the hand-offs through barriers
+// 2 and 3 on the H200, and accesses after later CTA barriers; NOTES.md step 48.)
+__device__ __forceinline__ void gate_cumsum32(const FwdParams &p, int64_t h, int n,
+                                              PrepareSmem32 &sm, float2 (&G)[8], float2 (&G1)[8]) {
+  const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
+  float2 gamma[8];
+  gate_values(p, h, n, sm.x[kG], cp, th, gamma);
+  auto slot = [&](int which) { return reinterpret_cast<float2 *>(sm.handoff[which]) + cp; };
+  auto sums = [&](float2 acc, float2(&out)[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      // design §3.2 step 4: a separate add, not fused; required
+      acc = make_float2(add_ftz(acc.x, gamma[j].x), add_ftz(acc.y, gamma[j].y));
+      out[j] = acc;
+    }
+    return acc;
+  };
+  const float2 zero = make_float2(0.f, 0.f);
+  if (th == 0) *slot(kG7) = sums(zero, G);
+  if (th == 2) *slot(kOwn23) = sums(zero, G1);
+  __syncthreads();
+  if (th == 1) *slot(kG15) = sums(*slot(kG7), G);
+  __syncthreads();
+  if (th == 2) *slot(kG23) = sums(*slot(kG15), G);
+  __syncthreads();
+  if (th == 3) {
+    sums(*slot(kOwn23), G1);
+    reinterpret_cast<float2 *>(sm.g_end)[cp] = sums(*slot(kG23), G);
+  }
+}
+
+// Step 6 on 32 rows (thread as in gate_cumsum32), needs G_15 and G_31 of every channel.
+// Every row: Qd = (q^ (*) E+) (*) sb, Kd = k^ (*) E+ in place, Kr = k^ (*) bf(EX2(G_31 - G))
+// in place of g. Block 0 also Ki = k^ (*) E- and B = k^ (*) bf(EX2(G_15 - G)); block 1 also
+// Qd^1, Kd^1, Ki^1 from its own G^1. Quarters are warp-uniform, so the branch is too.
+__device__ __forceinline__ void apply_decays32(const FwdParams &p, const float2 (&G)[8],
+                                               const float2 (&G1)[8], PrepareSmem32 &sm) {
+  const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
+  const uint32_t sb = p.scale_bf16 | (p.scale_bf16 << 16);
+  const float2 g15 = reinterpret_cast<const float2 *>(sm.handoff[kG15])[cp];
+  const float2 g31 = reinterpret_cast<const float2 *>(sm.g_end)[cp];
+  auto word = [&](uint16_t (*tile)[kRow], int t) {
+    return reinterpret_cast<uint32_t *>(&tile[t][2 * cp]);
+  };
+  auto decay = [](float x0, float x1) { return pack_bf16x2(ex2_approx(x0), ex2_approx(x1)); };
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int t = 8 * th + j, r = t % kChunk;
+    uint32_t *const q = word(sm.x[kQ], t);
+    uint32_t *const k = word(sm.x[kK], t);
+    const uint32_t q_hat = *q, k_hat = *k;
+    const uint32_t e_plus = decay(G[j].x, G[j].y);
+    *q = bf16x2_mul(bf16x2_mul(q_hat, e_plus), sb);  // -> Qd
+    *k = bf16x2_mul(k_hat, e_plus);                  // -> Kd
+    *word(sm.x[kG], t) =
+        bf16x2_mul(k_hat, decay(add_ftz(g31.x, -G[j].x), add_ftz(g31.y, -G[j].y)));  // -> Kr
+    if (th < 2) {
+      *word(sm.own[kKi0], r) = bf16x2_mul(k_hat, decay(-G[j].x, -G[j].y));
+      *word(sm.own[kB0], r) =
+          bf16x2_mul(k_hat, decay(add_ftz(g15.x, -G[j].x), add_ftz(g15.y, -G[j].y)));
+    } else {
+      const uint32_t own_plus = decay(G1[j].x, G1[j].y);
+      *word(sm.own[kQd1], r) = bf16x2_mul(bf16x2_mul(q_hat, own_plus), sb);
+      *word(sm.own[kKd1], r) = bf16x2_mul(k_hat, own_plus);
+      *word(sm.own[kKi1], r) = bf16x2_mul(k_hat, decay(-G1[j].x, -G1[j].y));
+    }
+  }
+}
+
+// Steps 7, 8 on 32 rows: warp w < 6 computes block pair w / 2 (00, 11, 10) of L (w even) or
+// Mqk (w odd), both column halves. The diagonal pairs score a block's own operands against
+// its own Ki; the cross pair scores block 1's own Kd^1 / Qd^1 against B, in full.
+__device__ __forceinline__ void chunk_scores32(PrepareSmem32 &sm) {
+  const int warp = threadIdx.x / 32, which = warp / 2;
+  if (which > 2) return;  // warp-uniform
+  const bool is_l = warp % 2 == 0, cross = which == 2;
+  const int blk = which == 0 ? 0 : 1, pair = cross ? block_pair(1, 0) : block_pair(blk, blk);
+  const uint16_t (*a)[kRow] =
+      blk == 0 ? (is_l ? sm.x[kKd] : sm.x[kQd]) : (is_l ? sm.own[kKd1] : sm.own[kQd1]);
+  const uint16_t (*b)[kRow] = cross ? sm.own[kB0] : (blk == 0 ? sm.own[kKi0] : sm.own[kKi1]);
+#pragma unroll
+  for (int nb = 0; nb < 2; ++nb) {
+    float acc[4];
+    score_columns(a, b, nb, acc);
+    if (is_l)
+      store_l(acc, nb, sm.beta_h + kChunk * blk, cross, sm.lmat[pair]);
+    else
+      store_mqk(acc, nb, cross, sm.mqk[pair]);
+  }
+}
+
+// Step 9 on 32 rows: warps 0 and 1 the diagonal blocks' Neumann products (kept in fp16 for
+// the cross block) and their INV; then, after a CTA barrier, warp 0 INV10.
+__device__ __forceinline__ void neumann_inverse32(PrepareSmem32 &sm) {
+  const int warp = threadIdx.x / 32;
+  if (warp < 2) {
+    const int pair = block_pair(warp, warp);
+    const Tile16 n = neumann_product(load_tile16(sm.lmat[pair]));
+    store_tile16(n, sm.nprod[warp]);
+    store_bf16_frag(n, false, sm.inv[pair]);
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const Tile16 x = mma16(load_tile16(sm.lmat[block_pair(1, 0)]), load_tile16(sm.nprod[0]));
+    store_bf16_frag(mma16(load_tile16(sm.nprod[1]), x), true, sm.inv[block_pair(1, 0)]);
+  }
+}
+
+// The 32-token record (workspace.h RecordLayout<2>), straight to global memory in 16-byte
+// vectors: 48 operand tiles, six a warp, then INV, Mqk, the decay plane and beta.
+__device__ __forceinline__ void store_record32(const FwdParams &p, int64_t h, const ChunkRef &ch,
+                                               const PrepareSmem32 &sm) {
+  using R = Record32;
+  uint4 *rec = reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * R::kBytes);
+  const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  constexpr uint32_t kWarps = kPrepare32Threads / 32, kPlane = 2 * kKBlocks;
+  static_assert(kPlane % kWarps == 0, "whole planes per round");
+#pragma unroll
+  for (uint32_t i = 0; i < 3 * kPlane / kWarps; ++i) {
+    const uint32_t tile = warp + kWarps * i, plane = tile / kPlane, j = tile % kPlane;
+    uint4 v;
+    int offset;
+    if (plane < 2) {  // Kd, Qd: block j / 8, k-block j % 8
+      const uint16_t (*x)[kRow] = sm.x[plane == 0 ? kKd : kQd] + kChunk * (j / kKBlocks);
+      v = a_frag(x, j % kKBlocks);
+      offset = plane == 0 ? R::kd(j / kKBlocks, j % kKBlocks) : R::qd(j / kKBlocks, j % kKBlocks);
+    } else {  // Kr^T: k-block j / 2, token block j % 2
+      v = t_frag(sm.x[kG] + kChunk * (j % 2), j / 2);
+      offset = R::krt(j / 2, j % 2);
+    }
+    rec[offset / 16 + lane] = v;
+  }
+  constexpr uint32_t kTileVecs = kTileBytes / 16, kPairVecs = R::kPairs * kTileVecs;
+  if (tid < kPairVecs) {
+    rec[R::kOffInv / 16 + tid] = reinterpret_cast<const uint4 *>(sm.inv)[tid];
+  } else if (tid < 2 * kPairVecs) {
+    rec[R::kOffMqk / 16 + tid - kPairVecs] =
+        reinterpret_cast<const uint4 *>(sm.mqk)[tid - kPairVecs];
+  } else if (tid < 2 * kPairVecs + 32) {
+    rec[R::kOffDecay / 16 + tid - 2 * kPairVecs] = decay_vec(sm.decay, tid - 2 * kPairVecs);
+  } else if (tid < 2 * kPairVecs + 32 + (R::kBytes - R::kOffBeta) / 16) {
+    const uint32_t i = tid - 2 * kPairVecs - 32;  // beta (64 B), then zero padding
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (i < 4) v = reinterpret_cast<const uint4 *>(sm.beta_bf)[i];
+    rec[R::kOffBeta / 16 + i] = v;
+  }
+}
+static_assert(2 * Record32::kPairs * (kTileBytes / 16) + 32 +
+                      (Record32::kBytes - Record32::kOffBeta) / 16 <=
+                  kPrepare32Threads,
+              "one vector a thread for the small planes");
+
+// One 32-token record: chunk `ch` of head h.
+__device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
+                                              PrepareSmem32 &sm) {
+  {
+    uint16_t (*const x[3])[kRow] = {sm.x[0], sm.x[1], sm.x[2]};
+    load_rows<2 * kChunk, kPrepare32Threads>(p, h, ch, x, sm.beta_bf, sm.beta_h);
+  }
+  __syncthreads();
+  {
+    uint16_t (*const x[2])[kRow] = {sm.x[kQ], sm.x[kK]};
+    l2_normalize_rows<2 * kChunk, kPrepare32Threads>(x);
+  }
+  __syncthreads();
+  {  // each thread owns its (channel pair, quarter) from here to the decays
+    float2 G[8], G1[8];
+    gate_cumsum32(p, h, ch.n, sm, G, G1);
+    __syncthreads();  // G_15, G_31 of every channel; every g row read
+    if (threadIdx.x < kHeadDim) sm.decay[threadIdx.x] = ex2_approx(sm.g_end[threadIdx.x]);
+    apply_decays32(p, G, G1, sm);
+  }
+  __syncthreads();
+  chunk_scores32(sm);
+  __syncthreads();
+  neumann_inverse32(sm);
+  __syncthreads();
+  store_record32(p, h, ch, sm);
+}
+
+// ---------------------------------------------------------------- the K1 kernels
+
+// The two record shapes: 16-token chunks (exact mode, and AUTO's default) with 15.5 KB of
+// static shared memory, and 32-token chunks with ~56 KB of dynamic shared memory.
+template <int kBlocks>
+struct K1Shape;
+template <>
+struct K1Shape<1> {
+  using Smem = PrepareSmem;
+  static constexpr int kThreads = kPrepareThreads;
+  static constexpr int kOverlapCtas = 12;  // beside the pass: 40 registers (see below)
+  static constexpr int kDynamicSmem = 0;
+  __device__ __forceinline__ static Smem &smem() {
+    __shared__ Smem sm;
+    return sm;
+  }
+};
+template <>
+struct K1Shape<2> {
+  using Smem = PrepareSmem32;
+  static constexpr int kThreads = kPrepare32Threads;
+  static constexpr int kOverlapCtas = 4;  // what the shared memory allows on an SM
+  static constexpr int kDynamicSmem = static_cast<int>(sizeof(PrepareSmem32));
+  __device__ __forceinline__ static Smem &smem() {
+    extern __shared__ __align__(16) uint8_t k1_dynamic[];
+    return *reinterpret_cast<Smem *>(k1_dynamic);
+  }
+};
+
 // K1 before the recurrence: grid (records, heads), one record per CTA.
-__global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const FwdParams p) {
-  __shared__ PrepareSmem sm;
+template <int kBlocks>
+__global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(const FwdParams p) {
+  auto &sm = K1Shape<kBlocks>::smem();
   ChunkRef ch;
   if (!locate_chunk(p, blockIdx.x, ch)) return;  // excess CTA of varlen's upper-bound grid
   prepare_chunk(p, blockIdx.y, ch, sm);
@@ -398,9 +731,12 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const FwdParam
 // (allow_dependents) and takes items from a counter in locate_item's order, publishing
 // each record's ready flag once the whole CTA has written it. Bounded to 40 registers
 // (53 unbounded; the loop's state spills 40 bytes, once per record) so that its CTAs
-// stay small beside the pass.
-__global__ void __launch_bounds__(kPrepareThreads, 12) prepare_overlap_kernel(const FwdParams p) {
-  __shared__ PrepareSmem sm;
+// stay small beside the pass (the 16-token kernel; the 32-token one is bounded by its
+// shared memory to four CTAs an SM).
+template <int kBlocks>
+__global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, K1Shape<kBlocks>::kOverlapCtas)
+    prepare_overlap_kernel(const FwdParams p) {
+  auto &sm = K1Shape<kBlocks>::smem();
   __shared__ uint32_t next;
   allow_dependents();
   for (;;) {

@@ -27,9 +27,10 @@
 
 namespace flash_kda::FLASH_KDA_ARCH {
 
-// Ring depth: as deep as the block's shared memory allows, up to kMaxStages (chosen at
-// launch, FwdParams::stages). At H200, T=8192, H=6 a 4-deep ring left the warps waiting
-// for their next stage (ncu: the stage wait was the top stall).
+// Ring depth: as deep as the block's shared memory allows, up to kMaxStages 16-token
+// chunks (kMaxStages / 2 of 32 tokens, which leaves room for K1's CTAs beside the pass;
+// chosen at launch, FwdParams::stages). At H200, T=8192, H=6 a 4-deep ring left the warps
+// waiting for their next stage (ncu: the stage wait was the top stall).
 constexpr int kMaxStages = 6;
 
 constexpr int kBarrierBytes = 128;  // full[kMaxStages] and empty[kMaxStages]
@@ -39,12 +40,13 @@ __host__ __device__ constexpr int value_row_stride(int block_v) {
   return 2 * block_v;  // the tensor copy lands the [16][block_v] box densely
 }
 
-__host__ __device__ constexpr int stage_bytes(int block_v) {
-  return kRecordBytes + kChunk * value_row_stride(block_v);
+// A stage: the record of a chunk of `blocks` 16-token blocks and its value rows.
+__host__ __device__ constexpr int stage_bytes(int block_v, int blocks) {
+  return record_bytes(kChunk * blocks) + kChunk * blocks * value_row_stride(block_v);
 }
 
-__host__ __device__ constexpr int recurrence_smem_bytes(int block_v, int stages) {
-  return kBarrierBytes + stages * stage_bytes(block_v);
+__host__ __device__ constexpr int recurrence_smem_bytes(int block_v, int stages, int blocks) {
+  return kBarrierBytes + stages * stage_bytes(block_v, blocks);
 }
 
 // A position in the stage ring: the stage and the parity of its current fill. Advanced
@@ -65,38 +67,40 @@ struct RingPos {
 // the record's ready flag (read with the next ones: numerics.cuh wait_ready); then the
 // record (a bulk copy; without kQueries, the segment pass, two that leave out Qd and its
 // 4 KB) and, unless the slice is a transition slice (v = 0), the chunk's value rows
-// [16, kBlockV] (a tensor copy; rows past the end of v read as zeros, rows past the
+// [16 kBlocks, kBlockV] (a tensor copy; rows past the end of v read as zeros, rows past the
 // sequence are masked by the consumers). One value-row copy per row (17 copies per
 // chunk) left the consumers waiting for data a third of the time.
-template <int kBlockV, bool kQueries>
+template <int kBlockV, bool kQueries, int kBlocks>
 __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtensorMap *value_map,
                                                const ChainTask &t, uint8_t *stages, uint64_t *full,
                                                uint64_t *empty) {
-  static_assert(kOffQd + kOpBytes == kOffKrT, "Qd is the second operand plane");
-  constexpr uint32_t kRecordRead = kQueries ? kRecordBytes : kRecordBytes - kOpBytes;
+  using R = RecordLayout<kBlocks>;
+  static_assert(R::kOffQd + kBlocks * kOpBytes == R::kOffKrT, "Qd is the second operand plane");
+  constexpr uint32_t kRecordRead = kQueries ? R::kBytes : R::kBytes - kBlocks * kOpBytes;
+  constexpr int kStageBytes = stage_bytes(kBlockV, kBlocks);
   const bool values = t.col0 < kHeadDim;
-  const uint32_t bytes = kRecordRead + (values ? kChunk * value_row_stride(kBlockV) : 0);
+  const uint32_t bytes = kRecordRead + (values ? R::kTokens * value_row_stride(kBlockV) : 0);
   const int64_t first = t.head * p.tiles_per_head + t.span.first_tile;
-  const uint8_t *records = p.records + first * kRecordBytes;
+  const uint8_t *records = p.records + first * R::kBytes;
   RingPos pos{0, 0};
   int64_t written = p.ready != nullptr ? 0 : t.span.num_chunks;  // records K1 has written
   for (int64_t c = 0; c < t.span.num_chunks; ++c, pos.advance(p.stages)) {
     const int s = pos.stage;
     barrier_wait(&empty[s], pos.phase ^ 1u);  // the first round passes at once
     if (c >= written) written = wait_ready(p.ready + first, c, t.span.num_chunks);  // §4.7
-    uint8_t *stage = stages + s * stage_bytes(kBlockV);
+    uint8_t *stage = stages + s * kStageBytes;
     TxBarrier::arrive_and_expect_tx(&full[s], bytes);
-    const uint8_t *record = records + c * kRecordBytes;
+    const uint8_t *record = records + c * R::kBytes;
     if constexpr (kQueries) {
-      bulk_copy_g2s(stage, record, kRecordBytes, &full[s]);
+      bulk_copy_g2s(stage, record, R::kBytes, &full[s]);
     } else {
-      bulk_copy_g2s(stage, record, kOffQd, &full[s]);
-      bulk_copy_g2s(stage + kOffKrT, record + kOffKrT, kRecordBytes - kOffKrT, &full[s]);
+      bulk_copy_g2s(stage, record, R::kOffQd, &full[s]);
+      bulk_copy_g2s(stage + R::kOffKrT, record + R::kOffKrT, R::kBytes - R::kOffKrT, &full[s]);
     }
     if (values)
-      tensor_copy_g2s(stage + kRecordBytes, value_map, t.col0, static_cast<int32_t>(t.head),
-                      static_cast<int32_t>(t.span.t0 + c * kChunk), static_cast<int32_t>(t.span.b),
-                      &full[s]);
+      tensor_copy_g2s(stage + R::kBytes, value_map, t.col0, static_cast<int32_t>(t.head),
+                      static_cast<int32_t>(t.span.t0 + c * R::kTokens),
+                      static_cast<int32_t>(t.span.b), &full[s]);
   }
 }
 
@@ -111,7 +115,7 @@ __device__ __forceinline__ Frag lds_frag(const uint8_t *stage, int offset) {
 }
 
 // A fragments of Kd and Qd (design §3.3 step 2), the head of a link. They do not depend on
-// the state, so the latency-bound schedule loads them one chunk ahead.
+// the state, so the latency-bound schedule loads them one chunk ahead (16-token chunks).
 struct ScoreFrags {
   Frag kd[kKBlocks];
   Frag qd[kKBlocks];
@@ -126,138 +130,180 @@ __device__ __forceinline__ void load_score_frags(const uint8_t *stage, ScoreFrag
   }
 }
 
-// The small operands of a link: INV and Mqk fragments, this lane's decays
-// e[16 mb + g + 8 r] (at e[2 mb + r]), betas of rows g and g + 8 (each in both halves),
-// value pairs (zero for rows >= n, whose smem is stale).
-template <int kNB>
+// The small operands of a link over a chunk of kBlocks 16-row blocks: INV and Mqk
+// fragments of every block pair (workspace.h block_pair), this lane's decays
+// e[16 mb + g + 8 r] (at e[2 mb + r]), betas of rows 16 I + g and 16 I + g + 8 (each in
+// both halves), value pairs (zero for rows >= n, whose smem is stale).
+template <int kNB, int kBlocks>
 struct LinkInputs {
-  Frag inv, mqk;
+  Frag inv[RecordLayout<kBlocks>::kPairs], mqk[RecordLayout<kBlocks>::kPairs];
   float e[16];
-  uint32_t beta[2];
-  uint32_t v[kNB][2];
+  uint32_t beta[kBlocks][2];
+  uint32_t v[kBlocks][kNB][2];
 };
 
-template <int kNB>
+template <int kNB, int kBlocks>
 __device__ __forceinline__ void load_link_inputs(const uint8_t *stage, int n, int vcol,
-                                                 int row_stride, LinkInputs<kNB> &in) {
+                                                 int row_stride, LinkInputs<kNB, kBlocks> &in) {
+  using R = RecordLayout<kBlocks>;
   const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
-  in.inv = lds_frag(stage, kOffInv);
-  in.mqk = lds_frag(stage, kOffMqk);
+#pragma unroll
+  for (int i = 0; i < R::kPairs; ++i) {
+    in.inv[i] = lds_frag(stage, R::kOffInv + i * kTileBytes);
+    in.mqk[i] = lds_frag(stage, R::kOffMqk + i * kTileBytes);
+  }
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const uint4 v4 = *reinterpret_cast<const uint4 *>(stage + kOffDecay + g * 64 + q * 16);
+    const uint4 v4 = *reinterpret_cast<const uint4 *>(stage + R::kOffDecay + g * 64 + q * 16);
     in.e[4 * q + 0] = __uint_as_float(v4.x);
     in.e[4 * q + 1] = __uint_as_float(v4.y);
     in.e[4 * q + 2] = __uint_as_float(v4.z);
     in.e[4 * q + 3] = __uint_as_float(v4.w);
   }
-  const uint16_t *beta = reinterpret_cast<const uint16_t *>(stage + kOffBeta);
-  in.beta[0] = beta[g] * 0x10001u;
-  in.beta[1] = beta[g + 8] * 0x10001u;
-  const uint8_t *vrows = stage + kRecordBytes;
+  const uint16_t *beta = reinterpret_cast<const uint16_t *>(stage + R::kOffBeta);
+  const uint8_t *vrows = stage + R::kBytes;
 #pragma unroll
-  for (int nb = 0; nb < kNB; ++nb) {
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    in.beta[blk][0] = beta[kChunk * blk + g] * 0x10001u;
+    in.beta[blk][1] = beta[kChunk * blk + g + 8] * 0x10001u;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = g + 8 * r;
-      in.v[nb][r] = row < n ? *reinterpret_cast<const uint32_t *>(vrows + row * row_stride +
-                                                                  2 * (vcol + 8 * nb + 2 * cq))
-                            : 0u;
+    for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = kChunk * blk + g + 8 * r;
+        in.v[blk][nb][r] = row < n ? *reinterpret_cast<const uint32_t *>(
+                                         vrows + row * row_stride + 2 * (vcol + 8 * nb + 2 * cq))
+                                   : 0u;
+      }
     }
   }
 }
 
-// Step 2: Pk = Kd S^T, Pq = Qd S^T, fp32 accumulation over k-blocks 0..7 in order
-// (required); the two chains interleave. kd(kb) / qd(kb) give the A fragments;
-// after(kb) runs once the HMMAs of k-block kb are issued. Without kQueries (the segment
-// pass writes no output) only Pk: a third of the link's HMMAs fewer.
-template <bool kQueries, int kNB, typename KdOf, typename QdOf, typename After>
+// Step 2: Pk = Kd S^T, Pq = Qd S^T for every 16-row block, fp32 accumulation over
+// k-blocks 0..7 in order (required); the chains interleave. kd(blk, kb) / qd(blk, kb) give
+// the A fragments; after(kb) runs once the HMMAs of k-block kb are issued. Without
+// kQueries (the segment pass writes no output) only Pk: a third of the link's HMMAs fewer.
+template <bool kQueries, int kNB, int kBlocks, typename KdOf, typename QdOf, typename After>
 __device__ __forceinline__ void chunk_projections(KdOf kd, QdOf qd, After after,
-                                                  const StateSlice<kNB> &s, float (&pk)[kNB][4],
-                                                  float (&pq)[kNB][4]) {
+                                                  const StateSlice<kNB> &s,
+                                                  float (&pk)[kBlocks][kNB][4],
+                                                  float (&pq)[kBlocks][kNB][4]) {
 #pragma unroll
-  for (int nb = 0; nb < kNB; ++nb)
+  for (int blk = 0; blk < kBlocks; ++blk)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) pk[nb][i] = pq[nb][i] = 0.f;
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pk[blk][nb][i] = pq[blk][nb][i] = 0.f;
 #pragma unroll
   for (int kb = 0; kb < kKBlocks; ++kb) {
-    const Frag a_k = kd(kb);
-    Frag a_q;
-    if constexpr (kQueries) a_q = qd(kb);
 #pragma unroll
-    for (int nb = 0; nb < kNB; ++nb) {
-      mma_bf16_f32(pk[nb], a_k.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
-      if constexpr (kQueries) mma_bf16_f32(pq[nb], a_q.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
+    for (int blk = 0; blk < kBlocks; ++blk) {
+      const Frag a_k = kd(blk, kb);
+      Frag a_q;
+      if constexpr (kQueries) a_q = qd(blk, kb);
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb) {
+        mma_bf16_f32(pk[blk][nb], a_k.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
+        if constexpr (kQueries) mma_bf16_f32(pq[blk][nb], a_q.r, s.sb[kb][nb][0], s.sb[kb][nb][1]);
+      }
     }
     after(kb);
   }
 }
 
-// Steps 1, 3, 4: u = (v (-) bf(Pk)) (*) beta; U = bf(INV u). Returns U as B fragments.
-// The bf16 steps run on column pairs (numerics.cuh: bf16x2_sub, bf16x2_mul), the same
-// correctly rounded results as per element in fp32 with fewer, fixed-latency instructions.
-template <int kNB>
-__device__ __forceinline__ void solve_u(const LinkInputs<kNB> &in, const float (&pk)[kNB][4],
-                                        uint32_t (&ub)[kNB][2]) {
+// Steps 1, 3, 4: u = (v (-) bf(Pk)) (*) beta; U_I = bf(sum over J <= I of INV_IJ u_J), one
+// fp32 accumulator in J order (the 32-token chunk's forward substitution: U_1 takes
+// INV10 u_0 first). Returns U as B fragments. The bf16 steps run on column pairs
+// (numerics.cuh: bf16x2_sub, bf16x2_mul), the same correctly rounded results as per
+// element in fp32 with fewer, fixed-latency instructions.
+template <int kNB, int kBlocks>
+__device__ __forceinline__ void solve_u(const LinkInputs<kNB, kBlocks> &in,
+                                        const float (&pk)[kBlocks][kNB][4],
+                                        uint32_t (&ub)[kBlocks][kNB][2]) {
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb) {
-    uint32_t u[2];
+    uint32_t u[kBlocks][2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint32_t pk_bf = pack_bf16x2(pk[nb][2 * r], pk[nb][2 * r + 1]);
-      u[r] = bf16x2_mul(bf16x2_sub(in.v[nb][r], pk_bf), in.beta[r]);
+    for (int blk = 0; blk < kBlocks; ++blk) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t pk_bf = pack_bf16x2(pk[blk][nb][2 * r], pk[blk][nb][2 * r + 1]);
+        u[blk][r] =
+            movmatrix_trans(bf16x2_mul(bf16x2_sub(in.v[blk][nb][r], pk_bf), in.beta[blk][r]));
+      }
     }
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    mma_bf16_f32(acc, in.inv.r, movmatrix_trans(u[0]), movmatrix_trans(u[1]));
-    ub[nb][0] = movmatrix_trans(pack_bf16x2(acc[0], acc[1]));
-    ub[nb][1] = movmatrix_trans(pack_bf16x2(acc[2], acc[3]));
+#pragma unroll
+    for (int blk = 0; blk < kBlocks; ++blk) {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j <= blk; ++j)
+        mma_bf16_f32(acc, in.inv[block_pair(blk, j)].r, u[j][0], u[j][1]);
+      ub[blk][nb][0] = movmatrix_trans(pack_bf16x2(acc[0], acc[1]));
+      ub[blk][nb][1] = movmatrix_trans(pack_bf16x2(acc[2], acc[3]));
+    }
   }
 }
 
-// Step 5, first half: Mqk U (one k16 step, fp32). Issued before the state update so that
-// it overlaps with it; the output is finished by store_output afterwards.
-template <int kNB>
-__device__ __forceinline__ void output_scores(const Frag &mqk, const uint32_t (&ub)[kNB][2],
-                                              float (&acc)[kNB][4]) {
+// Step 5, first half: Mqk U (for block I, the sum over J <= I of Mqk_IJ U_J in J order,
+// fp32). Issued before the state update so that it overlaps with it; the output is
+// finished by store_output afterwards.
+template <int kNB, int kBlocks>
+__device__ __forceinline__ void output_scores(const Frag (&mqk)[RecordLayout<kBlocks>::kPairs],
+                                              const uint32_t (&ub)[kBlocks][kNB][2],
+                                              float (&acc)[kBlocks][kNB][4]) {
 #pragma unroll
-  for (int nb = 0; nb < kNB; ++nb) {
+  for (int blk = 0; blk < kBlocks; ++blk) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[nb][i] = 0.f;
-    mma_bf16_f32(acc[nb], mqk.r, ub[nb][0], ub[nb][1]);
+    for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[blk][nb][i] = 0.f;
+#pragma unroll
+      for (int j = 0; j <= blk; ++j)
+        mma_bf16_f32(acc[blk][nb], mqk[block_pair(blk, j)].r, ub[j][nb][0], ub[j][nb][1]);
+    }
   }
 }
 
 // Steps 5, 8: O = bf(Pq) (+) bf(Mqk U); rows t < n stored.
-template <int kNB>
-__device__ __forceinline__ void store_output(const float (&pq)[kNB][4], const float (&mu)[kNB][4],
-                                             int n, uint16_t *out_row0, int64_t row_pitch) {
+template <int kNB, int kBlocks>
+__device__ __forceinline__ void store_output(const float (&pq)[kBlocks][kNB][4],
+                                             const float (&mu)[kBlocks][kNB][4], int n,
+                                             uint16_t *out_row0, int64_t row_pitch) {
   const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
 #pragma unroll
-  for (int nb = 0; nb < kNB; ++nb) {
+  for (int blk = 0; blk < kBlocks; ++blk) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = g + 8 * r;
-      if (row >= n) continue;
-      *reinterpret_cast<uint32_t *>(out_row0 + row * row_pitch + 8 * nb + 2 * cq) =
-          bf16x2_add(pack_bf16x2(pq[nb][2 * r], pq[nb][2 * r + 1]),
-                     pack_bf16x2(mu[nb][2 * r], mu[nb][2 * r + 1]));
+    for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = kChunk * blk + g + 8 * r;
+        if (row >= n) continue;
+        *reinterpret_cast<uint32_t *>(out_row0 + row * row_pitch + 8 * nb + 2 * cq) =
+            bf16x2_add(pack_bf16x2(pq[blk][nb][2 * r], pq[blk][nb][2 * r + 1]),
+                       pack_bf16x2(mu[blk][nb][2 * r], mu[blk][nb][2 * r + 1]));
+      }
     }
   }
 }
 
-// Steps 6, 7: Delta = Kr^T U (one k16 step, fp32), S' = bf(fma(f(S), e[k], Delta)) with
-// one FFMA per element (required); the new state is also kept as B fragments.
-// krt(mb) gives the A fragment of key block mb.
-template <int kNB, typename KrtOf>
+// Steps 6, 7: Delta = Kr^T U (fp32, k16 steps over the token blocks in order), S' =
+// bf(fma(f(S), e[k], Delta)) with one FFMA per element (required); the new state is also
+// kept as B fragments. krt(mb, blk) gives the A fragment of key block mb, token block blk.
+template <int kNB, int kBlocks, typename KrtOf>
 __device__ __forceinline__ void update_state(KrtOf krt, const float (&e)[16],
-                                             const uint32_t (&ub)[kNB][2], StateSlice<kNB> &s) {
+                                             const uint32_t (&ub)[kBlocks][kNB][2],
+                                             StateSlice<kNB> &s) {
 #pragma unroll
   for (int mb = 0; mb < kKBlocks; ++mb) {
-    const Frag a = krt(mb);
+    Frag a[kBlocks];
+#pragma unroll
+    for (int blk = 0; blk < kBlocks; ++blk) a[blk] = krt(mb, blk);
 #pragma unroll
     for (int nb = 0; nb < kNB; ++nb) {
       float delta[4] = {0.f, 0.f, 0.f, 0.f};
-      mma_bf16_f32(delta, a.r, ub[nb][0], ub[nb][1]);
+#pragma unroll
+      for (int blk = 0; blk < kBlocks; ++blk)
+        mma_bf16_f32(delta, a[blk].r, ub[blk][nb][0], ub[blk][nb][1]);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const uint32_t old = s.st[mb][nb][r];
@@ -294,12 +340,13 @@ struct WarpChain {
 };
 
 // After chunk c of the span: the checkpoint, if the chain has just completed one.
-template <int kNB>
+template <int kBlocks, int kNB>
 __device__ __forceinline__ void maybe_checkpoint(const WarpChain &w, const SeqSpan &span, int64_t c,
                                                  const StateSlice<kNB> &state) {
+  constexpr int kTokens = kChunk * kBlocks;
   const CheckpointSink &k = w.checkpoints;
   const int64_t done = span.chunk0 + c + 1;  // chunks of the sequence behind this state
-  if (span.len - c * kChunk < kChunk || done % k.every_chunks != 0) return;  // partial chunk
+  if (span.len - c * kTokens < kTokens || done % k.every_chunks != 0) return;  // partial chunk
   const int64_t slot = k.first + done / k.every_chunks - 1;
   if (slot >= k.slots) return;  // inconsistent cu_seqlens: never write past the buffer
   const int64_t offset = state_block_offset(k.heads, slot, k.head);
@@ -310,7 +357,7 @@ __device__ __forceinline__ void maybe_checkpoint(const WarpChain &w, const SeqSp
 // and writes the checkpoints between runs: the link loops themselves carry no checkpoint
 // code (inside the loop it grew the <1, 4> link from 296 to 519 instructions, and the
 // chain 10% slower at H = 6).
-template <PassCode kCode, int kNB, typename Links>
+template <PassCode kCode, int kBlocks, int kNB, typename Links>
 __device__ __forceinline__ void run_in_intervals(const WarpChain &w, const SeqSpan &span,
                                                  StateSlice<kNB> &state, Links links) {
   if constexpr (kCode != PassCode::kGeneral) {
@@ -326,16 +373,17 @@ __device__ __forceinline__ void run_in_intervals(const WarpChain &w, const SeqSp
     }
     links(c, end);
     c = end;
-    if (checkpoints) maybe_checkpoint(w, span, c - 1, state);
+    if (checkpoints) maybe_checkpoint<kBlocks>(w, span, c - 1, state);
   }
 }
 
 // Steps 5, 8 for chunk c, unless the pass writes no output (the segment pass).
-template <bool kOutput, int kNB>
+template <bool kOutput, int kNB, int kBlocks>
 __device__ __forceinline__ void store_chunk_output(const WarpChain &w, int64_t c, int n,
-                                                   const float (&pq)[kNB][4],
-                                                   const float (&mu)[kNB][4]) {
-  if constexpr (kOutput) store_output(pq, mu, n, w.out + c * kChunk * w.row_pitch, w.row_pitch);
+                                                   const float (&pq)[kBlocks][kNB][4],
+                                                   const float (&mu)[kBlocks][kNB][4]) {
+  if constexpr (kOutput)
+    store_output(pq, mu, n, w.out + c * kChunk * kBlocks * w.row_pitch, w.row_pitch);
 }
 
 // Rows of chunk c whose values are read (transition slices read none, design §6.1).
@@ -386,11 +434,11 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
   next_pos.advance(w.num_stages);
   wait_chunk(w, pos);
   load_score_frags<kOutput>(stage_of(w, pos), frags);
-  run_in_intervals<kCode>(w, span, state, [&](int64_t c0, int64_t c1) {
+  run_in_intervals<kCode, 1>(w, span, state, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c, pos = next_pos, next_pos.advance(w.num_stages)) {
       const uint8_t *stage = stage_of(w, pos);
       const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
-      LinkInputs<kNB> in;
+      LinkInputs<kNB, 1> in;
       load_link_inputs(stage, value_rows<kCode>(w, n), w.vcol, w.row_stride, in);
       Frag krt[kKBlocks];
 #pragma unroll
@@ -405,44 +453,47 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
         frags.kd[kb] = lds_frag(next, kOffKd + kb * kTileBytes);
         if constexpr (kOutput) frags.qd[kb] = lds_frag(next, kOffQd + kb * kTileBytes);
       };
-      float pk[kNB][4], pq[kNB][4];
-      chunk_projections<kOutput>([&](int kb) { return frags.kd[kb]; },
-                                 [&](int kb) { return frags.qd[kb]; }, prefetch, state, pk, pq);
-      uint32_t ub[kNB][2];
+      float pk[1][kNB][4], pq[1][kNB][4];
+      chunk_projections<kOutput>([&](int, int kb) { return frags.kd[kb]; },
+                                 [&](int, int kb) { return frags.qd[kb]; }, prefetch, state, pk,
+                                 pq);
+      uint32_t ub[1][kNB][2];
       solve_u(in, pk, ub);
-      float mu[kNB][4];
-      if constexpr (kOutput) output_scores(in.mqk, ub, mu);
-      update_state([&](int mb) { return krt[mb]; }, in.e, ub, state);
+      float mu[1][kNB][4];
+      if constexpr (kOutput) output_scores<kNB, 1>(in.mqk, ub, mu);
+      update_state<kNB, 1>([&](int mb, int) { return krt[mb]; }, in.e, ub, state);
       store_chunk_output<kOutput>(w, c, n, pq, mu);
     }
   });
 }
 
-// Streamed schedule (when registers are short, or many heads fill the GPU). Operand fragments
-// are read from shared memory where they are used, which keeps the wide state slice in
-// registers without spilling; the stage is released at the end of the link.
-template <PassCode kCode, int kNB>
+// Streamed schedule (when registers are short, or many heads fill the GPU, and every
+// 32-token link). Operand fragments are read from shared memory where they are used, which
+// keeps the wide state slice in registers without spilling; the stage is released at the
+// end of the link.
+template <PassCode kCode, int kBlocks, int kNB>
 __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const SeqSpan &span,
                                                    StateSlice<kNB> &state) {
+  using R = RecordLayout<kBlocks>;
   constexpr bool kOutput = kCode != PassCode::kStates;
   RingPos pos{0, 0};
-  run_in_intervals<kCode>(w, span, state, [&](int64_t c0, int64_t c1) {
+  run_in_intervals<kCode, kBlocks>(w, span, state, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c, pos.advance(w.num_stages)) {
       const uint8_t *stage = stage_of(w, pos);
-      const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
+      const int n = static_cast<int>(min(int64_t{R::kTokens}, span.len - c * R::kTokens));
       wait_chunk(w, pos);
-      LinkInputs<kNB> in;
+      LinkInputs<kNB, kBlocks> in;
       load_link_inputs(stage, value_rows<kCode>(w, n), w.vcol, w.row_stride, in);
-      float pk[kNB][4], pq[kNB][4];
-      chunk_projections<kOutput>([&](int kb) { return lds_frag(stage, kOffKd + kb * kTileBytes); },
-                                 [&](int kb) { return lds_frag(stage, kOffQd + kb * kTileBytes); },
+      float pk[kBlocks][kNB][4], pq[kBlocks][kNB][4];
+      chunk_projections<kOutput>([&](int blk, int kb) { return lds_frag(stage, R::kd(blk, kb)); },
+                                 [&](int blk, int kb) { return lds_frag(stage, R::qd(blk, kb)); },
                                  [](int) {}, state, pk, pq);
-      uint32_t ub[kNB][2];
+      uint32_t ub[kBlocks][kNB][2];
       solve_u(in, pk, ub);
-      float mu[kNB][4];
-      if constexpr (kOutput) output_scores(in.mqk, ub, mu);
-      update_state([&](int mb) { return lds_frag(stage, kOffKrT + mb * kTileBytes); }, in.e, ub,
-                   state);
+      float mu[kBlocks][kNB][4];
+      if constexpr (kOutput) output_scores<kNB, kBlocks>(in.mqk, ub, mu);
+      update_state<kNB, kBlocks>([&](int mb, int blk) { return lds_frag(stage, R::krt(mb, blk)); },
+                                 in.e, ub, state);
       release_chunk(w, pos);
       store_chunk_output<kOutput>(w, c, n, pq, mu);
     }
@@ -458,9 +509,10 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
 // (its grid is at most one wave); kGeneral and kStates run resident_ctas (config.h), as
 // the segment passes fill the GPU, within register_cap's registers. kStates, the segment
 // pass, writes states only: no Pq, no Mqk U and no Qd copy (benchmarks/NOTES.md step 25).
-template <int kNB, int kWarps, PassCode kCode>
-__global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, kCode))
-    __maxnreg__(register_cap(kWarps + 1, resident_ctas(kNB, kWarps, kCode)))
+// kBlocks = 2: 32-token chunks (AUTO mode where the plan picks them), one CTA per SM.
+template <int kNB, int kWarps, PassCode kCode, int kBlocks>
+__global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, kCode, kBlocks))
+    __maxnreg__(register_cap(kWarps + 1, resident_ctas(kNB, kWarps, kCode, kBlocks)))
         recurrence_kernel(const FwdParams p, const __grid_constant__ CUtensorMap value_map) {
   constexpr int kBlockV = 8 * kNB * kWarps;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -483,7 +535,8 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
 
   if (warp == kWarps) {  // producer warp; no CTA-wide barrier follows
     if (lane == 0)
-      produce_chunks<kBlockV, kCode != PassCode::kStates>(p, &value_map, task, stages, full, empty);
+      produce_chunks<kBlockV, kCode != PassCode::kStates, kBlocks>(p, &value_map, task, stages,
+                                                                   full, empty);
     return;
   }
 
@@ -499,7 +552,7 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
       full,
       empty,
       p.stages,
-      stage_bytes(kBlockV),
+      stage_bytes(kBlockV, kBlocks),
       value_row_stride(kBlockV),
       vcol,
       task.col0 < kHeadDim,
@@ -509,10 +562,10 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
       {task.checkpoint0 >= 0 ? p.checkpoints : nullptr, p.checkpoint_dtype, task.checkpoint0,
        p.checkpoint_slots, task.head, p.heads, p.checkpoint_chunks}};
   if (task.span.num_chunks > 0) {
-    if constexpr (prefetched_schedule(kNB, kWarps))
+    if constexpr (kBlocks == 1 && prefetched_schedule(kNB, kWarps))
       run_chain_prefetched<kCode>(w, task.span, state);
     else
-      run_chain_streamed<kCode>(w, task.span, state);
+      run_chain_streamed<kCode, kBlocks>(w, task.span, state);
   }
   store_state(task.sink, task.col0 + vcol, state);
 }

@@ -2,9 +2,10 @@
 // sequences.cuh: which tokens, records, segments and checkpoint slots belong to which
 // sequence (docs/design.md §1.3, §4.2, §6).
 //
+// A chunk is 16 or 32 tokens (p.chunk_shift: 4 or 5, workspace.h RecordLayout).
 // Batched mode: sequence i is tokens [i T, (i + 1) T), its chunks are records
-// [i ceil(T/16), (i + 1) ceil(T/16)). Varlen mode: sequence i is tokens [cu[i], cu[i+1])
-// and prefix_kernel writes, per sequence, its first record, first segment and first
+// [i ceil(T/C), (i + 1) ceil(T/C)), C the chunk length. Varlen mode: sequence i is tokens [cu[i],
+// cu[i+1]) and prefix_kernel writes, per sequence, its first record, first segment and first
 // checkpoint slot. cu_seqlens lives on the device and is not validated there (no host
 // sync), so every bound is clamped: a sequence is clamped into [0, total_tokens) and each
 // prefix into its capacity, which makes garbage cu_seqlens give garbage rows but never an
@@ -30,12 +31,21 @@ __device__ __forceinline__ int64_t token_offset(const Strides &s, int64_t b, int
   return b * s.batch + t * s.token + h * s.head;
 }
 
+// Tokens of a chunk, and the chunks of `len` tokens (shifts: no division on the device).
+__device__ __forceinline__ int64_t chunk_tokens(const FwdParams &p) {
+  return int64_t{1} << p.chunk_shift;
+}
+
+__device__ __forceinline__ int64_t chunks_of(const FwdParams &p, int64_t len) {
+  return (len + chunk_tokens(p) - 1) >> p.chunk_shift;
+}
+
 // A run of whole chunks of one sequence: a sequence, or a segment of one.
 struct SeqSpan {
   int64_t b, t0;       // batch and token coordinates of the first token
   int64_t len;         // tokens
   int64_t first_tile;  // first record within the head
-  int64_t num_chunks;  // records (== ceil(len / 16) unless cu_seqlens is inconsistent)
+  int64_t num_chunks;  // records (== ceil(len / C) unless cu_seqlens is inconsistent)
   int64_t chunk0;      // index of the first chunk within its sequence
 };
 
@@ -63,7 +73,7 @@ __device__ __forceinline__ SeqSpan seq_span(const FwdParams &p, int64_t i) {
   if (p.cu_seqlens == nullptr) {
     s.b = i;
     s.t0 = 0;
-    s.num_chunks = ceil_div(p.seqlen, kChunk);
+    s.num_chunks = chunks_of(p, p.seqlen);
     s.first_tile = i * s.num_chunks;
   } else {
     s.b = 0;
@@ -75,13 +85,14 @@ __device__ __forceinline__ SeqSpan seq_span(const FwdParams &p, int64_t i) {
 }
 
 // Chunks [c0, c0 + count) of a span, clamped to it.
-__device__ __forceinline__ SeqSpan sub_span(const SeqSpan &s, int64_t c0, int64_t count) {
+__device__ __forceinline__ SeqSpan sub_span(const FwdParams &p, const SeqSpan &s, int64_t c0,
+                                            int64_t count) {
   SeqSpan r = s;
   c0 = min(c0, s.num_chunks);
   r.first_tile = s.first_tile + c0;
   r.num_chunks = min(count, s.num_chunks - c0);
-  r.t0 = s.t0 + c0 * kChunk;
-  r.len = max(int64_t{0}, min(count * kChunk, s.len - c0 * kChunk));
+  r.t0 = s.t0 + (c0 << p.chunk_shift);
+  r.len = max(int64_t{0}, min(count << p.chunk_shift, s.len - (c0 << p.chunk_shift)));
   r.chunk0 = s.chunk0 + c0;
   return r;
 }
@@ -102,14 +113,14 @@ __device__ __forceinline__ int64_t owner_of(const int32_t *prefix, int64_t n, in
 struct ChunkRef {
   int64_t tile;   // record index within the head
   int64_t b, t0;  // batch and token coordinates of the chunk's first token
-  int n;          // valid rows, 1..16
+  int n;          // valid rows, 1..C
 };
 
 // K1's chunk for grid index x; false for the excess CTAs of varlen's upper-bound grid.
 __device__ __forceinline__ bool locate_chunk(const FwdParams &p, int64_t x, ChunkRef &ref) {
   int64_t seq = 0;
   if (p.cu_seqlens == nullptr) {
-    seq = x / ceil_div(p.seqlen, kChunk);
+    seq = x / chunks_of(p, p.seqlen);
   } else {
     if (x >= p.tile_prefix[p.num_seqs]) return false;
     seq = owner_of(p.tile_prefix, p.num_seqs, x);  // the non-empty sequence owning record x
@@ -118,8 +129,8 @@ __device__ __forceinline__ bool locate_chunk(const FwdParams &p, int64_t x, Chun
   const int64_t c = x - s.first_tile;
   ref.tile = x;
   ref.b = s.b;
-  ref.t0 = s.t0 + c * kChunk;
-  ref.n = static_cast<int>(min(int64_t{kChunk}, s.len - c * kChunk));
+  ref.t0 = s.t0 + (c << p.chunk_shift);
+  ref.n = static_cast<int>(min(chunk_tokens(p), s.len - (c << p.chunk_shift)));
   return ref.n > 0;
 }
 
@@ -133,7 +144,7 @@ __device__ __forceinline__ bool locate_chunk(const FwdParams &p, int64_t x, Chun
 __device__ __forceinline__ bool locate_item(const FwdParams &p, int32_t i, int64_t &head,
                                             ChunkRef &ref) {
   const int32_t heads = static_cast<int32_t>(p.heads);
-  const int32_t chunks = static_cast<int32_t>(ceil_div(p.seqlen, kChunk));
+  const int32_t chunks = static_cast<int32_t>(chunks_of(p, p.seqlen));
   const int32_t group_items = p.order_group * chunks * heads;
   const int32_t first = i / group_items * p.order_group;  // the group's first sequence
   const int32_t members = min(p.order_group, static_cast<int32_t>(p.num_seqs) - first);
@@ -142,8 +153,8 @@ __device__ __forceinline__ bool locate_item(const FwdParams &p, int32_t i, int64
   if (j >= chunks) return false;  // past the items (prepare_items bounds i)
   ref.b = first + slab % members;
   ref.tile = ref.b * chunks + j;
-  ref.t0 = int64_t{j} * kChunk;
-  ref.n = static_cast<int>(min(int64_t{kChunk}, p.seqlen - ref.t0));
+  ref.t0 = int64_t{j} << p.chunk_shift;
+  ref.n = static_cast<int>(min(chunk_tokens(p), p.seqlen - ref.t0));
   return true;
 }
 
@@ -157,7 +168,7 @@ __device__ __forceinline__ int64_t segments_of(const FwdParams &p, int64_t chunk
 
 // Segments of sequence i: one count in batched mode, prefix differences in varlen mode.
 __device__ __forceinline__ int64_t segment_count(const FwdParams &p, int64_t i) {
-  if (p.cu_seqlens == nullptr) return segments_of(p, ceil_div(p.seqlen, kChunk));
+  if (p.cu_seqlens == nullptr) return segments_of(p, chunks_of(p, p.seqlen));
   return int64_t{p.segment_prefix[i + 1]} - p.segment_prefix[i];
 }
 
@@ -183,7 +194,7 @@ __device__ __forceinline__ bool locate_segment(const FwdParams &p, int64_t s, Se
     ref.count = segment_count(p, ref.seq);
   }
   const SeqSpan whole = seq_span(p, ref.seq);
-  ref.span = sub_span(whole, ref.index * p.segment_chunks, p.segment_chunks);
+  ref.span = sub_span(p, whole, ref.index * p.segment_chunks, p.segment_chunks);
   return ref.count > 0;
 }
 
@@ -194,14 +205,14 @@ __device__ __forceinline__ int64_t first_segment(const FwdParams &p, int64_t i) 
 
 // First checkpoint slot of sequence i (flash_kda.h: slots in sequence order).
 __device__ __forceinline__ int64_t first_checkpoint(const FwdParams &p, int64_t i) {
-  if (p.cu_seqlens == nullptr) return i * (p.seqlen / (int64_t{kChunk} * p.checkpoint_chunks));
+  if (p.cu_seqlens == nullptr) return i * (p.seqlen / (chunk_tokens(p) * p.checkpoint_chunks));
   return p.checkpoint_prefix[i];
 }
 
 // ---------------------------------------------------------------- varlen prefixes
 
 // Varlen only: per sequence i, prefix[i] = sum over j < i of its count: records
-// ceil(len_j / 16) (clamped to tiles_per_head), segments ceil(records_j / segment_chunks)
+// ceil(len_j / C) (clamped to tiles_per_head), segments ceil(records_j / segment_chunks)
 // (clamped to max_segments) and checkpoints floor(len_j / checkpoint_every). One CTA of
 // kPrefixThreads threads; thread t scans a contiguous run of sequences. Where the whole
 // pass takes the sequences longest first (p.seq_order), their order replaces the segment
@@ -212,9 +223,9 @@ __device__ __forceinline__ void prefix_counts(const FwdParams &p, int64_t i,
                                               int64_t (&count)[kPrefixes]) {
   int64_t bos, len;
   seq_bounds(p, i, bos, len);
-  count[0] = ceil_div(len, kChunk);
+  count[0] = chunks_of(p, len);
   count[1] = p.segment_chunks > 0 ? segments_of(p, count[0]) : 0;
-  count[2] = p.checkpoint_chunks > 0 ? len / (int64_t{kChunk} * p.checkpoint_chunks) : 0;
+  count[2] = p.checkpoint_chunks > 0 ? len / (chunk_tokens(p) * p.checkpoint_chunks) : 0;
 }
 
 // seq_order[r] = the sequence of rank r: more chunks first, ties by index. The ranks are a

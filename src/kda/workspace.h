@@ -3,16 +3,20 @@
 // (design §4.3). Host and device constexpr only, shared with api.cpp, so it lives in the
 // arch-independent namespace: it defines no symbol that two arch TUs could both emit.
 //
-// Record of one (head, chunk), in the order K2 consumes it. 16x16 operand tiles are
-// stored in mma.m16n8k16 A-fragment order (frag_a_index), so each lane of a K2 warp
-// reads its fragment as one 16-byte vector, conflict-free, with no ldmatrix:
-//   Kd   [8 k-blocks]  A tiles of Kd  (rows t, cols k)       4096 B
-//   Qd   [8 k-blocks]  A tiles of Qd  (rows t, cols k)       4096 B
-//   KrT  [8 k-blocks]  A tiles of Kr^T (rows k, cols t)      4096 B
-//   INV                A tile of (I + L)^-1 (rows t, cols s)  512 B
-//   Mqk                A tile of Mqk  (rows t, cols s)         512 B
-//   decay fp32 e[k] = 2^Gtot[k] at decay_index(k)              512 B
-//   beta  bf16 bf(sig(beta_raw[t])), t = 0..15                  32 B, padded to 128
+// Record of one (head, chunk), in the order K2 consumes it. A chunk is kBlocks = 1 or 2
+// blocks of 16 tokens (16 everywhere in exact mode; 32 where the AUTO plan picks them,
+// docs/proposals/32-token-chunks.md). 16x16 operand tiles are stored in mma.m16n8k16
+// A-fragment order (frag_a_index), so each lane of a K2 warp reads its fragment as one
+// 16-byte vector, conflict-free, with no ldmatrix:
+//   Kd   [blocks][8 k-blocks]  A tiles of Kd  (rows t, cols k)         4096 B a block
+//   Qd   [blocks][8 k-blocks]  A tiles of Qd  (rows t, cols k)         4096 B a block
+//   KrT  [8 k-blocks][blocks]  A tiles of Kr^T (rows k, cols t)        4096 B a block
+//   INV  [block pairs]         A tiles of (I + L)^-1 (rows t, cols s)   512 B a pair
+//   Mqk  [block pairs]         A tiles of Mqk  (rows t, cols s)          512 B a pair
+//   decay fp32 e[k] = 2^Gtot[k] at decay_index(k)                        512 B
+//   beta  bf16 bf(sig(beta_raw[t])), t = 0..16 blocks - 1, padded to 128 B
+// Block pairs (I, J), J <= I, in the order 00, 10, 11 (block_pair). With one block this
+// is the exact path's record, 13,952 B; with two, 28,288 B (884 B a token against 872).
 // The format is free (design §3.5): only the values matter for bit-exactness.
 #pragma once
 
@@ -20,20 +24,13 @@
 
 namespace flash_kda {
 
-constexpr int kChunk = 16;     // tokens per chunk (design §0)
+constexpr int kChunk = 16;     // tokens per 16-row block, and per chunk of the exact path
 constexpr int kHeadDim = 128;  // K = V = D (design §0)
 
 constexpr int kTileElems = 16 * 16;              // one 16x16 operand tile
 constexpr int kTileBytes = kTileElems * 2;       // bf16: 512 B, one lane's 16 B times 32 lanes
 constexpr int kKBlocks = kHeadDim / 16;          // 16-wide blocks of the head dimension
 constexpr int kOpBytes = kKBlocks * kTileBytes;  // 8 bf16 tiles = 4096 B
-constexpr int kOffKd = 0;
-constexpr int kOffQd = kOffKd + kOpBytes;
-constexpr int kOffKrT = kOffQd + kOpBytes;
-constexpr int kOffInv = kOffKrT + kOpBytes;
-constexpr int kOffMqk = kOffInv + kTileBytes;
-constexpr int kOffDecay = kOffMqk + kTileBytes;
-constexpr int kOffBeta = kOffDecay + kHeadDim * 4;
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -43,14 +40,58 @@ constexpr int64_t round_up(int64_t a, int64_t b) {
   return ceil_div(a, b) * b;
 }
 
-// Records stay 128-byte aligned (bulk copies want 16, L2 sectors 32, lines 128): 13,952 B.
-constexpr int kRecordBytes = static_cast<int>(round_up(kOffBeta + kChunk * 2, 128));
+// Tile of block pair (I, J), J <= I, in the INV and Mqk planes.
+constexpr int block_pair(int i, int j) {
+  return i * (i + 1) / 2 + j;
+}
 
-static_assert(kOffBeta + kChunk * 2 <= kRecordBytes, "record overflow");
-static_assert(kRecordBytes % 128 == 0, "records must keep 128-byte alignment");
-static_assert(kOffKd % 16 == 0 && kOffQd % 16 == 0 && kOffKrT % 16 == 0 && kOffInv % 16 == 0 &&
-                  kOffMqk % 16 == 0 && kOffDecay % 16 == 0 && kOffBeta % 16 == 0,
+// The record of a chunk of kBlocks 16-token blocks. Records stay 128-byte aligned (bulk
+// copies want 16, L2 sectors 32, lines 128).
+template <int kBlocks>
+struct RecordLayout {
+  static_assert(kBlocks == 1 || kBlocks == 2, "chunks of 16 or 32 tokens");
+  static constexpr int kTokens = 16 * kBlocks;
+  static constexpr int kPairs = block_pair(kBlocks, 0);
+  static constexpr int kOffKd = 0;
+  static constexpr int kOffQd = kOffKd + kBlocks * kOpBytes;
+  static constexpr int kOffKrT = kOffQd + kBlocks * kOpBytes;
+  static constexpr int kOffInv = kOffKrT + kBlocks * kOpBytes;
+  static constexpr int kOffMqk = kOffInv + kPairs * kTileBytes;
+  static constexpr int kOffDecay = kOffMqk + kPairs * kTileBytes;
+  static constexpr int kOffBeta = kOffDecay + kHeadDim * 4;
+  static constexpr int kBytes = static_cast<int>(round_up(kOffBeta + kTokens * 2, 128));
+  // Byte offsets of the A tile of Kd / Qd block `blk`, k-block kb, and of Kr^T k-block mb,
+  // token block blk.
+  static constexpr int kd(int blk, int kb) { return kOffKd + (blk * kKBlocks + kb) * kTileBytes; }
+  static constexpr int qd(int blk, int kb) { return kOffQd + (blk * kKBlocks + kb) * kTileBytes; }
+  static constexpr int krt(int mb, int blk) { return kOffKrT + (mb * kBlocks + blk) * kTileBytes; }
+  static constexpr int inv(int i, int j) { return kOffInv + block_pair(i, j) * kTileBytes; }
+  static constexpr int mqk(int i, int j) { return kOffMqk + block_pair(i, j) * kTileBytes; }
+};
+
+// The exact path's record (one block), under the names the kernels have always used.
+using Record16 = RecordLayout<1>;
+using Record32 = RecordLayout<2>;
+constexpr int kOffKd = Record16::kOffKd;
+constexpr int kOffQd = Record16::kOffQd;
+constexpr int kOffKrT = Record16::kOffKrT;
+constexpr int kOffInv = Record16::kOffInv;
+constexpr int kOffMqk = Record16::kOffMqk;
+constexpr int kOffDecay = Record16::kOffDecay;
+constexpr int kOffBeta = Record16::kOffBeta;
+constexpr int kRecordBytes = Record16::kBytes;  // 13,952 B
+
+static_assert(kRecordBytes == 13952 && Record32::kBytes == 28288, "record sizes (design §4.3)");
+static_assert(Record32::kBytes % 128 == 0 && kRecordBytes % 128 == 0,
+              "records must keep 128-byte alignment");
+static_assert(Record32::kOffBeta % 16 == 0 && Record32::kOffDecay % 16 == 0 && kOffBeta % 16 == 0 &&
+                  kOffDecay % 16 == 0,
               "every plane must allow 16-byte vector access");
+
+// Bytes of one record of a chunk of `tokens` (16 or 32) tokens.
+constexpr int record_bytes(int tokens) {
+  return tokens == 32 ? Record32::kBytes : Record16::kBytes;
+}
 
 // Element offset of (row i, col j) of a 16x16 tile in A-fragment order: lane
 // (i % 8) * 4 + (j % 8) / 2 holds 8 values, register (i / 8) + 2 * (j / 8), half j % 2.
@@ -64,10 +105,10 @@ constexpr int decay_index(int k) {
   return ((k % 8) * 8 + k / 16) * 2 + (k / 8) % 2;
 }
 
-// Records per head: an upper bound on the chunks of any split of total_tokens into
-// num_seqs sequences (design §1.6).
-constexpr int64_t tiles_per_head(int64_t total_tokens, int64_t num_seqs) {
-  return ceil_div(total_tokens, kChunk) + num_seqs;
+// Records per head: an upper bound on the chunks of `tokens` tokens (16 or 32) of any
+// split of total_tokens into num_seqs sequences (design §1.6).
+constexpr int64_t tiles_per_head(int64_t total_tokens, int64_t num_seqs, int tokens = kChunk) {
+  return ceil_div(total_tokens, tokens) + num_seqs;
 }
 
 // prefix_kernel's threads (one CTA): it scans the varlen prefix arrays, and ranks up to this

@@ -30,7 +30,7 @@
 #define FLASH_KDA_NOEXCEPT
 #endif
 
-#define FLASH_KDA_ABI_VERSION 3
+#define FLASH_KDA_ABI_VERSION 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -151,10 +151,15 @@ typedef struct flash_kda_fwd_args {
   int32_t segment_chunks;    /* AUTO mode: 0 = the library picks; > 0 forces 16-token chunks
                               * per segment (diagnostics and tests) */
   /* ---- ABI 3 ---- */
-  int32_t overlap;   /* K1 beside the first recurrence pass (design §4.7): 0 = the library
-                      * decides, 1 = wherever it can run, -1 = never (diagnostics and tests;
-                      * no result changes) */
-  int32_t reserved3; /* set to 0 */
+  int32_t overlap; /* K1 beside the first recurrence pass (design §4.7): 0 = the library
+                    * decides, 1 = wherever it can run, -1 = never (diagnostics and tests;
+                    * no result changes) */
+  /* ---- ABI 4 (named reserved3, set to 0, in ABI 3) ---- */
+  int32_t chunk_tokens; /* tokens per chunk: 0 = the library picks (16 in EXACT mode; 16 or
+                         * 32 in AUTO mode, 32 only when checkpoint_every is a multiple of
+                         * 32); 16 or 32 forces it (32 needs mode AUTO; diagnostics and
+                         * tests). AUTO results with 32-token chunks are not bitwise equal
+                         * to EXACT's (docs/proposals/32-token-chunks.md) */
 } flash_kda_fwd_args;
 
 /* What flash_kda_fwd will run for some arguments (flash_kda_fwd_plan). */
@@ -171,6 +176,9 @@ typedef struct flash_kda_fwd_plan_info {
   int32_t overlap_max_ctas; /* K1 CTAs per SM kept beside the pass at its start (at most
                              * what fits); more fill the SMs it leaves free once it runs.
                              * (Named `reserved` and 0 before this field existed.) */
+  /* ---- ABI 4: a caller may pass the ABI 3 size, without these fields ---- */
+  int32_t chunk_tokens; /* tokens per chunk of the call: 16 or 32 */
+  int32_t reserved4;    /* 0 */
 } flash_kda_fwd_plan_info;
 
 /* Single-instruction probes: the reference calls them to reproduce the exact
