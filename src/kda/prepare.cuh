@@ -7,7 +7,9 @@
 // prepare_overlap_kernel: resident CTAs that take records one after another beside the
 // recurrence (design §4.7). 128 threads (4 warps), 15.5 KB static smem. Rows t >= n of a
 // partial chunk are loaded as zeros: k, q and g rows become 0, so Kd/Qd/Ki/Kr rows and
-// gamma are 0 there, as in the reference (design §3.5: free).
+// gamma are 0 there, as in the reference (design §3.5: free). The kernels' template
+// argument 2 makes 32-token records instead (AUTO mode, design §4.8; the section
+// "32-token records" below).
 //
 // Shared-memory layout: the 16x128 tiles are row-major with rows padded to 136 elements,
 // which makes every access below conflict-free: per-channel threads touch 128 contiguous

@@ -12,7 +12,9 @@
 // plus one producer warp that streams records and value rows into a ring of up to
 // kMaxStages stages with bulk copies (TMA) on mbarriers. Output rows go from registers to
 // global memory. Shared memory: 128 + stages * (kRecordBytes + 32 block_v) bytes, stages
-// chosen at launch to fit the device (sm_120: 99 KB per block).
+// chosen at launch to fit the device (sm_120: 99 KB per block). kBlocks = 2 runs 32-token
+// chunks (AUTO mode, design §4.8): the same link over two 16-row blocks, 32-token records
+// and value rows per stage.
 //
 // Bit-exactness (design §5): per column the same m16n8k16 instructions in the same k order,
 // the same roundings and the same FFMA as a one-CTA-per-head kernel; only the warp that
@@ -37,7 +39,7 @@ constexpr int kBarrierBytes = 128;  // full[kMaxStages] and empty[kMaxStages]
 static_assert(2 * kMaxStages * 8 <= kBarrierBytes, "barrier area too small");
 
 __host__ __device__ constexpr int value_row_stride(int block_v) {
-  return 2 * block_v;  // the tensor copy lands the [16][block_v] box densely
+  return 2 * block_v;  // the tensor copy lands the [16 blocks][block_v] box densely
 }
 
 // A stage: the record of a chunk of `blocks` 16-token blocks and its value rows.
