@@ -601,35 +601,23 @@ __device__ __forceinline__ void chunk_scores32(PrepareSmem32 &sm) {
   }
 }
 
-// Step 9 on 32 rows: warps 0 and 1 the diagonal blocks' Neumann products (kept in fp16 for
-// the cross block) and their INV; then, after a CTA barrier, warp 0 INV10.
-__device__ __forceinline__ void neumann_inverse32(PrepareSmem32 &sm) {
-  const int warp = threadIdx.x / 32;
-  if (warp < 2) {
-    const int pair = block_pair(warp, warp);
-    const Tile16 n = neumann_product(load_tile16(sm.lmat[pair]));
-    store_tile16(n, sm.nprod[warp]);
-    store_bf16_frag(n, false, sm.inv[pair]);
-  }
-  __syncthreads();
-  if (warp == 0) {
-    const Tile16 x = mma16(load_tile16(sm.lmat[block_pair(1, 0)]), load_tile16(sm.nprod[0]));
-    store_bf16_frag(mma16(load_tile16(sm.nprod[1]), x), true, sm.inv[block_pair(1, 0)]);
-  }
-}
+// The 32-token record (workspace.h RecordLayout<2>) goes straight to global memory in
+// 16-byte vectors, in two parts that overlap step 9: while warps 0 and 1 compute the
+// diagonal blocks' Neumann products, warps 2-7 store everything that does not depend on
+// INV (ncu on the H200: with step 9 and the store in sequence, seven warps waited at the
+// barriers around step 9 for ~10% of K1's stall samples); warp 0 then forms INV10 and
+// stores the INV plane itself.
+constexpr int kStoreWarps32 = kPrepare32Threads / 32 - 2;
 
-// The 32-token record (workspace.h RecordLayout<2>), straight to global memory in 16-byte
-// vectors: 48 operand tiles, six a warp, then INV, Mqk, the decay plane and beta.
-__device__ __forceinline__ void store_record32(const FwdParams &p, int64_t h, const ChunkRef &ch,
-                                               const PrepareSmem32 &sm) {
+// Warps 2-7: the 48 operand tiles (eight a warp), then Mqk, the decay plane and beta.
+__device__ __forceinline__ void store_operands32(uint4 *rec, const PrepareSmem32 &sm) {
   using R = Record32;
-  uint4 *rec = reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * R::kBytes);
-  const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  constexpr uint32_t kWarps = kPrepare32Threads / 32, kPlane = 2 * kKBlocks;
-  static_assert(kPlane % kWarps == 0, "whole planes per round");
+  const uint32_t tid = threadIdx.x - 64, warp = tid / 32, lane = tid % 32;
+  constexpr uint32_t kPlane = 2 * kKBlocks;
+  static_assert(3 * kPlane % kStoreWarps32 == 0, "whole rounds of tiles");
 #pragma unroll
-  for (uint32_t i = 0; i < 3 * kPlane / kWarps; ++i) {
-    const uint32_t tile = warp + kWarps * i, plane = tile / kPlane, j = tile % kPlane;
+  for (uint32_t i = 0; i < 3 * kPlane / kStoreWarps32; ++i) {
+    const uint32_t tile = warp + kStoreWarps32 * i, plane = tile / kPlane, j = tile % kPlane;
     uint4 v;
     int offset;
     if (plane < 2) {  // Kd, Qd: block j / 8, k-block j % 8
@@ -642,25 +630,43 @@ __device__ __forceinline__ void store_record32(const FwdParams &p, int64_t h, co
     }
     rec[offset / 16 + lane] = v;
   }
-  constexpr uint32_t kTileVecs = kTileBytes / 16, kPairVecs = R::kPairs * kTileVecs;
+  constexpr uint32_t kPairVecs = R::kPairs * (kTileBytes / 16);
   if (tid < kPairVecs) {
-    rec[R::kOffInv / 16 + tid] = reinterpret_cast<const uint4 *>(sm.inv)[tid];
-  } else if (tid < 2 * kPairVecs) {
-    rec[R::kOffMqk / 16 + tid - kPairVecs] =
-        reinterpret_cast<const uint4 *>(sm.mqk)[tid - kPairVecs];
-  } else if (tid < 2 * kPairVecs + 32) {
-    rec[R::kOffDecay / 16 + tid - 2 * kPairVecs] = decay_vec(sm.decay, tid - 2 * kPairVecs);
-  } else if (tid < 2 * kPairVecs + 32 + (R::kBytes - R::kOffBeta) / 16) {
-    const uint32_t i = tid - 2 * kPairVecs - 32;  // beta (64 B), then zero padding
+    rec[R::kOffMqk / 16 + tid] = reinterpret_cast<const uint4 *>(sm.mqk)[tid];
+  } else if (tid < kPairVecs + 32) {
+    rec[R::kOffDecay / 16 + tid - kPairVecs] = decay_vec(sm.decay, tid - kPairVecs);
+  } else if (tid < kPairVecs + 32 + (R::kBytes - R::kOffBeta) / 16) {
+    const uint32_t i = tid - kPairVecs - 32;  // beta (64 B), then zero padding
     uint4 v = make_uint4(0, 0, 0, 0);
     if (i < 4) v = reinterpret_cast<const uint4 *>(sm.beta_bf)[i];
     rec[R::kOffBeta / 16 + i] = v;
   }
 }
-static_assert(2 * Record32::kPairs * (kTileBytes / 16) + 32 +
+static_assert(Record32::kPairs * (kTileBytes / 16) + 32 +
                       (Record32::kBytes - Record32::kOffBeta) / 16 <=
-                  kPrepare32Threads,
+                  32 * kStoreWarps32,
               "one vector a thread for the small planes");
+
+// Step 9 on 32 rows, warps 0 and 1: the diagonal blocks' Neumann products (kept in fp16 for
+// the cross block) and their INV.
+__device__ __forceinline__ void neumann_diagonal32(PrepareSmem32 &sm) {
+  const int warp = threadIdx.x / 32, pair = block_pair(warp, warp);
+  const Tile16 n = neumann_product(load_tile16(sm.lmat[pair]));
+  store_tile16(n, sm.nprod[warp]);
+  store_bf16_frag(n, false, sm.inv[pair]);
+}
+
+// Warp 0, after the diagonal blocks: INV10 = bf(-MMA16(N11, MMA16(L10, N00))), then the INV
+// plane (three tiles) to the record.
+__device__ __forceinline__ void cross_inverse32(uint4 *rec, PrepareSmem32 &sm) {
+  const Tile16 x = mma16(load_tile16(sm.lmat[block_pair(1, 0)]), load_tile16(sm.nprod[0]));
+  store_bf16_frag(mma16(load_tile16(sm.nprod[1]), x), true, sm.inv[block_pair(1, 0)]);
+  __syncwarp();
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < Record32::kPairs; ++i)
+    rec[Record32::kOffInv / 16 + 32 * i + lane] = reinterpret_cast<const uint4 *>(sm.inv[i])[lane];
+}
 
 // One 32-token record: chunk `ch` of head h.
 __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
@@ -685,9 +691,14 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   __syncthreads();
   chunk_scores32(sm);
   __syncthreads();
-  neumann_inverse32(sm);
+  uint4 *rec =
+      reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * Record32::kBytes);
+  if (threadIdx.x < 64)
+    neumann_diagonal32(sm);
+  else
+    store_operands32(rec, sm);
   __syncthreads();
-  store_record32(p, h, ch, sm);
+  if (threadIdx.x < 32) cross_inverse32(rec, sm);
 }
 
 // ---------------------------------------------------------------- the K1 kernels
