@@ -97,6 +97,6 @@ print("exact overlapped multi-wave: done")
 
 for mode, options, segment_chunks, chunk in MODES:
     for name, p, overrides in serving_cases():
-        if chunk == 32 and overrides.get("checkpoint_every", 0) % 32:
-            continue  # 32-token chunks need checkpoints every multiple of 32 tokens
+        if chunk == 32 and overrides.get("checkpoint_every", 0) % 32:  # 32-token chunks need
+            overrides = dict(overrides, checkpoint_every=32)  # checkpoints every multiple of 32
         run(f"{mode} {name}", p, segment_chunks, chunk, **options, **overrides)

@@ -306,7 +306,7 @@ GARBAGE = {
 }
 
 
-@pytest.mark.parametrize("mode", ["exact", "auto-segments-2"])
+@pytest.mark.parametrize("mode", ["exact", "auto-segments-2", "auto-32"])
 @pytest.mark.parametrize("pooled", [False, True], ids=["states", "pool"])
 @pytest.mark.parametrize("name", list(GARBAGE))
 def test_garbage_device_cu_seqlens_stays_in_bounds(name, pooled, mode):
@@ -322,7 +322,8 @@ def test_garbage_device_cu_seqlens_stays_in_bounds(name, pooled, mode):
     ckpt_buffer, checkpoints = guarded((7, H, 128, 128), fp32, 3333.0)
     before = [b.clone() for b in (out_buffer, state_buffer, ckpt_buffer)]
     fwd_call = check(p, checkpoint_every=64, checkpoints=checkpoints, exact=mode == "exact")
-    dispatch.run_native(fwd_call, segment_chunks=0 if mode == "exact" else 2)
+    chunk = 32 if mode == "auto-32" else 0  # 32-token chunks (design section 4.8)
+    dispatch.run_native(fwd_call, segment_chunks=2 if mode == "auto-segments-2" else 0, chunk=chunk)
     torch.cuda.synchronize()
     for buffer, old, what in zip((out_buffer, state_buffer, ckpt_buffer), before, ("out", "final_state", "ckpts")):
         assert_guards(buffer, old, what)
