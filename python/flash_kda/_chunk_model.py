@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """A model of the automatic path with 32-token chunks (docs/proposals/32-token-chunks.md).
-No kernel uses it yet: it is the oracle such a kernel is to be checked against, and its
-accuracy is tested now (tests/test_chunk_model.py).
+It is the bitwise oracle of the native 32-token path (design §4.8; tests/test_chunk32_gpu.py
+on a GPU), and its accuracy is tested on the CPU (tests/test_chunk_model.py).
 
 Like reference.py it runs the approximate instructions exactly on the CPU, or through the
 library's probes on a GPU that has them. Every rounding follows the ledger (design §3.2,
