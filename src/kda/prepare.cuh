@@ -490,11 +490,12 @@ struct PrepareSmem32 {
   alignas(16) uint16_t x[3][2 * kChunk][kRow];
   // Blocks' own operands (16 rows): Ki of block 0, B, and block 1's Qd^1, Kd^1, Ki^1.
   alignas(16) uint16_t own[5][kChunk][kRow];
-  alignas(
-      16) uint16_t inv[Record32::kPairs][kTileElems];  // INV blocks 00, 10, 11, A-fragment order
-  alignas(16) uint16_t mqk[Record32::kPairs][kTileElems];       // Mqk blocks 00, 10, 11
-  alignas(16) uint16_t lmat[Record32::kPairs][kChunk][kChunk];  // L blocks (fp16), row-major
-  alignas(16) uint16_t nprod[2][kChunk][kChunk];                // N00, N11 (fp16), row-major
+  // INV and Mqk blocks 00, 10, 11 in A-fragment order; L blocks and the diagonal Neumann
+  // products N00, N11 in fp16, row-major.
+  alignas(16) uint16_t inv[Record32::kPairs][kTileElems];
+  alignas(16) uint16_t mqk[Record32::kPairs][kTileElems];
+  alignas(16) uint16_t lmat[Record32::kPairs][kChunk][kChunk];
+  alignas(16) uint16_t nprod[2][kChunk][kChunk];
   alignas(16) float handoff[4][kHeadDim];  // G_7, G_15, G_23 and G^1_23, by channel
   alignas(16) float g_end[kHeadDim];       // G_31
   alignas(16) float decay[kHeadDim];       // e = EX2(G_31)
