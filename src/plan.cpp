@@ -62,8 +62,8 @@ constexpr double kOverlapUs = 3.0;     // the flags' memset
 constexpr double kFreeSupply = 0.4;
 
 // The chunk length's part of the cost model. 16-token chunks: config.h's link times and
-// K1's measured rates above. 32-token chunks (docs/proposals/32-token-chunks.md): every
-// pass runs one CTA per SM (config.h resident_ctas) and a link costs chunk32_link_scale
+// K1's measured rates above. 32-token chunks (design §4.8): whole-sequence passes only (no
+// segments), one CTA per SM (config.h resident_ctas), and a link costs chunk32_link_scale
 // 16-token links of the same width at one CTA per SM (config.h); K1's 32-token CTAs are
 // 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone and
 // ~14 beside the pass, where two fit (H200, T=8192 H=24, 48 and 96, NOTES.md step 48).
@@ -82,6 +82,11 @@ constexpr ChunkCosts kCosts32 = {32, true, 9.4, 4, 14.0, 2};
 // A link of width s for these chunks against config.h's 16-token link times.
 double link_scale(const RecurrenceShape &s, const ChunkCosts &cost) {
   return cost.one_cta_per_sm ? s.chunk32_link_scale : 1.0;
+}
+
+// Whether the whole-sequence pass of this width is built for 32-token chunks (config.h).
+bool chunk32_built(int32_t block_v) {
+  return instantiated(*recurrence_shape(block_v), PassCode::kPlain, 2);
 }
 
 const ChunkCosts &costs_of(int32_t tokens) {
@@ -298,7 +303,7 @@ double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts
     if (can_overlap(z, 0, r, cost))
       whole = std::min(whole, k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, beside, cost));
     predicted = whole;
-    if (r.mode == FLASH_KDA_MODE_AUTO && L == 0) {
+    if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && !cost.one_cta_per_sm) {  // 32: no segments
       // Candidates: the shortest segments that give P = kMinSegments .. kFineSegmentCounts
       // segments (so that a pass can just fill its waves), then doubling lengths below that.
       double best = kMargin * whole - k1;  // the segmented recurrence to beat
@@ -385,16 +390,22 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
   if (r.chunk_tokens == 32 && z.checkpoint_every % 32 != 0)
     return "chunk_tokens 32 needs checkpoint_every a multiple of 32 (or 0), got " +
            str(z.checkpoint_every);
+  if (r.chunk_tokens == 32 && r.segment_chunks > 0)
+    return "segment_chunks needs 16-token chunks (chunk_tokens 0 or 16), got chunk_tokens 32";
   if (r.chunk_tokens != 0) {
     plan_chunks(z, r, costs_of(r.chunk_tokens), plan);
+    if (plan.chunk_tokens == 32 && !chunk32_built(plan.block_v))
+      return "chunk_tokens 32 needs block_v 32 or 64 (no 32-token kernel is built for " +
+             str(plan.block_v) + ")";
   } else {
     // AUTO mode picks the chunk length the cost model predicts faster (forced segments
-    // keep 16 tokens, as flash_kda.h says).
+    // keep 16 tokens, as flash_kda.h says), among widths built for 32-token chunks.
     const double t16 = plan_chunks(z, r, kCosts16, plan);
     if (r.mode == FLASH_KDA_MODE_AUTO && r.segment_chunks == 0 && r.num_sms > 0 &&
         z.checkpoint_every % 32 == 0) {
       Plan p32{};
-      if (plan_chunks(z, r, kCosts32, p32) < t16) plan = p32;
+      const double t32 = plan_chunks(z, r, kCosts32, p32);
+      if (chunk32_built(p32.block_v) && t32 < t16) plan = p32;
     }
   }
   plan.overlap_min_ctas = overlap_min_ctas(z, plan, r);

@@ -341,9 +341,10 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
 
 
 def test_chunk_length_rules(lib):
-    """Chunks are 16 tokens in exact mode and with forced segments; AUTO mode may pick 32
-    (docs/proposals/32-token-chunks.md) only where checkpoint_every is a multiple of 32;
-    a forced length outside those rules is refused with the reason."""
+    """Chunks are 16 tokens in exact mode and with segments; AUTO mode may pick 32 (design
+    section 4.8) only where checkpoint_every is a multiple of 32, and only for the widths
+    built for them (block_v 32, 64); a forced length outside those rules is refused with
+    the reason."""
     sizes = dict(batch=1, seqlen=8192, heads=6, num_seqs=1)
     assert lib.plan(valid_args(mode=0, **sizes)).chunk_tokens == 16
     assert lib.plan(valid_args(mode=1, chunk_tokens=16, **sizes)).chunk_tokens == 16
@@ -355,6 +356,9 @@ def test_chunk_length_rules(lib):
         (dict(mode=0, chunk_tokens=32), "chunk_tokens 32 needs mode AUTO, got mode 0"),
         (dict(mode=1, chunk_tokens=24), "chunk_tokens must be 0, 16 or 32, got 24"),
         (dict(mode=1, chunk_tokens=32, checkpoint_every=48, **with_checkpoints), "multiple of 32 (or 0), got 48"),
+        (dict(mode=1, chunk_tokens=32, segment_chunks=8), "segment_chunks needs 16-token chunks"),
+        (dict(mode=1, chunk_tokens=32, block_v=128), "chunk_tokens 32 needs block_v 32 or 64"),
+        (dict(mode=1, chunk_tokens=32, heads=96), "no 32-token kernel is built for 128"),
     ]:
         args = valid_args(**dict(sizes, **overrides))
         with pytest.raises(RuntimeError, match=re.escape(reason)):

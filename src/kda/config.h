@@ -47,9 +47,11 @@ struct RecurrenceShape {
   // launch computes the device's own, launch.cuh plan_overlap); the plan's choice between
   // segments and the whole pass assumes it.
   int prepare_beside;
-  // A 32-token link (kBlocks = 2, one CTA per SM in every pass) against a 16-token link of
-  // the same width at one CTA per SM, on the H200 (benchmarks/NOTES.md step 48: the plain
-  // pass with K1 before it at T=8192, H=24 for <1, 4>, H=48 for <1, 8>, H=96 for <2, 8>).
+  // A 32-token link (kBlocks = 2, one CTA per SM) against a 16-token link of the same
+  // width at one CTA per SM, on the H200 (benchmarks/NOTES.md step 48: the plain pass with
+  // K1 before it at T=8192, H=24 for <1, 4>, H=48 for <1, 8>). 0: this width has no
+  // 32-token instantiation (<2, 8>: 1.96x at H=96, slower than 16-token chunks wherever
+  // measured; step 50).
   double chunk32_link_scale;
 };
 
@@ -65,7 +67,7 @@ struct RecurrenceShape {
 constexpr RecurrenceShape kRecurrenceShapes[] = {
     {32, 1, 4, 1, 1, 0.56, 0.0, 0.0, 0.0, 3, 1.50},
     {64, 1, 8, 2, 2, 0.86, 1.10, 1.10, 1.65, 5, 1.80},
-    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.15, 3, 1.96},
+    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.15, 3, 0.0},
 };
 constexpr int kNumRecurrenceShapes = 3;
 
@@ -79,6 +81,14 @@ static_assert(shape_is_consistent(kRecurrenceShapes[0]) &&
               "every instantiation covers block_v = 8 nb warps columns");
 static_assert(sizeof(kRecurrenceShapes) / sizeof(kRecurrenceShapes[0]) == kNumRecurrenceShapes,
               "kNumRecurrenceShapes");
+
+// Whether recurrence_kernel<s.nb, s.warps, code, blocks> is built: every 16-token one; with
+// 32-token chunks (design §4.8) only the whole-sequence passes (kPlain, kGeneral) of the
+// widths that gain from them. The segment pass and the rerun keep 16-token chunks: at one
+// CTA per SM their 32-token links were no faster (benchmarks/NOTES.md steps 48, 50).
+constexpr bool instantiated(const RecurrenceShape &s, PassCode code, int blocks) {
+  return blocks == 1 || (code != PassCode::kStates && s.chunk32_link_scale > 0);
+}
 
 // combine_kernel (design §6.2 phase B): the value rows of one CTA, so that a (sequence,
 // head) takes 128 / rows CTAs: 8 rows (16 CTAs a head) where all fit one per SM, else 16

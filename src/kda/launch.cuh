@@ -215,22 +215,25 @@ LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch
   return {cudaSuccess, nullptr};
 }
 
-// The pass at the width the plan chose; the widths are config.h's.
+// The pass at the width the plan chose; the widths and which of them are built for 32-token
+// chunks are config.h's (the plan never asks for one that is not).
 template <PassCode kCode, int kBlocks>
 LaunchStatus configure_width(const FwdParams &p, ChainPass pass, int block_v, PassLaunch &out) {
   constexpr RecurrenceShape s0 = kRecurrenceShapes[0], s1 = kRecurrenceShapes[1],
                             s2 = kRecurrenceShapes[2];
   static_assert(kNumRecurrenceShapes == 3, "one case per config.h instantiation");
-  switch (block_v) {
-    case s0.block_v:
+  if (block_v == s0.block_v) {
+    if constexpr (instantiated(s0, kCode, kBlocks))
       return configure_recurrence<s0.nb, s0.warps, kCode, kBlocks>(p, pass, out);
-    case s1.block_v:
+  } else if (block_v == s1.block_v) {
+    if constexpr (instantiated(s1, kCode, kBlocks))
       return configure_recurrence<s1.nb, s1.warps, kCode, kBlocks>(p, pass, out);
-    case s2.block_v:
+  } else if (block_v == s2.block_v) {
+    if constexpr (instantiated(s2, kCode, kBlocks))
       return configure_recurrence<s2.nb, s2.warps, kCode, kBlocks>(p, pass, out);
-    default:
-      return {cudaErrorInvalidValue, "recurrence_kernel block_v (not in config.h)"};
   }
+  return {cudaErrorInvalidValue,
+          "recurrence_kernel (no instantiation for this block_v, pass and chunk)"};
 }
 
 // The pass for the call's chunk length (16 or 32 tokens).

@@ -513,8 +513,34 @@ enum Handoff { kG7 = 0, kG15 = 1, kG23 = 2, kOwn23 = 3 };
 // and g_end hold G_15 and G_31 of every channel. (Named barriers between pairs of quarters,
 // as the 16-token K1 hands G_7 over, made racecheck report the hand-offs through barriers
 // 2 and 3 on the H200, and accesses after later CTA barriers; NOTES.md step 48.)
+// The 4-byte word of channel pair cp in row t of a padded tile, and bf(EX2) of two values.
+__device__ __forceinline__ uint32_t *pair_word(uint16_t (*tile)[kRow], int t, int cp) {
+  return reinterpret_cast<uint32_t *>(&tile[t][2 * cp]);
+}
+
+__device__ __forceinline__ uint32_t ex2_pair(float x0, float x1) {
+  return pack_bf16x2(ex2_approx(x0), ex2_approx(x1));
+}
+
+// Step 6 for block 1's own operands, rows 8 th .. 8 th + 7 (th = 2, 3), as soon as its own
+// gate G^1 is known: Qd^1 = (q^ (*) E1+) (*) sb, Kd^1 = k^ (*) E1+, Ki^1 = k^ (*) E1-. So
+// G^1 need not live on to the chunk's decays (the overlap kernel's registers).
+__device__ __forceinline__ void own_decays32(const FwdParams &p, const float2 (&G1)[8], int cp,
+                                             int th, PrepareSmem32 &sm) {
+  const uint32_t sb = p.scale_bf16 | (p.scale_bf16 << 16);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int t = 8 * th + j, r = t % kChunk;
+    const uint32_t q_hat = *pair_word(sm.x[kQ], t, cp), k_hat = *pair_word(sm.x[kK], t, cp);
+    const uint32_t own_plus = ex2_pair(G1[j].x, G1[j].y);
+    *pair_word(sm.own[kQd1], r, cp) = bf16x2_mul(bf16x2_mul(q_hat, own_plus), sb);
+    *pair_word(sm.own[kKd1], r, cp) = bf16x2_mul(k_hat, own_plus);
+    *pair_word(sm.own[kKi1], r, cp) = bf16x2_mul(k_hat, ex2_pair(-G1[j].x, -G1[j].y));
+  }
+}
+
 __device__ __forceinline__ void gate_cumsum32(const FwdParams &p, int64_t h, int n,
-                                              PrepareSmem32 &sm, float2 (&G)[8], float2 (&G1)[8]) {
+                                              PrepareSmem32 &sm, float2 (&G)[8]) {
   const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
   float2 gamma[8];
   gate_values(p, h, n, sm.x[kG], cp, th, gamma);
@@ -530,52 +556,49 @@ __device__ __forceinline__ void gate_cumsum32(const FwdParams &p, int64_t h, int
   };
   const float2 zero = make_float2(0.f, 0.f);
   if (th == 0) *slot(kG7) = sums(zero, G);
-  if (th == 2) *slot(kOwn23) = sums(zero, G1);
+  if (th == 2) {
+    float2 G1[8];
+    *slot(kOwn23) = sums(zero, G1);
+    own_decays32(p, G1, cp, th, sm);
+  }
   __syncthreads();
   if (th == 1) *slot(kG15) = sums(*slot(kG7), G);
   __syncthreads();
   if (th == 2) *slot(kG23) = sums(*slot(kG15), G);
   __syncthreads();
   if (th == 3) {
+    float2 G1[8];
     sums(*slot(kOwn23), G1);
+    own_decays32(p, G1, cp, th, sm);
     reinterpret_cast<float2 *>(sm.g_end)[cp] = sums(*slot(kG23), G);
   }
 }
 
 // Step 6 on 32 rows (thread as in gate_cumsum32), needs G_15 and G_31 of every channel.
 // Every row: Qd = (q^ (*) E+) (*) sb, Kd = k^ (*) E+ in place, Kr = k^ (*) bf(EX2(G_31 - G))
-// in place of g. Block 0 also Ki = k^ (*) E- and B = k^ (*) bf(EX2(G_15 - G)); block 1 also
-// Qd^1, Kd^1, Ki^1 from its own G^1. Quarters are warp-uniform, so the branch is too.
+// in place of g. Block 0 also Ki = k^ (*) E- and B = k^ (*) bf(EX2(G_15 - G)) (block 1's own
+// operands are made in gate_cumsum32). Quarters are warp-uniform, so the branch is too.
 __device__ __forceinline__ void apply_decays32(const FwdParams &p, const float2 (&G)[8],
-                                               const float2 (&G1)[8], PrepareSmem32 &sm) {
+                                               PrepareSmem32 &sm) {
   const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
   const uint32_t sb = p.scale_bf16 | (p.scale_bf16 << 16);
   const float2 g15 = reinterpret_cast<const float2 *>(sm.handoff[kG15])[cp];
   const float2 g31 = reinterpret_cast<const float2 *>(sm.g_end)[cp];
-  auto word = [&](uint16_t (*tile)[kRow], int t) {
-    return reinterpret_cast<uint32_t *>(&tile[t][2 * cp]);
-  };
-  auto decay = [](float x0, float x1) { return pack_bf16x2(ex2_approx(x0), ex2_approx(x1)); };
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int t = 8 * th + j, r = t % kChunk;
-    uint32_t *const q = word(sm.x[kQ], t);
-    uint32_t *const k = word(sm.x[kK], t);
+    uint32_t *const q = pair_word(sm.x[kQ], t, cp);
+    uint32_t *const k = pair_word(sm.x[kK], t, cp);
     const uint32_t q_hat = *q, k_hat = *k;
-    const uint32_t e_plus = decay(G[j].x, G[j].y);
+    const uint32_t e_plus = ex2_pair(G[j].x, G[j].y);
     *q = bf16x2_mul(bf16x2_mul(q_hat, e_plus), sb);  // -> Qd
     *k = bf16x2_mul(k_hat, e_plus);                  // -> Kd
-    *word(sm.x[kG], t) =
-        bf16x2_mul(k_hat, decay(add_ftz(g31.x, -G[j].x), add_ftz(g31.y, -G[j].y)));  // -> Kr
+    *pair_word(sm.x[kG], t, cp) =
+        bf16x2_mul(k_hat, ex2_pair(add_ftz(g31.x, -G[j].x), add_ftz(g31.y, -G[j].y)));  // -> Kr
     if (th < 2) {
-      *word(sm.own[kKi0], r) = bf16x2_mul(k_hat, decay(-G[j].x, -G[j].y));
-      *word(sm.own[kB0], r) =
-          bf16x2_mul(k_hat, decay(add_ftz(g15.x, -G[j].x), add_ftz(g15.y, -G[j].y)));
-    } else {
-      const uint32_t own_plus = decay(G1[j].x, G1[j].y);
-      *word(sm.own[kQd1], r) = bf16x2_mul(bf16x2_mul(q_hat, own_plus), sb);
-      *word(sm.own[kKd1], r) = bf16x2_mul(k_hat, own_plus);
-      *word(sm.own[kKi1], r) = bf16x2_mul(k_hat, decay(-G1[j].x, -G1[j].y));
+      *pair_word(sm.own[kKi0], r, cp) = bf16x2_mul(k_hat, ex2_pair(-G[j].x, -G[j].y));
+      *pair_word(sm.own[kB0], r, cp) =
+          bf16x2_mul(k_hat, ex2_pair(add_ftz(g15.x, -G[j].x), add_ftz(g15.y, -G[j].y)));
     }
   }
 }
@@ -672,6 +695,9 @@ __device__ __forceinline__ void cross_inverse32(uint4 *rec, PrepareSmem32 &sm) {
 // One 32-token record: chunk `ch` of head h.
 __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                               PrepareSmem32 &sm) {
+  // The record's address first, so that h and ch need not live through the steps.
+  uint4 *rec =
+      reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * Record32::kBytes);
   {
     uint16_t (*const x[3])[kRow] = {sm.x[0], sm.x[1], sm.x[2]};
     load_rows<2 * kChunk, kPrepare32Threads>(p, h, ch, x, sm.beta_bf, sm.beta_h);
@@ -683,17 +709,15 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   }
   __syncthreads();
   {  // each thread owns its (channel pair, quarter) from here to the decays
-    float2 G[8], G1[8];
-    gate_cumsum32(p, h, ch.n, sm, G, G1);
+    float2 G[8];
+    gate_cumsum32(p, h, ch.n, sm, G);
     __syncthreads();  // G_15, G_31 of every channel; every g row read
     if (threadIdx.x < kHeadDim) sm.decay[threadIdx.x] = ex2_approx(sm.g_end[threadIdx.x]);
-    apply_decays32(p, G, G1, sm);
+    apply_decays32(p, G, sm);
   }
   __syncthreads();
   chunk_scores32(sm);
   __syncthreads();
-  uint4 *rec =
-      reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * Record32::kBytes);
   if (threadIdx.x < 64)
     neumann_diagonal32(sm);
   else
@@ -723,7 +747,8 @@ template <>
 struct K1Shape<2> {
   using Smem = PrepareSmem32;
   static constexpr int kThreads = kPrepare32Threads;
-  static constexpr int kOverlapCtas = 4;  // what the shared memory allows on an SM
+  // Three beside... by registers: at four (64 registers) the item loop spilled 24-44 bytes.
+  static constexpr int kOverlapCtas = 3;
   static constexpr int kDynamicSmem = static_cast<int>(sizeof(PrepareSmem32));
   __device__ __forceinline__ static Smem &smem() {
     extern __shared__ __align__(16) uint8_t k1_dynamic[];
