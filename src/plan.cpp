@@ -66,18 +66,17 @@ constexpr double kFreeSupply = 0.4;
 // segments), one CTA per SM (config.h resident_ctas), and a link costs chunk32_link_scale
 // 16-token links of the same width at one CTA per SM (config.h); K1's 32-token CTAs are
 // 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone and
-// ~14 beside the pass, where two fit (H200, T=8192 H=24, 48 and 96, NOTES.md step 48).
+// ~14 beside the pass, where config.h's prepare32_beside fit (H200, NOTES.md steps 48, 50).
 struct ChunkCosts {
   int32_t tokens;
   bool one_cta_per_sm;         // every pass at one CTA per SM, links chunk32_link_scale
   double k1_record_us;         // K1 alone: one record per CTA
   int k1_ctas_alone;           // K1 CTAs per SM alone
   double k1_beside_record_us;  // a record per K1 CTA beside the pass
-  int k1_beside;               // K1 CTAs per SM beside a pass CTA; 0: config.h's per width
 };
-constexpr ChunkCosts kCosts16 = {
-    16, false, kPrepareRecordUs, kPrepareCtasAlone, kPrepareBesideRecordUs, 0};
-constexpr ChunkCosts kCosts32 = {32, true, 9.4, 4, 14.0, 2};
+constexpr ChunkCosts kCosts16 = {16, false, kPrepareRecordUs, kPrepareCtasAlone,
+                                 kPrepareBesideRecordUs};
+constexpr ChunkCosts kCosts32 = {32, true, 9.4, 4, 14.0};
 
 // A link of width s for these chunks against config.h's 16-token link times.
 double link_scale(const RecurrenceShape &s, const ChunkCosts &cost) {
@@ -295,12 +294,12 @@ double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts
   double predicted = 0.0;
   if (r.num_sms > 0) {
     // K1 runs alone before the segment passes; beside the whole-sequence pass where that
-    // can run and pays with the H200's fit per width (config.h), or cost.k1_beside.
-    const int beside =
-        cost.k1_beside > 0 ? cost.k1_beside : recurrence_shape(plan.block_v)->prepare_beside;
+    // can run and pays with the H200's fit per width and chunk length (config.h).
+    const RecurrenceShape &shape = *recurrence_shape(plan.block_v);
+    const int beside = cost.one_cta_per_sm ? shape.prepare32_beside : shape.prepare_beside;
     const double k1 = prepare_us(pairs * chunks, r.num_sms, cost);
     double whole = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0, cost);
-    if (can_overlap(z, 0, r, cost))
+    if (beside > 0 && can_overlap(z, 0, r, cost))
       whole = std::min(whole, k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, beside, cost));
     predicted = whole;
     if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && !cost.one_cta_per_sm) {  // 32: no segments
