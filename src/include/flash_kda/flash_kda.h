@@ -156,10 +156,11 @@ typedef struct flash_kda_fwd_args {
                     * no result changes) */
   /* ---- ABI 4 (named reserved3, set to 0, in ABI 3) ---- */
   int32_t chunk_tokens; /* tokens per chunk: 0 = the library picks (16 in EXACT mode; 16 or
-                         * 32 in AUTO mode, 32 only when checkpoint_every is a multiple of
-                         * 32); 16 or 32 forces it (32 needs mode AUTO; diagnostics and
-                         * tests). AUTO results with 32-token chunks are not bitwise equal
-                         * to EXACT's (docs/proposals/32-token-chunks.md) */
+                         * 32 in AUTO mode, 32 only for whole passes of block_v 32 or 64 and
+                         * when checkpoint_every is a multiple of 32); 16 or 32 forces it
+                         * (32 needs mode AUTO, no segment_chunks, block_v 32 or 64;
+                         * diagnostics and tests). AUTO results with 32-token chunks are not
+                         * bitwise equal to EXACT's (docs/design.md 4.8) */
 } flash_kda_fwd_args;
 
 /* What flash_kda_fwd will run for some arguments (flash_kda_fwd_plan). */
