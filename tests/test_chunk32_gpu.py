@@ -5,9 +5,9 @@ The native forward with 32-token chunks is bit for bit the chunk model's arithme
 (python/flash_kda/_chunk_model.py, its approximate instructions and tensor-core products
 run through the library's probes): for both widths built for them (block_v 32, 64),
 batched and varlen with empty, one-token and partial last chunks, every state variant, with
-K1 before the pass or beside it. Its checkpoints are the model's states after those tokens; it stays within the accuracy
-contract; graph replay equals eager. (Segments keep 16-token chunks: test_native.py checks
-that the plan refuses them with 32.)"""
+K1 before the pass or beside it. Its checkpoints are the model's states after those
+tokens; it stays within the accuracy contract; graph replay equals eager. (Segments keep
+16-token chunks: test_native.py checks that the plan refuses them with 32.)"""
 
 import pytest
 import torch
