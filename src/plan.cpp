@@ -69,18 +69,16 @@ constexpr double kFreeSupply = 0.4;
 // ~14 beside the pass, where config.h's prepare32_beside fit (H200, NOTES.md steps 48, 50).
 struct ChunkCosts {
   int32_t tokens;
-  bool one_cta_per_sm;         // every pass at one CTA per SM, links chunk32_link_scale
   double k1_record_us;         // K1 alone: one record per CTA
   int k1_ctas_alone;           // K1 CTAs per SM alone
   double k1_beside_record_us;  // a record per K1 CTA beside the pass
 };
-constexpr ChunkCosts kCosts16 = {16, false, kPrepareRecordUs, kPrepareCtasAlone,
-                                 kPrepareBesideRecordUs};
-constexpr ChunkCosts kCosts32 = {32, true, 9.4, 4, 14.0};
+constexpr ChunkCosts kCosts16 = {16, kPrepareRecordUs, kPrepareCtasAlone, kPrepareBesideRecordUs};
+constexpr ChunkCosts kCosts32 = {32, 9.4, 4, 14.0};
 
 // A link of width s for these chunks against config.h's 16-token link times.
 double link_scale(const RecurrenceShape &s, const ChunkCosts &cost) {
-  return cost.one_cta_per_sm ? s.chunk32_link_scale : 1.0;
+  return cost.tokens == 32 ? s.chunk32_link_scale : 1.0;
 }
 
 // Whether the whole-sequence pass of this width is built for 32-token chunks (config.h).
@@ -117,20 +115,18 @@ double pass_us(int64_t ctas, int64_t links, int32_t num_sms, int resident, doubl
 }
 
 // The fastest width for a pass of segments (code kStates: phase A; kGeneral: the rerun)
-// that covers `columns` value columns in chains of `links` links.
+// that covers `columns` value columns in chains of `links` links (16-token chunks: segments
+// never run 32-token ones, design §4.8).
 double best_pass_us(PassCode code, int64_t columns, int64_t links, int32_t num_sms,
-                    const ChunkCosts &cost, int32_t &block_v) {
+                    int32_t &block_v) {
   double best = -1.0;
   for (const RecurrenceShape &s : kRecurrenceShapes) {
     const bool states = code == PassCode::kStates;
-    const bool alone = cost.one_cta_per_sm;
-    const double scale = link_scale(s, cost);
-    const double link_us =
-        scale * (states ? (alone ? s.states_alone_us : s.states_link_us) : s.rerun_link_us);
+    const double link_us = states ? s.states_link_us : s.rerun_link_us;
     if (link_us <= 0) continue;
-    const int resident = alone ? 1 : states ? s.states_resident : s.resident;
-    const double t = pass_us(ceil_div(columns, s.block_v), links, num_sms, resident, link_us,
-                             states ? scale * s.states_alone_us : link_us);
+    const double t = pass_us(ceil_div(columns, s.block_v), links, num_sms,
+                             states ? s.states_resident : s.resident, link_us,
+                             states ? s.states_alone_us : link_us);
     if (best < 0 || t < best) {
       best = t;
       block_v = s.block_v;
@@ -149,14 +145,14 @@ double combine_us(int64_t pairs, int64_t P, int32_t num_sms) {
 }
 
 // Predicted recurrence time with segments of L chunks, chains of `chunks` chunks.
-double segmented_us(int64_t pairs, int64_t chunks, int64_t L, int32_t num_sms,
-                    const ChunkCosts &cost, int32_t &bv_a, int32_t &bv_c) {
+double segmented_us(int64_t pairs, int64_t chunks, int64_t L, int32_t num_sms, int32_t &bv_a,
+                    int32_t &bv_c) {
   const int64_t P = std::max<int64_t>(ceil_div(chunks, L), 2);
   // Phase A: value columns of segments 0..P-2, transition columns of segments 1..P-2.
   const int64_t columns_a = pairs * kHeadDim * ((P - 1) + (P - 2));
-  const double a = best_pass_us(PassCode::kStates, columns_a, L, num_sms, cost, bv_a);
+  const double a = best_pass_us(PassCode::kStates, columns_a, L, num_sms, bv_a);
   const double combine = combine_us(pairs, P, num_sms);
-  const double c = best_pass_us(PassCode::kGeneral, pairs * P * kHeadDim, L, num_sms, cost, bv_c);
+  const double c = best_pass_us(PassCode::kGeneral, pairs * P * kHeadDim, L, num_sms, bv_c);
   return a + combine + c + 2 * kLaunchUs;
 }
 
@@ -296,19 +292,19 @@ double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts
     // K1 runs alone before the segment passes; beside the whole-sequence pass where that
     // can run and pays with the H200's fit per width and chunk length (config.h).
     const RecurrenceShape &shape = *recurrence_shape(plan.block_v);
-    const int beside = cost.one_cta_per_sm ? shape.prepare32_beside : shape.prepare_beside;
+    const int beside = cost.tokens == 32 ? shape.prepare32_beside : shape.prepare_beside;
     const double k1 = prepare_us(pairs * chunks, r.num_sms, cost);
     double whole = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0, cost);
     if (beside > 0 && can_overlap(z, 0, r, cost))
       whole = std::min(whole, k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, beside, cost));
     predicted = whole;
-    if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && !cost.one_cta_per_sm) {  // 32: no segments
+    if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && cost.tokens == 16) {  // 32: no segments
       // Candidates: the shortest segments that give P = kMinSegments .. kFineSegmentCounts
       // segments (so that a pass can just fill its waves), then doubling lengths below that.
       double best = kMargin * whole - k1;  // the segmented recurrence to beat
       auto consider = [&](int64_t cand) {
         int32_t a = 0, c = 0;
-        const double t = segmented_us(pairs, chunks, cand, r.num_sms, cost, a, c);
+        const double t = segmented_us(pairs, chunks, cand, r.num_sms, a, c);
         if (t < best) {
           best = t;
           L = cand;
@@ -326,7 +322,7 @@ double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts
     }
   }
   if (L > 0 && r.segment_chunks > 0 && r.block_v == 0)
-    segmented_us(pairs, chunks, L, r.num_sms, cost, bv_a, bv_c);
+    segmented_us(pairs, chunks, L, r.num_sms, bv_a, bv_c);
   if (L > 0) {
     plan.segment_chunks = static_cast<int32_t>(std::min<int64_t>(L, int64_t{1} << 30));
     plan.max_segments = z.varlen ? ceil_div(tiles, L) + z.num_seqs
