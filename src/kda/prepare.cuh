@@ -195,6 +195,15 @@ __device__ __forceinline__ void gate_cumsum(const FwdParams &p, int64_t h, int n
   }
 }
 
+// The 4-byte word of channel pair cp in row t of a padded tile, and bf(EX2) of two values.
+__device__ __forceinline__ uint32_t *pair_word(uint16_t (*tile)[kRow], int t, int cp) {
+  return reinterpret_cast<uint32_t *>(&tile[t][2 * cp]);
+}
+
+__device__ __forceinline__ uint32_t ex2_pair(float x0, float x1) {
+  return pack_bf16x2(ex2_approx(x0), ex2_approx(x1));
+}
+
 // Step 6, in place on rows 8 th .. 8 th + 7 of both channels: Qd = (q (*) E+) (*) sb,
 // Kd = k (*) E+, Ki = k (*) E-. Order required (scale last). Kr = Ki (*) bf(e) is formed
 // when the record is written.
@@ -205,11 +214,11 @@ __device__ __forceinline__ void apply_decays(const FwdParams &p, const float2 (&
 #pragma unroll
   for (int j = 0; j < kChunk / 2; ++j) {
     const int t = 8 * th + j;
-    const uint32_t e_plus = pack_bf16x2(ex2_approx(G[j].x), ex2_approx(G[j].y));
-    const uint32_t e_minus = pack_bf16x2(ex2_approx(-G[j].x), ex2_approx(-G[j].y));
-    uint32_t *const q = reinterpret_cast<uint32_t *>(&sm.x[kQ][t][2 * cp]);
-    uint32_t *const k = reinterpret_cast<uint32_t *>(&sm.x[kK][t][2 * cp]);
-    uint32_t *const ki = reinterpret_cast<uint32_t *>(&sm.x[kKi][t][2 * cp]);
+    const uint32_t e_plus = ex2_pair(G[j].x, G[j].y);
+    const uint32_t e_minus = ex2_pair(-G[j].x, -G[j].y);
+    uint32_t *const q = pair_word(sm.x[kQ], t, cp);
+    uint32_t *const k = pair_word(sm.x[kK], t, cp);
+    uint32_t *const ki = pair_word(sm.x[kKi], t, cp);
     const uint32_t q_hat = *q, k_hat = *k;
     *q = bf16x2_mul(bf16x2_mul(q_hat, e_plus), sb);  // -> Qd
     *k = bf16x2_mul(k_hat, e_plus);                  // -> Kd
@@ -513,15 +522,6 @@ enum Handoff { kG7 = 0, kG15 = 1, kG23 = 2, kOwn23 = 3 };
 // and g_end hold G_15 and G_31 of every channel. (Named barriers between pairs of quarters,
 // as the 16-token K1 hands G_7 over, made racecheck report the hand-offs through barriers
 // 2 and 3 on the H200, and accesses after later CTA barriers; NOTES.md step 48.)
-// The 4-byte word of channel pair cp in row t of a padded tile, and bf(EX2) of two values.
-__device__ __forceinline__ uint32_t *pair_word(uint16_t (*tile)[kRow], int t, int cp) {
-  return reinterpret_cast<uint32_t *>(&tile[t][2 * cp]);
-}
-
-__device__ __forceinline__ uint32_t ex2_pair(float x0, float x1) {
-  return pack_bf16x2(ex2_approx(x0), ex2_approx(x1));
-}
-
 // Step 6 for block 1's own operands, rows 8 th .. 8 th + 7 (th = 2, 3), as soon as its own
 // gate G^1 is known: Qd^1 = (q^ (*) E1+) (*) sb, Kd^1 = k^ (*) E1+, Ki^1 = k^ (*) E1-. So
 // G^1 need not live on to the chunk's decays (the overlap kernel's registers).
@@ -747,7 +747,8 @@ template <>
 struct K1Shape<2> {
   using Smem = PrepareSmem32;
   static constexpr int kThreads = kPrepare32Threads;
-  // Three beside... by registers: at four (64 registers) the item loop spilled 24-44 bytes.
+  // Three CTAs an SM (80 registers): bounded to four (64), its item loop spilled 24-44
+  // bytes (NOTES.md step 50).
   static constexpr int kOverlapCtas = 3;
   static constexpr int kDynamicSmem = static_cast<int>(sizeof(PrepareSmem32));
   __device__ __forceinline__ static Smem &smem() {
