@@ -23,6 +23,7 @@ from conftest import (
     make_problem,
     prefix_final_states,
     rel_err,
+    sequence_spans,
     state_id,
 )
 from flash_kda import _chunk_model, dispatch
@@ -50,13 +51,6 @@ def assert_model_bits(p, got):
     assert_bitwise(got["out"], out, "out")
     if got["final_state"] is not None:
         assert_bitwise(got["final_state"], state.to(got["final_state"].dtype), "final_state")
-
-
-def _lengths(p):
-    if p["cu_seqlens"] is None:
-        return [p["q"].shape[1]] * p["q"].shape[0]
-    b = p["cu_seqlens"].tolist()
-    return [b[i + 1] - b[i] for i in range(len(b) - 1)]
 
 
 SHAPES = [
@@ -96,7 +90,7 @@ def test_checkpoints_are_the_states_after_their_tokens():
         1, 0, 2, initial=torch.float32, final=torch.float32, device=DEV, seed=14, lens=[200, 64, 0, 31, 97]
     )
     every = 64
-    slots = sum(n // every for n in _lengths(p))
+    slots = sum(n // every for _, n in sequence_spans(p))
     p["checkpoint_every"] = every
     p["checkpoints"] = torch.full((slots, 2, 128, 128), float("nan"), dtype=torch.float32, device=DEV)
     got = clone_outputs(p)
