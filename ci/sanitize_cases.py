@@ -4,9 +4,10 @@
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 ci/sanitize_cases.py
 
 Every block_v on a batched and a varlen case (with an empty and a partial sequence), in
-exact mode with K1 before and beside the recurrence (design section 4.7; varlen never
-overlaps), in AUTO mode with one-chunk segments, and in AUTO mode with 32-token chunks
-(K1 before and beside the whole pass; block_v 32 and 64, the widths built for them); a
+exact mode with K1 before, beside the recurrence and leaving the recurrence's SMs (design
+section 4.7; varlen never overlaps), in AUTO mode with one-chunk segments, and in AUTO mode
+with 32-token chunks (K1 before, beside and leaving; block_v 32 and 64, the widths built for
+them); a
 twelve-head case for the combine's 16-row CTAs, a forty-head one for the longest-first
 varlen pass and a batched one of more CTAs than SMs with K1 beside the pass; then state
 pools (in place, padding, has_initial_state), checkpoints, strided views (fused projection
@@ -70,9 +71,9 @@ for block_v in (32, 64, 128):
     for case in CASES:
         args = dict(case)
         p = make_problem(args.pop("batch"), args.pop("seqlen"), args.pop("heads"), device="cuda", **args)
-        plans = [(True, 0, -1, 0), (True, 0, 1, 0), (False, 1, 0, 16)]
+        plans = [(True, 0, -1, 0), (True, 0, 1, 0), (True, 0, 2, 0), (False, 1, 0, 16)]
         if block_v < 128:  # the widths built for 32-token chunks (config.h)
-            plans += [(False, 0, -1, 32), (False, 0, 1, 32)]
+            plans += [(False, 0, -1, 32), (False, 0, 1, 32), (False, 0, 2, 32)]
         for exact, segment_chunks, overlap, chunk in plans:
             call = check(p, exact=exact)
             dispatch.run_native(call, block_v=block_v, segment_chunks=segment_chunks, overlap=overlap, chunk=chunk)

@@ -268,6 +268,8 @@ void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
   p.ready = plan.overlap_min_ctas > 0 ? reinterpret_cast<uint32_t *>(base + plan.ready) : nullptr;
   p.overlap_min_ctas = plan.overlap_min_ctas;
   p.overlap_max_ctas = plan.overlap_max_ctas;
+  p.leave_sms = 0;  // the launch decides (launch.cuh plan_overlap)
+  p.leave_after = plan.overlap_lead;
   p.sync = reinterpret_cast<OverlapSync *>(base + plan.overlap_sync);
   p.tile_prefix = reinterpret_cast<int32_t *>(base + plan.tile_prefix);
   p.segment_prefix = reinterpret_cast<int32_t *>(base + plan.segment_prefix);
@@ -367,7 +369,7 @@ flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
     out->overlap_max_ctas = plan.overlap_max_ctas;
     if (out->struct_size == sizeof(flash_kda_fwd_plan_info)) {
       out->chunk_tokens = plan.chunk_tokens;
-      out->reserved4 = 0;
+      out->overlap_lead = plan.overlap_lead;
     }
     return FLASH_KDA_OK;
   } catch (...) {

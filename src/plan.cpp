@@ -65,16 +65,20 @@ constexpr double kFreeSupply = 0.4;
 // K1's measured rates above. 32-token chunks (design §4.8): whole-sequence passes only (no
 // segments), one CTA per SM (config.h resident_ctas), and a link costs chunk32_link_scale
 // 16-token links of the same width at one CTA per SM (config.h); K1's 32-token CTAs are
-// 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone and
-// ~14 beside the pass, where config.h's prepare32_beside fit (H200, NOTES.md steps 48, 50).
+// 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone (H200,
+// NOTES.md steps 48, 50). They never run beside the pass on its SMs: there, at T=8192
+// H=24, 3 to 10% of the calls gave a few output rows of one warp other bits (NOTES.md
+// step 54); K1 first or K1 leaving the pass's SMs gave the same bits run to run.
 struct ChunkCosts {
   int32_t tokens;
   double k1_record_us;         // K1 alone: one record per CTA
   int k1_ctas_alone;           // K1 CTAs per SM alone
-  double k1_beside_record_us;  // a record per K1 CTA beside the pass
+  double k1_beside_record_us;  // a record per K1 CTA beside the pass; 0: never beside it
+  int k1_overlap_ctas;         // prepare_overlap_kernel's CTAs per SM (its launch bounds)
 };
-constexpr ChunkCosts kCosts16 = {16, kPrepareRecordUs, kPrepareCtasAlone, kPrepareBesideRecordUs};
-constexpr ChunkCosts kCosts32 = {32, 9.4, 4, 14.0};
+constexpr ChunkCosts kCosts16 = {16, kPrepareRecordUs, kPrepareCtasAlone, kPrepareBesideRecordUs,
+                                 12};
+constexpr ChunkCosts kCosts32 = {32, 9.4, 4, 0.0, 3};
 
 // A link of width s for these chunks against config.h's 16-token link times.
 double link_scale(const RecurrenceShape &s, const ChunkCosts &cost) {
@@ -193,6 +197,31 @@ int32_t overlap_max_ctas(int64_t pairs, int32_t block_v, int32_t num_sms, const 
   return free_rate >= kFreeSupply * pass_rate ? 1 : cost.k1_ctas_alone;
 }
 
+// K1 leaving the pass's SMs (design §4.7): K1 on every SM for a lead of `lead` records,
+// then only on the SMs the pass leaves free, while the pass runs as it does alone. The lead
+// is what those SMs could not write while the pass reads its records (at K1's rate alone),
+// so the forward takes the lead, the pass and kLeaveUs; -1 where no SM is free.
+constexpr double kLeaveUs = 4.0;       // K1 leaving the SMs the pass starts on, its tail
+constexpr double kLeaveMargin = 0.97;  // chosen over K1 beside the pass or first only when
+                                       // predicted 3% faster (H200, NOTES.md step 53)
+double k1_leaves_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms,
+                    const ChunkCosts &cost, int64_t &lead) {
+  lead = 0;
+  const int64_t free = free_sms(pairs, block_v, num_sms);
+  if (free < 1) return -1.0;
+  const double pass = whole_us(pairs, chunks, block_v, num_sms, cost);
+  const double per_sm = cost.k1_overlap_ctas / cost.k1_record_us;  // records a us
+  const double behind = static_cast<double>(pairs * chunks) - per_sm * free * pass;
+  lead = behind > 0 ? static_cast<int64_t>(behind) + 1 : 0;
+  return static_cast<double>(lead) / (per_sm * num_sms) + pass + kLeaveUs;
+}
+
+// K1 CTAs per SM beside the whole-sequence pass that the plan counts on (config.h, H200);
+// 0 where K1 never runs beside it (32-token records).
+int k1_beside_ctas(int32_t block_v, const ChunkCosts &cost) {
+  return cost.k1_beside_record_us > 0 ? recurrence_shape(block_v)->prepare_beside : 0;
+}
+
 // Whether K1 can run beside the whole-sequence pass: not for varlen (records by sequence),
 // segments (the segment pass fills the GPU) or 2^31 items or more (K1's 32-bit counter). A
 // pass of more than one wave gets K1's items wave by wave (overlap_group).
@@ -201,6 +230,30 @@ bool can_overlap(const ProblemSizes &z, int32_t segment_chunks, const PlanReques
   const int64_t pairs = z.num_seqs * z.heads;
   return r.overlap >= 0 && !z.varlen && segment_chunks == 0 && r.num_sms >= 1 &&
          2 * pairs * ceil_div(z.seqlen, cost.tokens) < (int64_t{1} << 31);
+}
+
+// K1 and the whole-sequence pass, the fastest of the ways to run them that the request
+// allows (design §4.7): K1 first, K1 beside the pass, or K1 leaving the pass's SMs, which
+// must be predicted kLeaveMargin faster than the better of the other two. `leaves` says
+// whether that one is the fastest.
+double whole_forward_us(const ProblemSizes &z, const PlanRequest &r, int64_t chunks,
+                        int32_t block_v, const ChunkCosts &cost, bool &leaves, int64_t &lead) {
+  const int64_t pairs = z.num_seqs * z.heads;
+  leaves = false;
+  lead = 0;
+  double best = k1_and_pass_us(pairs, chunks, block_v, r.num_sms, 0, cost);
+  if (!can_overlap(z, 0, r, cost)) return best;
+  const int beside = k1_beside_ctas(block_v, cost);
+  if (beside > 0)
+    best = std::min(best, k1_and_pass_us(pairs, chunks, block_v, r.num_sms, beside, cost));
+  int64_t leave_lead = 0;
+  const double leave = k1_leaves_us(pairs, chunks, block_v, r.num_sms, cost, leave_lead);
+  if (leave >= 0 && leave < kLeaveMargin * best) {
+    lead = leave_lead;
+    leaves = true;
+    best = leave;
+  }
+  return best;
 }
 
 // K1's item groups beside the pass (design §4.7): the sequences whose pass CTAs one wave
@@ -217,11 +270,32 @@ int32_t overlap_min_ctas(const ProblemSizes &z, const Plan &plan, const PlanRequ
   const ChunkCosts &cost = costs_of(plan.chunk_tokens);
   if (!can_overlap(z, plan.segment_chunks, r, cost)) return 0;
   if (r.overlap > 0) return 1;
+  if (k1_beside_ctas(plan.block_v, cost) == 0) return 0;
   const int64_t pairs = z.num_seqs * z.heads, chunks = ceil_div(z.seqlen, cost.tokens);
   const double serial = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0, cost);
   for (int k = 1; k <= cost.k1_ctas_alone; ++k)
     if (k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, k, cost) < serial) return k;
   return 0;
+}
+
+// Whether K1 leaves the pass's SMs instead of staying beside them (plan overlap_max_ctas
+// 0), where the pass leaves SMs free, and after how many records (`lead`): where forced
+// (overlap 2; overlap 1 too for records that never run beside the pass), or where
+// whole_forward_us picks it.
+bool k1_leaves(const ProblemSizes &z, const Plan &plan, const PlanRequest &r, int64_t &lead) {
+  const ChunkCosts &cost = costs_of(plan.chunk_tokens);
+  const int64_t pairs = z.num_seqs * z.heads, chunks = ceil_div(z.seqlen, cost.tokens);
+  lead = 0;
+  if (!can_overlap(z, plan.segment_chunks, r, cost) || free_sms(pairs, plan.block_v, r.num_sms) < 1)
+    return false;
+  if (r.overlap == 2 || (r.overlap == 1 && k1_beside_ctas(plan.block_v, cost) == 0)) {
+    k1_leaves_us(pairs, chunks, plan.block_v, r.num_sms, cost, lead);
+    return true;
+  }
+  if (r.overlap == 1) return false;
+  bool leaves = false;
+  whole_forward_us(z, r, chunks, plan.block_v, cost, leaves, lead);
+  return leaves;
 }
 
 // Whether the whole-sequence pass takes a varlen call's sequences longest first (design
@@ -289,14 +363,12 @@ double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts
   int32_t bv_a = plan.block_v, bv_c = plan.block_v;
   double predicted = 0.0;
   if (r.num_sms > 0) {
-    // K1 runs alone before the segment passes; beside the whole-sequence pass where that
-    // can run and pays with the H200's fit per width and chunk length (config.h).
-    const RecurrenceShape &shape = *recurrence_shape(plan.block_v);
-    const int beside = cost.tokens == 32 ? shape.prepare32_beside : shape.prepare_beside;
+    // K1 runs alone before the segment passes; beside the whole-sequence pass or leaving
+    // its SMs where that can run and pays (whole_forward_us).
     const double k1 = prepare_us(pairs * chunks, r.num_sms, cost);
-    double whole = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0, cost);
-    if (beside > 0 && can_overlap(z, 0, r, cost))
-      whole = std::min(whole, k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, beside, cost));
+    bool leaves = false;
+    int64_t lead = 0;
+    const double whole = whole_forward_us(z, r, chunks, plan.block_v, cost, leaves, lead);
     predicted = whole;
     if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && cost.tokens == 16) {  // 32: no segments
       // Candidates: the shortest segments that give P = kMinSegments .. kFineSegmentCounts
@@ -375,7 +447,8 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
   if (r.mode != FLASH_KDA_MODE_EXACT && r.mode != FLASH_KDA_MODE_AUTO)
     return "mode must be EXACT (0) or AUTO (1), got " + str(r.mode);
   if (r.segment_chunks < 0) return "segment_chunks must be >= 0, got " + str(r.segment_chunks);
-  if (r.overlap < -1 || r.overlap > 1) return "overlap must be -1, 0 or 1, got " + str(r.overlap);
+  if (r.overlap < -1 || r.overlap > 2)
+    return "overlap must be -1, 0, 1 or 2, got " + str(r.overlap);
   if (r.segment_chunks > 0 && r.mode != FLASH_KDA_MODE_AUTO)
     return "segment_chunks needs mode AUTO, got mode " + str(r.mode);
   if (r.chunk_tokens != 0 && r.chunk_tokens != 16 && r.chunk_tokens != 32)
@@ -411,6 +484,15 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
         std::max(plan.overlap_min_ctas,
                  overlap_max_ctas(pairs, plan.block_v, r.num_sms, costs_of(plan.chunk_tokens)));
     plan.overlap_group = overlap_group(z, plan.block_v, r.num_sms);
+  }
+  int64_t lead = 0;
+  if (k1_leaves(z, plan, r, lead)) {
+    plan.overlap_min_ctas = 1;
+    plan.overlap_max_ctas = 0;
+    plan.overlap_lead = static_cast<int32_t>(std::min<int64_t>(lead, INT32_MAX));
+    plan.overlap_group = overlap_group(z, plan.block_v, r.num_sms);
+  } else if (k1_beside_ctas(plan.block_v, costs_of(plan.chunk_tokens)) == 0) {
+    plan.overlap_min_ctas = plan.overlap_max_ctas = 0;  // K1 first: never beside the pass
   }
   plan.longest_first = longest_first(z, plan, r);
   // Grid sizes: one CTA per (sequence or segment, head, column slice), grid.x < 2^31.

@@ -32,6 +32,8 @@ struct Plan {
                              // (design §4.7); 0 = never
   int32_t overlap_max_ctas;  // K1 CTAs per SM kept beside the pass at its start: 1 where
                              // the SMs the pass leaves free can carry K1, else all that fit
+  int32_t overlap_lead;      // overlap_max_ctas 0 (K1 leaving the pass's SMs): K1's items
+                             // written on every SM before it leaves them
   int32_t overlap_group;     // K1's items beside the pass come in groups of this many
                              // sequences: those one wave of the pass starts together
   bool longest_first;        // varlen whole pass of more than one wave: its CTAs take the
@@ -49,7 +51,7 @@ struct PlanRequest {
   int32_t block_v;         // 0 = pick
   int32_t segment_chunks;  // 0 = pick (AUTO mode)
   int32_t num_sms;
-  int32_t overlap;       // 0 = pick, 1 = wherever it can run, -1 = never
+  int32_t overlap;       // 0 = pick, 1 = wherever it can run, 2 = K1 leaving, -1 = never
   int32_t chunk_tokens;  // 0 = pick, 16 or 32 (32: AUTO mode only)
 };
 

@@ -232,17 +232,18 @@ def test_records_equal_reference_k1(lens):
 OVERLAP_SHAPES = [(1, 1000, 1), (2, 333, 3), (1, 2048, 6)]
 
 
-def _check_overlap_bits(p, block_v, k1_grids):
-    """Runs p serially (K1 then the pass) and with K1 forced beside the pass: the serial run
-    launches no prepare_overlap_kernel grid, the overlapped one `k1_grids`, and the
-    overlapped out and final state equal the serial ones and the reference bitwise."""
+def _check_overlap_bits(p, block_v, k1_grids, overlap=1):
+    """Runs p serially (K1 then the pass) and with K1 forced beside the pass (overlap 1) or
+    leaving the pass's SMs (overlap 2): the serial run launches no prepare_overlap_kernel
+    grid, the overlapped one `k1_grids`, and the overlapped out and final state equal the
+    serial ones and the reference bitwise."""
     serial, overlapped = clone_outputs(p), clone_outputs(p)
 
     def grids(launches):
         return sum(n for name, n in launches.items() if "prepare_overlap_kernel" in name)
 
     assert grids(kernels_of(lambda: run_native(serial, block_v, overlap=-1))) == 0
-    assert grids(kernels_of(lambda: run_native(overlapped, block_v, overlap=1))) == k1_grids
+    assert grids(kernels_of(lambda: run_native(overlapped, block_v, overlap=overlap))) == k1_grids
     assert_bitwise(overlapped["out"], serial["out"], "overlapped out")
     assert_bitwise(overlapped["final_state"], serial["final_state"], "overlapped final_state")
     ref_out, ref_final = reference_outputs(p)
@@ -261,6 +262,16 @@ def test_overlapped_k1_gives_the_serial_bits(batch, seqlen, heads, block_v):
     _check_overlap_bits(p, block_v, k1_grids=2)
 
 
+@pytest.mark.parametrize("batch,seqlen,heads", OVERLAP_SHAPES, ids=[f"B{b}-T{t}-H{h}" for b, t, h in OVERLAP_SHAPES])
+@pytest.mark.parametrize("block_v", BLOCK_VS)
+def test_k1_leaving_the_pass_sms_gives_the_serial_bits(batch, seqlen, heads, block_v):
+    """K1 leaving the pass's SMs (design section 4.7), forced on: one K1 grid on every SM,
+    whose CTAs on the SMs the pass takes stop taking items, and out and final state are
+    bitwise those of K1 then the pass, and of the reference."""
+    p = make_problem(batch, seqlen, heads, initial=torch.float32, final=torch.float32, device=DEV, seed=22)
+    _check_overlap_bits(p, block_v, k1_grids=1, overlap=2)
+
+
 def test_overlapped_k1_beside_a_pass_of_several_waves():
     """K1 beside a whole-sequence pass of more CTAs than SMs (design section 4.7), forced
     on: its items come wave by wave (the sequences one wave of the pass starts together,
@@ -272,19 +283,21 @@ def test_overlapped_k1_beside_a_pass_of_several_waves():
     _check_overlap_bits(p, 128, k1_grids=1)
 
 
-def test_overlapped_graph_replays_follow_new_inputs():
-    """A captured overlapped forward (memset of the ready flags, K1, the pass) replayed
-    twice, with new inputs copied in between: each replay equals an eager serial call on
-    the same inputs (stale flags from the first replay would let the pass read records
-    before the second replay's K1 wrote them)."""
+@pytest.mark.parametrize("overlap", [1, 2], ids=["beside", "leaving"])
+def test_overlapped_graph_replays_follow_new_inputs(overlap):
+    """A captured overlapped forward (memset of the ready flags and K1's counters, K1, the
+    pass) replayed twice, with new inputs copied in between: each replay equals an eager
+    serial call on the same inputs (stale flags from the first replay would let the pass
+    read records before the second replay's K1 wrote them; a stale stayer count would let
+    K1 leave the pass's SMs before a stayer exists)."""
     a = make_problem(1, 2048, 6, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=31)
     b = make_problem(1, 2048, 6, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=32)
     graphed = clone_outputs(a)
     workspace = torch.empty(flash_kda.get_workspace_size(2048, 6, 1), dtype=torch.uint8, device=DEV)
-    run_native(graphed, workspace=workspace, overlap=1)  # warm-up outside capture
+    run_native(graphed, workspace=workspace, overlap=overlap)  # warm-up outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        run_native(graphed, workspace=workspace, overlap=1)
+        run_native(graphed, workspace=workspace, overlap=overlap)
     for source in (a, b, a):
         for name in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state"):
             graphed[name].copy_(source[name])

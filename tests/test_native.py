@@ -319,7 +319,8 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
     the SMs the pass leaves free can carry K1 (T=8192 H=96: 96 pass CTAs on 132 SMs), all
     that fit where the pass fills the GPU (H=64 at block_v 64: 128 CTAs).
     Varlen and segmented calls never overlap. overlap=1 forces it where it can run, -1
-    turns it off."""
+    turns it off, 2 forces K1 to leave the pass's SMs where the pass leaves SMs free
+    (overlap_max_ctas 0), and 3 is refused."""
     sizes = dict(batch=batch, seqlen=seqlen, heads=heads, num_seqs=batch)
     if varlen:
         sizes.update(cu_seqlens=0xA000, num_seqs=3)
@@ -336,8 +337,12 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
     assert lib.plan(valid_args(mode=mode, overlap=-1, **sizes)).overlap_min_ctas == 0
     forced = lib.plan(valid_args(mode=mode, overlap=1, **sizes)).overlap_min_ctas
     assert forced == (0 if expect == "never" else 1)
-    with pytest.raises(RuntimeError, match=re.escape("overlap must be -1, 0 or 1, got 2")):
-        lib.plan(valid_args(mode=mode, overlap=2, **sizes))
+    leaving = lib.plan(valid_args(mode=mode, overlap=2, **sizes))
+    assert leaving.overlap_min_ctas == (0 if expect == "never" else 1)
+    if expect != "never":
+        assert (leaving.overlap_max_ctas == 0) == (free_sms > 0), (leaving.overlap_max_ctas, free_sms)
+    with pytest.raises(RuntimeError, match=re.escape("overlap must be -1, 0, 1 or 2, got 3")):
+        lib.plan(valid_args(mode=mode, overlap=3, **sizes))
 
 
 def test_chunk_length_rules(lib):

@@ -118,7 +118,7 @@ class FwdPlan(ctypes.Structure):
         ("overlap_min_ctas", _i32),
         ("overlap_max_ctas", _i32),
         ("chunk_tokens", _i32),
-        ("reserved4", _i32),
+        ("overlap_lead", _i32),
     ]
 
 

@@ -322,10 +322,13 @@ inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
 // same K1 CTAs. Also returns the SM count and K1's CTAs per SM by itself, which size the
 // second grid. (Keeping all of K1's CTAs on the
 // SMs the pass does not use, and letting the surplus on its SMs exit, was tried: on the
-// H200 the pass then waited for K1's end.)
-inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, int &sms, int &keep,
-                                 int &alone) {
-  keep = alone = sms = 0;
+// H200 the pass then waited for K1's end.) Where the plan has K1 leave the pass's SMs
+// (overlap_max_ctas 0) and the pass leaves SMs free, K1 starts on every SM (keep = alone)
+// and `leave_sms` is the pass's CTA count; the pass asks for all of an SM's shared memory,
+// so that it starts only on SMs K1 has left (prepare_overlap_kernel).
+inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms, int &keep,
+                                 int &alone, int &leave_sms) {
+  keep = alone = sms = leave_sms = 0;
   if (p.ready == nullptr || p.overlap_min_ctas < 1) return {cudaSuccess, nullptr};
   DeviceFacts d;
   cudaError_t err = device_facts(d);
@@ -340,7 +343,16 @@ inline LaunchStatus plan_overlap(const FwdParams &p, const PassLaunch &first, in
   const int beside =
       std::min({alone, (d.regs_sm / 4 - k2.sub_partition_regs) / k1.sub_partition_regs,
                 (d.smem_sm - k2.smem) / k1.smem, (d.threads_sm - k2.threads) / k1.threads});
-  if (beside >= p.overlap_min_ctas) keep = std::min(beside, p.overlap_max_ctas);
+  if (p.overlap_max_ctas == 0 && first.ctas < sms) {
+    keep = alone;
+    leave_sms = static_cast<int>(first.ctas);
+    first.smem = d.smem_optin;
+    err =
+        cudaFuncSetAttribute(first.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, first.smem);
+    if (err != cudaSuccess) return {err, "recurrence_kernel shared-memory attribute"};
+  } else if (beside >= p.overlap_min_ctas) {
+    keep = std::min(beside, p.overlap_max_ctas);  // 0 (leave, no SM free): K1 first
+  }
   return {cudaSuccess, nullptr};
 }
 
@@ -359,11 +371,12 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   LaunchStatus st = configure_pass(p, segmented ? ChainPass::kSegment : ChainPass::kWhole,
                                    segmented ? p.segment_block_v : p.chain_block_v, first);
   if (st.error != cudaSuccess) return st;
-  int sms = 0, keep = 0, alone = 0;
-  st = plan_overlap(p, first, sms, keep, alone);
+  int sms = 0, keep = 0, alone = 0, leave_sms = 0;
+  st = plan_overlap(p, first, sms, keep, alone, leave_sms);
   if (st.error != cudaSuccess) return st;
   const bool overlap = keep > 0;
   FwdParams k1 = p;
+  k1.leave_sms = leave_sms;
   const K1Launch shape = k1_launch(chunk_blocks(p));
   void *args[] = {&k1};
   cudaError_t launch = cudaSuccess;

@@ -283,6 +283,20 @@ __device__ __forceinline__ void publish_flag(uint32_t *flag) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(1u) : "memory");
 }
 
+// A counter another CTA may be changing, read without ordering (a heuristic's input).
+__device__ __forceinline__ uint32_t load_relaxed(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The SM this thread runs on (%smid: below %nsmid, not necessarily dense).
+__device__ __forceinline__ uint32_t sm_id() {
+  uint32_t id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+
 // Flags read in one round trip by the producer (wait_ready).
 constexpr int kFlagWindow = 8;
 

@@ -773,14 +773,30 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(con
 // (53 unbounded; the loop's state spills 40 bytes, once per record) so that its CTAs
 // stay small beside the pass (the 16-token kernel; the 32-token one is bounded by its
 // shared memory to four CTAs an SM).
+//
+// K1 leaving the pass's SMs (p.leave_sms > 0; the grid then fills every SM): a CTA on an
+// SM with %smid below leave_sms takes no more items once leave_after items are taken (the
+// plan's lead, written at the rate of every SM) and some CTA on another SM has registered
+// as a stayer; a stayer works until the items run out. So every item is
+// taken whichever SMs the CTAs land on (with none on the other SMs, the leavers never
+// leave), and the pass, which asks for an SM's whole shared memory, starts on the SMs
+// they leave: it runs beside no K1 CTA while the other SMs write its records.
+constexpr uint32_t kNoItem = 0xffffffffu;  // above any item count (prepare_items < 2^31)
+
 template <int kBlocks>
 __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, K1Shape<kBlocks>::kOverlapCtas)
     prepare_overlap_kernel(const FwdParams p) {
   auto &sm = K1Shape<kBlocks>::smem();
   __shared__ uint32_t next;
   allow_dependents();
+  const bool leaver = sm_id() < static_cast<uint32_t>(p.leave_sms);  // CTA-uniform
+  if (threadIdx.x == 0 && p.leave_sms > 0 && !leaver) atomicAdd(&p.sync->stayers, 1u);
   for (;;) {
-    if (threadIdx.x == 0) next = atomicAdd(&p.sync->next_item, 1u);
+    if (threadIdx.x == 0)
+      next = leaver && load_relaxed(&p.sync->next_item) >= static_cast<uint32_t>(p.leave_after) &&
+                     load_relaxed(&p.sync->stayers) > 0
+                 ? kNoItem
+                 : atomicAdd(&p.sync->next_item, 1u);
     __syncthreads();
     const uint32_t i = next;
     if (i >= static_cast<uint32_t>(p.prepare_items)) return;  // CTA-uniform

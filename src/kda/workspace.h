@@ -120,7 +120,8 @@ constexpr int kPrefixThreads = 1024;
 // per record); the launch zeroes flags and counter together.
 struct OverlapSync {
   uint32_t next_item;  // K1's next item
-  uint32_t pad[31];    // 128 bytes: the workspace stays 128-byte aligned
+  uint32_t stayers;    // K1 CTAs that work until the items run out (K1 leaving the pass's SMs)
+  uint32_t pad[30];    // 128 bytes: the workspace stays 128-byte aligned
 };
 static_assert(sizeof(OverlapSync) == 128, "keeps the workspace 128-byte aligned");
 

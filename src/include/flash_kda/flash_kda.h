@@ -152,8 +152,9 @@ typedef struct flash_kda_fwd_args {
                               * per segment (diagnostics and tests) */
   /* ---- ABI 3 ---- */
   int32_t overlap; /* K1 beside the first recurrence pass (design §4.7): 0 = the library
-                    * decides, 1 = wherever it can run, -1 = never (diagnostics and tests;
-                    * no result changes) */
+                    * decides, 1 = wherever it can run (32-token records: leaving the pass's
+                    * SMs), 2 = K1 leaving the pass's SMs wherever the pass leaves some free,
+                    * -1 = never (diagnostics and tests; no result changes) */
   /* ---- ABI 4 (named reserved3, set to 0, in ABI 3) ---- */
   int32_t chunk_tokens; /* tokens per chunk: 0 = the library picks (16 in EXACT mode; 16 or
                          * 32 in AUTO mode, 32 only for whole passes of block_v 32 or 64 and
@@ -176,10 +177,14 @@ typedef struct flash_kda_fwd_plan_info {
                              * room for this many K1 CTAs per SM there; 0 = never */
   int32_t overlap_max_ctas; /* K1 CTAs per SM kept beside the pass at its start (at most
                              * what fits); more fill the SMs it leaves free once it runs.
+                             * 0 with overlap_min_ctas > 0: K1 starts on every SM and leaves
+                             * those the pass starts on (overlap_lead).
                              * (Named `reserved` and 0 before this field existed.) */
   /* ---- ABI 4: a caller may pass the ABI 3 size, without these fields ---- */
   int32_t chunk_tokens; /* tokens per chunk of the call: 16 or 32 */
-  int32_t reserved4;    /* 0 */
+  int32_t overlap_lead; /* K1 leaving the pass's SMs (overlap_max_ctas 0): records K1
+                         * writes on every SM before it leaves them (named reserved4, and
+                         * 0, before this field existed) */
 } flash_kda_fwd_plan_info;
 
 /* Single-instruction probes: the reference calls them to reproduce the exact
