@@ -280,10 +280,10 @@ def run_native(
     """Call the C ABI on the current stream of the call's device.
 
     ``block_v`` 0 lets the library pick (tests force 32/64/128); ``segment_chunks`` > 0
-    forces the segment length of AUTO mode (``call.exact`` False); ``overlap`` 1 / -1
-    forces K1 beside the whole-sequence pass on / off (0: the plan decides, design
-    section 4.7; no result changes); ``chunk`` 16 or 32 forces the chunk length (32: AUTO
-    mode only; 0: the plan decides); ``workspace`` (uint8 on
+    forces the segment length of AUTO mode (``call.exact`` False); ``overlap`` 1 / 2 / -1
+    forces K1 beside the whole-sequence pass / K1 leaving the pass's SMs / no overlap (0:
+    the plan decides, design section 4.7; no result changes); ``chunk`` 16 or 32 forces
+    the chunk length (32: AUTO mode only; 0: the plan decides); ``workspace`` (uint8 on
     the device, at least ``lib.plan(args).workspace_bytes``) may be given to inspect the
     records afterwards; by default it comes from PyTorch's allocator.
     """
