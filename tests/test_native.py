@@ -301,7 +301,7 @@ def test_auto_plan_segments_only_chain_bound_calls(lib, seqlen, heads, segmented
     "mode,batch,seqlen,heads,varlen,expect",
     [
         (0, 1, 8192, 6, False, "runs"),  # exact, few heads: K1 hides behind the 512-link chain
-        (0, 1, 8192, 24, False, "runs"),
+        (0, 1, 8192, 24, False, "leaves"),  # 36 free SMs write the records after K1's lead
         (1, 8, 1024, 8, False, "runs"),  # block_v 64: five K1 CTAs fit beside <1, 8>
         (0, 1, 8192, 96, False, "runs"),  # K1 also fills the 36 SMs the 96 pass CTAs leave
         (1, 1, 8192, 64, False, "runs"),  # 128 pass CTAs: K1 needs room beside them
@@ -318,6 +318,8 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
     (>= overlap_min_ctas) is how many the first K1 grid keeps beside the pass: one where
     the SMs the pass leaves free can carry K1 (T=8192 H=96: 96 pass CTAs on 132 SMs), all
     that fit where the pass fills the GPU (H=64 at block_v 64: 128 CTAs).
+    Where the free SMs can write the records after a lead, K1 leaves the pass's SMs instead
+    (overlap_max_ctas 0; T=8192 H=24 exact, 96 pass CTAs at block_v 32).
     Varlen and segmented calls never overlap. overlap=1 forces it where it can run, -1
     turns it off, 2 forces K1 to leave the pass's SMs where the pass leaves SMs free
     (overlap_max_ctas 0), and 3 is refused."""
@@ -326,10 +328,12 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
         sizes.update(cu_seqlens=0xA000, num_seqs=3)
     plan = lib.plan(valid_args(mode=mode, **sizes))
     k, fit = plan.overlap_min_ctas, 5 if plan.block_v == 64 else 3
-    assert {"runs": 1 <= k <= fit, "never": k == 0}[expect], (k, plan.block_v)
+    assert {"runs": 1 <= k <= fit, "leaves": k == 1, "never": k == 0}[expect], (k, plan.block_v)
     free_sms = 132 - batch * heads * (128 // plan.block_v)
     if expect == "never":
         assert plan.overlap_max_ctas == 0
+    elif expect == "leaves":
+        assert plan.overlap_max_ctas == 0 and plan.overlap_lead > 0, plan
     elif free_sms >= 36:
         assert plan.overlap_max_ctas == k == 1, (plan.overlap_max_ctas, k, free_sms)
     else:
@@ -343,6 +347,45 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
         assert (leaving.overlap_max_ctas == 0) == (free_sms > 0), (leaving.overlap_max_ctas, free_sms)
     with pytest.raises(RuntimeError, match=re.escape("overlap must be -1, 0, 1 or 2, got 3")):
         lib.plan(valid_args(mode=mode, overlap=3, **sizes))
+
+
+@pytest.mark.parametrize("mode", [0, 1], ids=["exact", "auto"])
+def test_k1_leaves_the_pass_sms_where_the_free_sms_carry_it(lib, mode):
+    """K1 leaving the pass's SMs (design section 4.7) on an H200-sized GPU: the plan takes
+    it at T=8192 H=40 (block_v 64: 80 pass CTAs leave 52 SMs free, which write the records
+    as fast as the pass reads them; no lead), keeps K1 beside the pass at H=96 (36 free SMs
+    are too few) and at 64 x 512 tokens H=8 (four waves: no SM free), and reports a lead
+    where the free SMs need one (T=8192 H=24)."""
+
+    def plan(**sizes):
+        return lib.plan(valid_args(mode=mode, batch=1, num_seqs=1, seqlen=8192, **sizes))
+
+    h40 = plan(heads=40)
+    assert (h40.overlap_min_ctas, h40.overlap_max_ctas, h40.overlap_lead) == (1, 0, 0), h40
+    h96 = plan(heads=96)
+    assert h96.overlap_min_ctas >= 1 and h96.overlap_max_ctas >= 1 and h96.overlap_lead == 0, h96
+    waves = lib.plan(valid_args(mode=mode, batch=64, num_seqs=64, seqlen=512, heads=8))
+    assert waves.overlap_max_ctas >= 1 and waves.overlap_lead == 0, waves
+    h24 = plan(heads=24)
+    assert h24.overlap_max_ctas == 0 and h24.overlap_lead > 0, h24
+
+
+def test_32_token_k1_never_runs_beside_the_pass(lib):
+    """K1's 32-token CTAs never share the pass's SMs (design section 4.8: there a few
+    output rows differed run to run on the H200): wherever a plan with 32-token chunks
+    overlaps K1 and the pass, K1 leaves the pass's SMs (overlap_max_ctas 0), also where
+    the overlap is forced; with no SM free it runs first."""
+    seen = 0
+    for seqlen in (1024, 2048, 8192, 32768):
+        for heads in (1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 40, 48):
+            for overlap in (0, 1, 2):
+                for chunk in (0, 32):
+                    sizes = dict(batch=1, num_seqs=1, seqlen=seqlen, heads=heads)
+                    plan = lib.plan(valid_args(mode=1, overlap=overlap, chunk_tokens=chunk, **sizes))
+                    if plan.chunk_tokens == 32 and plan.overlap_min_ctas > 0:
+                        seen += 1
+                        assert plan.overlap_max_ctas == 0, (sizes, overlap, chunk, plan)
+    assert seen > 0
 
 
 def test_chunk_length_rules(lib):
