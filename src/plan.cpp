@@ -234,25 +234,24 @@ bool can_overlap(const ProblemSizes &z, int32_t segment_chunks, const PlanReques
 
 // K1 and the whole-sequence pass, the fastest of the ways to run them that the request
 // allows (design §4.7): K1 first, K1 beside the pass, or K1 leaving the pass's SMs, which
-// must be predicted kLeaveMargin faster than the better of the other two. `leaves` says
-// whether that one is the fastest.
-double whole_forward_us(const ProblemSizes &z, const PlanRequest &r, int64_t chunks,
-                        int32_t block_v, const ChunkCosts &cost, bool &leaves, int64_t &lead) {
+// must be predicted kLeaveMargin faster than the better of the other two.
+struct WholeForward {
+  double us;     // predicted time
+  bool leaves;   // K1 leaving the pass's SMs is the fastest
+  int64_t lead;  // its lead, in records
+};
+
+WholeForward whole_forward(const ProblemSizes &z, const PlanRequest &r, int64_t chunks,
+                           int32_t block_v, const ChunkCosts &cost) {
   const int64_t pairs = z.num_seqs * z.heads;
-  leaves = false;
-  lead = 0;
-  double best = k1_and_pass_us(pairs, chunks, block_v, r.num_sms, 0, cost);
+  WholeForward best = {k1_and_pass_us(pairs, chunks, block_v, r.num_sms, 0, cost), false, 0};
   if (!can_overlap(z, 0, r, cost)) return best;
   const int beside = k1_beside_ctas(block_v, cost);
   if (beside > 0)
-    best = std::min(best, k1_and_pass_us(pairs, chunks, block_v, r.num_sms, beside, cost));
-  int64_t leave_lead = 0;
-  const double leave = k1_leaves_us(pairs, chunks, block_v, r.num_sms, cost, leave_lead);
-  if (leave >= 0 && leave < kLeaveMargin * best) {
-    lead = leave_lead;
-    leaves = true;
-    best = leave;
-  }
+    best.us = std::min(best.us, k1_and_pass_us(pairs, chunks, block_v, r.num_sms, beside, cost));
+  int64_t lead = 0;
+  const double leave = k1_leaves_us(pairs, chunks, block_v, r.num_sms, cost, lead);
+  if (leave >= 0 && leave < kLeaveMargin * best.us) best = {leave, true, lead};
   return best;
 }
 
@@ -281,7 +280,7 @@ int32_t overlap_min_ctas(const ProblemSizes &z, const Plan &plan, const PlanRequ
 // Whether K1 leaves the pass's SMs instead of staying beside them (plan overlap_max_ctas
 // 0), where the pass leaves SMs free, and after how many records (`lead`): where forced
 // (overlap 2; overlap 1 too for records that never run beside the pass), or where
-// whole_forward_us picks it.
+// whole_forward picks it.
 bool k1_leaves(const ProblemSizes &z, const Plan &plan, const PlanRequest &r, int64_t &lead) {
   const ChunkCosts &cost = costs_of(plan.chunk_tokens);
   const int64_t pairs = z.num_seqs * z.heads, chunks = ceil_div(z.seqlen, cost.tokens);
@@ -293,9 +292,9 @@ bool k1_leaves(const ProblemSizes &z, const Plan &plan, const PlanRequest &r, in
     return true;
   }
   if (r.overlap == 1) return false;
-  bool leaves = false;
-  whole_forward_us(z, r, chunks, plan.block_v, cost, leaves, lead);
-  return leaves;
+  const WholeForward best = whole_forward(z, r, chunks, plan.block_v, cost);
+  lead = best.lead;
+  return best.leaves;
 }
 
 // Whether the whole-sequence pass takes a varlen call's sequences longest first (design
@@ -364,11 +363,9 @@ double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts
   double predicted = 0.0;
   if (r.num_sms > 0) {
     // K1 runs alone before the segment passes; beside the whole-sequence pass or leaving
-    // its SMs where that can run and pays (whole_forward_us).
+    // its SMs where that can run and pays (whole_forward).
     const double k1 = prepare_us(pairs * chunks, r.num_sms, cost);
-    bool leaves = false;
-    int64_t lead = 0;
-    const double whole = whole_forward_us(z, r, chunks, plan.block_v, cost, leaves, lead);
+    const double whole = whole_forward(z, r, chunks, plan.block_v, cost).us;
     predicted = whole;
     if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && cost.tokens == 16) {  // 32: no segments
       // Candidates: the shortest segments that give P = kMinSegments .. kFineSegmentCounts
