@@ -208,7 +208,7 @@ def time_fla(p, do_bench):
 
 def plan_of(p, exact):
     """The library's plan (chunk_tokens, block_v, segment_chunks, segment_block_v,
-    overlap_min_ctas, overlap_max_ctas) for problem p."""
+    overlap_min_ctas, overlap_max_ctas, overlap_lead) for problem p."""
     from flash_kda import dispatch
 
     plan = dispatch.plan_of(dispatch.validated(*_plan_args(p), exact=exact))
@@ -219,6 +219,7 @@ def plan_of(p, exact):
         segment_block_v=plan.segment_block_v,
         overlap_min_ctas=plan.overlap_min_ctas,
         overlap_max_ctas=plan.overlap_max_ctas,
+        overlap_lead=plan.overlap_lead,
     )
 
 
@@ -380,7 +381,9 @@ def markdown(results, env, command):
         "('C32': 32-token chunks, docs/proposals/32-token-chunks.md; else 16); "
         "'K1 beside if >=k fit, keeps m': K1 overlaps the whole-sequence pass where k of its CTAs per SM "
         "fit beside the pass (design 4.7; on the H200 3 fit beside block_v 32 and 128, 5 beside 64), and its "
-        "first grid keeps at most m there (more fill the SMs the pass leaves free).",
+        "first grid keeps at most m there (more fill the SMs the pass leaves free); 'K1 leaves the pass's SMs "
+        "after n records': K1 starts on every SM and, after n records, only the SMs the pass leaves free keep it "
+        "(design 4.7).",
         "",
         "| shape | H | plan | auto | auto graph | exact | exact graph | floor | auto graph / floor | fla |"
         + (" auto sustained (SM MHz, W) |" if sus else ""),
@@ -393,7 +396,9 @@ def markdown(results, env, command):
             plan_s = f"whole bv={plan['block_v']}"
         if plan.get("chunk_tokens") == 32:
             plan_s = "C32 " + plan_s
-        if plan.get("overlap_min_ctas"):
+        if plan.get("overlap_min_ctas") and plan.get("overlap_max_ctas") == 0:
+            plan_s += f" K1 leaves the pass's SMs after {plan.get('overlap_lead', 0)} records"
+        elif plan.get("overlap_min_ctas"):
             plan_s += f" K1 beside if >={plan['overlap_min_ctas']} fit, keeps {plan.get('overlap_max_ctas', 'all')}"
         fla = f"{r['fla_ms']:.3f}" if r.get("fla_ms") else "-"
         lines.append(
