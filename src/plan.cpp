@@ -264,12 +264,11 @@ int32_t overlap_group(const ProblemSizes &z, int32_t block_v, int32_t num_sms) {
 
 // The fewest K1 CTAs per SM beside the whole-sequence pass with which the overlap beats K1
 // then the pass (the launch overlaps where that many fit); 0 where none does or it cannot
-// run.
+// run. Only for records that may share the pass's SMs (make_plan asks k1_beside_ctas).
 int32_t overlap_min_ctas(const ProblemSizes &z, const Plan &plan, const PlanRequest &r) {
   const ChunkCosts &cost = costs_of(plan.chunk_tokens);
   if (!can_overlap(z, plan.segment_chunks, r, cost)) return 0;
   if (r.overlap > 0) return 1;
-  if (k1_beside_ctas(plan.block_v, cost) == 0) return 0;
   const int64_t pairs = z.num_seqs * z.heads, chunks = ceil_div(z.seqlen, cost.tokens);
   const double serial = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0, cost);
   for (int k = 1; k <= cost.k1_ctas_alone; ++k)
@@ -473,24 +472,23 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
       if (chunk32_built(p32.block_v) && t32 < t16) plan = p32;
     }
   }
-  plan.overlap_min_ctas = overlap_min_ctas(z, plan, r);
+  // K1 and the pass (design §4.7): K1 leaving the pass's SMs, else K1 beside it where its
+  // records may share the pass's SMs (not 32-token ones) and that pays, else K1 first.
   const int64_t total = z.batch * z.seqlen;
   const int64_t pairs = z.num_seqs * z.heads;
-  if (plan.overlap_min_ctas > 0) {
-    plan.overlap_max_ctas =
-        std::max(plan.overlap_min_ctas,
-                 overlap_max_ctas(pairs, plan.block_v, r.num_sms, costs_of(plan.chunk_tokens)));
-    plan.overlap_group = overlap_group(z, plan.block_v, r.num_sms);
-  }
+  const ChunkCosts &cost = costs_of(plan.chunk_tokens);
   int64_t lead = 0;
   if (k1_leaves(z, plan, r, lead)) {
     plan.overlap_min_ctas = 1;
     plan.overlap_max_ctas = 0;
     plan.overlap_lead = static_cast<int32_t>(std::min<int64_t>(lead, INT32_MAX));
-    plan.overlap_group = overlap_group(z, plan.block_v, r.num_sms);
-  } else if (k1_beside_ctas(plan.block_v, costs_of(plan.chunk_tokens)) == 0) {
-    plan.overlap_min_ctas = plan.overlap_max_ctas = 0;  // K1 first: never beside the pass
+  } else if (k1_beside_ctas(plan.block_v, cost) > 0) {
+    plan.overlap_min_ctas = overlap_min_ctas(z, plan, r);
+    if (plan.overlap_min_ctas > 0)
+      plan.overlap_max_ctas =
+          std::max(plan.overlap_min_ctas, overlap_max_ctas(pairs, plan.block_v, r.num_sms, cost));
   }
+  if (plan.overlap_min_ctas > 0) plan.overlap_group = overlap_group(z, plan.block_v, r.num_sms);
   plan.longest_first = longest_first(z, plan, r);
   // Grid sizes: one CTA per (sequence or segment, head, column slice), grid.x < 2^31.
   const int64_t units = plan.segment_chunks > 0 ? plan.max_segments : z.num_seqs;
