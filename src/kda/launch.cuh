@@ -322,10 +322,10 @@ inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
 // same K1 CTAs. Also returns the SM count and K1's CTAs per SM by itself, which size the
 // second grid. (Keeping all of K1's CTAs on the SMs the pass does not use, and letting
 // the surplus on its SMs exit while the pass could still share those SMs with K1, was
-// tried: on the H200 the pass then waited for K1's end.) Where the plan has K1 leave the pass's SMs
-// (overlap_max_ctas 0) and the pass leaves SMs free, K1 starts on every SM (keep = alone)
-// and `leave_sms` is the pass's CTA count; the pass asks for all of an SM's shared memory,
-// so that it starts only on SMs K1 has left (prepare_overlap_kernel).
+// tried: on the H200 the pass then waited for K1's end.) Where the plan has K1 leave the
+// pass's SMs (overlap_max_ctas 0) and the pass leaves SMs free, K1 starts on every SM
+// (keep = alone) and `leave_sms` is the pass's CTA count; the pass asks for all of an SM's
+// shared memory, so that it starts only on SMs K1 has left (prepare_overlap_kernel).
 inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms, int &keep,
                                  int &alone, int &leave_sms) {
   keep = alone = sms = leave_sms = 0;

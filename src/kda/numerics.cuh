@@ -283,7 +283,8 @@ __device__ __forceinline__ void publish_flag(uint32_t *flag) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(1u) : "memory");
 }
 
-// A counter another CTA may be changing, read without ordering (a heuristic's input).
+// A word another CTA may be writing, read without ordering (a flag before its fence, or a
+// counter read as a heuristic's input).
 __device__ __forceinline__ uint32_t load_relaxed(const uint32_t *p) {
   uint32_t v;
   asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -311,14 +312,7 @@ __device__ __forceinline__ int64_t wait_ready(const uint32_t *flags, int64_t c, 
   for (;;) {
     uint32_t f[kFlagWindow];
 #pragma unroll
-    for (int i = 0; i < kFlagWindow; ++i) {
-      f[i] = 0;
-      if (c + i < end)
-        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];"
-                     : "=r"(f[i])
-                     : "l"(flags + c + i)
-                     : "memory");
-    }
+    for (int i = 0; i < kFlagWindow; ++i) f[i] = c + i < end ? load_relaxed(flags + c + i) : 0u;
     if (f[0] != 0) {
       int64_t ready = c + 1;
 #pragma unroll

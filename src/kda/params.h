@@ -86,8 +86,9 @@ struct FwdParams {
   int32_t overlap_max_ctas;  // K1 CTAs per SM kept beside the pass at its start (plan.h);
                              // 0: none, K1 leaves the pass's SMs (leave_sms)
   // K1 leaving the pass's SMs (design §4.7; set by the launch, 0 = K1 stays): K1's CTAs
-  // on the SMs with %smid below this take no more items once another K1 CTA stays, so
-  // that the pass, which asks for all of an SM's shared memory, finds those SMs empty.
+  // on the SMs with %smid below this take no more items once leave_after items are taken
+  // and another K1 CTA stays, so that the pass, which asks for all of an SM's shared
+  // memory, finds those SMs empty.
   int32_t leave_sms;
   int32_t leave_after;         // K1 items claimed before those CTAs may leave (the plan's lead)
   OverlapSync *sync;           // K1's work counter, after the flags (workspace.h)

@@ -65,8 +65,6 @@ struct RecordLayout {
   static constexpr int kd(int blk, int kb) { return kOffKd + (blk * kKBlocks + kb) * kTileBytes; }
   static constexpr int qd(int blk, int kb) { return kOffQd + (blk * kKBlocks + kb) * kTileBytes; }
   static constexpr int krt(int mb, int blk) { return kOffKrT + (mb * kBlocks + blk) * kTileBytes; }
-  static constexpr int inv(int i, int j) { return kOffInv + block_pair(i, j) * kTileBytes; }
-  static constexpr int mqk(int i, int j) { return kOffMqk + block_pair(i, j) * kTileBytes; }
 };
 
 // The exact path's record (one block), under the names the kernels have always used.
