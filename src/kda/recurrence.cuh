@@ -30,8 +30,8 @@
 namespace flash_kda::FLASH_KDA_ARCH {
 
 // Ring depth: as deep as the block's shared memory allows, up to kMaxStages 16-token
-// chunks (kMaxStages / 2 of 32 tokens, which leaves room for K1's CTAs beside the pass;
-// chosen at launch, FwdParams::stages). At H200, T=8192, H=6 a 4-deep ring left the warps
+// chunks (kMaxStages / 2 of 32 tokens, the same tokens in flight; chosen at launch,
+// FwdParams::stages). At H200, T=8192, H=6 a 4-deep ring left the warps
 // waiting for their next stage (ncu: the stage wait was the top stall).
 constexpr int kMaxStages = 6;
 
