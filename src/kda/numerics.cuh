@@ -250,15 +250,21 @@ __device__ __forceinline__ void tensor_copy_g2s(void *smem, const void *desc, in
 
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
-// mbarrier wait / arrive that also order the compiler: shared-memory reads of a stage may
-// not move above the wait that makes them valid, nor below the arrive that releases it.
+// mbarrier wait that also orders the compiler: shared-memory reads of a stage may not move
+// above the wait that makes them valid.
 __device__ __forceinline__ void barrier_wait(uint64_t *bar, uint32_t phase) {
   TxBarrier::wait(bar, phase);
   asm volatile("" ::: "memory");
 }
 
-__device__ __forceinline__ void barrier_arrive(uint64_t *bar) {
-  asm volatile("" ::: "memory");
+// A consumer's release of a stage that the producer refills with bulk copies: a proxy
+// fence orders this thread's shared-memory reads of the stage (generic proxy) before the
+// copies' writes (async proxy), then the arrive. The arrive alone did not: on the H200,
+// with memory-bound kernels of another stream on the same SMs, fragment loads issued just
+// before it read part of the next chunk's bytes (benchmarks/NOTES.md step 56). The fence's
+// "memory" clobber also keeps the compiler's reads above it.
+__device__ __forceinline__ void release_stage(uint64_t *bar) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   TxBarrier::arrive(bar);
 }
 

@@ -35,8 +35,11 @@ namespace flash_kda::FLASH_KDA_ARCH {
 // waiting for their next stage (ncu: the stage wait was the top stall).
 constexpr int kMaxStages = 6;
 
-constexpr int kBarrierBytes = 128;  // full[kMaxStages] and empty[kMaxStages]
-static_assert(2 * kMaxStages * 8 <= kBarrierBytes, "barrier area too small");
+// The first kBarrierBytes of a pass's shared memory: full[kMaxStages] and empty[kMaxStages],
+// then one release mark per compute warp (release_chunk).
+constexpr int kMaxComputeWarps = 8;
+constexpr int kBarrierBytes = 128;
+static_assert(2 * kMaxStages * 8 + 4 * kMaxComputeWarps <= kBarrierBytes, "barrier area too small");
 
 __host__ __device__ constexpr int value_row_stride(int block_v) {
   return 2 * block_v;  // the tensor copy lands the [16 blocks][block_v] box densely
@@ -339,6 +342,7 @@ struct WarpChain {
   int64_t row_pitch;  // out's token stride
   int col;            // first state row (augmented column) of the warp
   CheckpointSink checkpoints;
+  volatile uint32_t *mark;  // the warp's release mark (release_chunk)
 };
 
 // After chunk c of the span: the checkpoint, if the chain has just completed one.
@@ -414,19 +418,27 @@ __host__ __device__ constexpr bool prefetched_schedule(int nb, int warps) {
 // warp), since an mbarrier arrive releases the arriving thread's own reads. With one lane
 // arriving after __syncwarp(), racecheck reported the other 31 lanes' reads against the
 // producer's next copy into the stage, in both schedules, once a chain wraps the ring
-// (H200; benchmarks/NOTES.md steps 28 and 32).
+// (H200; benchmarks/NOTES.md steps 28 and 32). Each lane's arrive follows a proxy fence
+// (release_stage: the copy writes through the async proxy), whose MEMBAR waits for the
+// warp's shared-memory accesses still in flight. Lane 0 first stores a word of the new
+// state to the warp's mark, a store the fence must follow: so the fence comes after the
+// link's last use of the stage, where only that store is in flight (right after the
+// stage's last load it cost the exact path 10% at T=8192 H=6, here 2%; NOTES.md step 56).
 constexpr int kReleaseLanes = 32;
 
-__device__ __forceinline__ void release_chunk(const WarpChain &w, RingPos pos) {
-  barrier_arrive(&w.empty[pos.stage]);
+template <int kNB>
+__device__ __forceinline__ void release_chunk(const WarpChain &w, RingPos pos,
+                                              const StateSlice<kNB> &state) {
+  if (threadIdx.x % 32 == 0) *w.mark = state.st[kKBlocks - 1][kNB - 1][1];
+  release_stage(&w.empty[pos.stage]);
 }
 
 // Latency-bound schedule (few heads, the chain is the run time). A link starts
 // with its HMMAs: its Kd/Qd fragments are already in registers. The rest of the stage is
-// read at the start of the link and the stage released; while the Pk/Pq chain runs, the
-// next link's fragments replace the consumed ones k-block by k-block, so that no
-// shared-memory traffic delays the movmatrix steps after the chain (ncu, H200: the
-// movmatrix behind a burst of 16 fragment loads was the second largest stall).
+// read at the start of the link, and the stage released after the state update; while the
+// Pk/Pq chain runs, the next link's fragments replace the consumed ones k-block by k-block,
+// so that no shared-memory traffic delays the movmatrix steps after the chain (ncu, H200:
+// the movmatrix behind a burst of 16 fragment loads was the second largest stall).
 template <PassCode kCode, int kNB>
 __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const SeqSpan &span,
                                                      StateSlice<kNB> &state) {
@@ -445,7 +457,6 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
       Frag krt[kKBlocks];
 #pragma unroll
       for (int mb = 0; mb < kKBlocks; ++mb) krt[mb] = lds_frag(stage, kOffKrT + mb * kTileBytes);
-      release_chunk(w, pos);
 
       const bool has_next = c + 1 < span.num_chunks;
       const uint8_t *next = stage_of(w, next_pos);
@@ -464,6 +475,7 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
       float mu[1][kNB][4];
       if constexpr (kOutput) output_scores<kNB, 1>(in.mqk, ub, mu);
       update_state<kNB, 1>([&](int mb, int) { return krt[mb]; }, in.e, ub, state);
+      release_chunk(w, pos, state);
       store_chunk_output<kOutput>(w, c, n, pq, mu);
     }
   });
@@ -496,7 +508,7 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
       if constexpr (kOutput) output_scores<kNB, kBlocks>(in.mqk, ub, mu);
       update_state<kNB, kBlocks>([&](int mb, int blk) { return lds_frag(stage, R::krt(mb, blk)); },
                                  in.e, ub, state);
-      release_chunk(w, pos);
+      release_chunk(w, pos, state);
       store_chunk_output<kOutput>(w, c, n, pq, mu);
     }
   });
@@ -517,6 +529,7 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
     __maxnreg__(register_cap(kWarps + 1, resident_ctas(kNB, kWarps, kCode, kBlocks)))
         recurrence_kernel(const FwdParams p, const __grid_constant__ CUtensorMap value_map) {
   constexpr int kBlockV = 8 * kNB * kWarps;
+  static_assert(kWarps <= kMaxComputeWarps, "one release mark per compute warp");
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t *full = reinterpret_cast<uint64_t *>(smem);
   uint64_t *empty = full + kMaxStages;
@@ -562,7 +575,8 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
       p.out_strides.token,
       task.col0 + vcol,
       {task.checkpoint0 >= 0 ? p.checkpoints : nullptr, p.checkpoint_dtype, task.checkpoint0,
-       p.checkpoint_slots, task.head, p.heads, p.checkpoint_chunks}};
+       p.checkpoint_slots, task.head, p.heads, p.checkpoint_chunks},
+      reinterpret_cast<volatile uint32_t *>(empty + kMaxStages) + warp};
   if (task.span.num_chunks > 0) {
     if constexpr (kBlocks == 1 && prefetched_schedule(kNB, kWarps))
       run_chain_prefetched<kCode>(w, task.span, state);
