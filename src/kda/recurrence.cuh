@@ -562,21 +562,21 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
   if constexpr (kCode != PassCode::kStates)
     out = p.out + token_offset(p.out_strides, task.span.b, task.span.t0, task.head) + task.col0 +
           vcol;
-  const WarpChain w{
-      stages,
-      full,
-      empty,
-      p.stages,
-      stage_bytes(kBlockV, kBlocks),
-      value_row_stride(kBlockV),
-      vcol,
-      task.col0 < kHeadDim,
-      out,
-      p.out_strides.token,
-      task.col0 + vcol,
-      {task.checkpoint0 >= 0 ? p.checkpoints : nullptr, p.checkpoint_dtype, task.checkpoint0,
-       p.checkpoint_slots, task.head, p.heads, p.checkpoint_chunks},
-      reinterpret_cast<volatile uint32_t *>(empty + kMaxStages) + warp};
+  volatile uint32_t *const mark = reinterpret_cast<volatile uint32_t *>(empty + kMaxStages) + warp;
+  const WarpChain w{stages,
+                    full,
+                    empty,
+                    p.stages,
+                    stage_bytes(kBlockV, kBlocks),
+                    value_row_stride(kBlockV),
+                    vcol,
+                    task.col0 < kHeadDim,
+                    out,
+                    p.out_strides.token,
+                    task.col0 + vcol,
+                    {task.checkpoint0 >= 0 ? p.checkpoints : nullptr, p.checkpoint_dtype,
+                     task.checkpoint0, p.checkpoint_slots, task.head, p.heads, p.checkpoint_chunks},
+                    mark};
   if (task.span.num_chunks > 0) {
     if constexpr (kBlocks == 1 && prefetched_schedule(kNB, kWarps))
       run_chain_prefetched<kCode>(w, task.span, state);
