@@ -423,7 +423,9 @@ __host__ __device__ constexpr bool prefetched_schedule(int nb, int warps) {
 // warp's shared-memory accesses still in flight. Lane 0 first stores a word of the new
 // state to the warp's mark, a store the fence must follow: so the fence comes after the
 // link's last use of the stage, where only that store is in flight (right after the
-// stage's last load it cost the exact path 10% at T=8192 H=6, here 2%; NOTES.md step 56).
+// stage's last load it cost the exact path 10% at T=8192 H=6; here the exact path is 1-2%
+// faster than without a fence, streamed and segmented passes 2-3.5% slower; NOTES.md
+// steps 56-57).
 constexpr int kReleaseLanes = 32;
 
 template <int kNB>
