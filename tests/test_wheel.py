@@ -57,6 +57,49 @@ def test_every_kernel_lives_in_its_arch_namespace():
             assert entry.startswith(f"_ZN9flash_kda{len(ns)}{ns}"), (arch, entry)
 
 
+def test_every_stage_release_follows_a_proxy_fence():
+    """In every arch's SASS each recurrence kernel's consumer arrive on a stage's empty barrier
+    follows a proxy fence with no shared-memory load between them (design section 4.5): the
+    GPU-free guard of the fix that tests/test_streams_gpu.py checks on a GPU."""
+    try:
+        cuobjdump = check_wheel.find_cuobjdump()
+    except SystemExit:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    sass = subprocess.run([cuobjdump, "-sass", LIBRARY], capture_output=True, text=True, check=False)
+    if sass.returncode != 0 or "Function :" not in sass.stdout:
+        pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    checked, bad = check_wheel.stage_release_fences(sass.stdout)
+    assert sorted(checked) == sorted(a.name for a in _native.compiled_archs()), checked
+    assert not bad, bad
+
+
+def _sass(function, *instructions):
+    lines = [f"        /*{16 * i:04x}*/                   {text} ;   /* 0x0 */" for i, text in enumerate(instructions)]
+    return "\n".join(["arch = sm_90a", f"        Function : {function}", *lines])
+
+
+ARRIVE = "SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR15+0x30], RZ"
+LOAD = "LDS.128 R28, [R116+UR10+0x80]"
+KERNEL = "_ZN9flash_kda5sm90a17recurrence_kernelILi1ELi4ELNS_8PassCodeE0ELi1EEEv"
+
+
+@pytest.mark.parametrize(
+    "function,instructions,offenders",
+    [
+        (KERNEL, [LOAD, "MEMBAR.ALL.CTA", "FENCE.VIEW.ASYNC.S", "FFMA R1, R2, R3, R4", ARRIVE], 0),
+        (KERNEL, [LOAD, "FENCE.VIEW.ASYNC.S", ARRIVE, "@P3 " + ARRIVE], 0),  # one fence, two releases
+        (KERNEL, [LOAD, ARRIVE], 1),
+        (KERNEL, ["FENCE.VIEW.ASYNC.S", "LDSM.16.M88.4 R4, [R2]", ARRIVE], 1),  # a load after the fence
+        (KERNEL, ["FENCE.VIEW.ASYNC.G", LOAD, ARRIVE], 1),  # the global-memory fence is not it
+        ("_ZN9flash_kda5sm90a14combine_kernelILi8EEEv", [LOAD, ARRIVE], 0),  # only recurrence kernels
+    ],
+)
+def test_stage_release_check_reads_sass(function, instructions, offenders):
+    checked, bad = check_wheel.stage_release_fences(_sass(function, *instructions))
+    assert len(bad) == offenders, bad
+    assert sum(checked.values()) == sum(ARRIVE in text for text in instructions) * ("recurrence" in function)
+
+
 WHEEL = os.environ.get("FLASH_KDA_WHEEL")
 
 

@@ -7,9 +7,10 @@ Checks: the tag is ``py3-none-manylinux_*``; the wheel holds exactly one shared 
 ``flash_kda/libflash_kda.so``; its NEEDED entries are only libc, libm, libdl, libpthread,
 librt, libstdc++, libgcc_s and the loader (no libtorch, libpython, libcudart or libcuda:
 libcuda is opened at run time); it exports only ``flash_kda_*`` symbols; the arches are
-right; the wheel is at most 100 MB; and with ``--smoke``, ``pip install WHEEL`` in a clean
+right; every stage release of the recurrence kernels follows a proxy fence (SASS); the wheel
+is at most 100 MB; and with ``--smoke``, ``pip install WHEEL`` in a clean
 venv followed by ``python -m flash_kda info`` works. Uses readelf (binutils) and cuobjdump
-(on PATH or from the nvidia-cuda-cuobjdump package).
+(on PATH or from the nvidia-cuda-cuobjdump package, with nvdisasm beside it for the SASS).
 
 The expected arches come from the wheel itself, from ``flash_kda/_build_info.py`` (written
 by CMake from cmake/FlashKdaArchs.cmake; read with ``ast.literal_eval``, never imported):
@@ -92,6 +93,46 @@ def check_cubins(so, archs):
     return found == want, ", ".join(found) + ("" if found == want else f"  (expected {', '.join(want)})")
 
 
+def stage_release_fences(sass):
+    """(releases checked per arch, offenders) in ``cuobjdump -sass`` text: in every recurrence kernel, each
+    consumer arrive on a stage's empty barrier (``SYNCS.ARRIVE.TRANS64.A1T0``) must follow a
+    ``FENCE.VIEW.ASYNC.S`` (``fence.proxy.async.shared::cta``) with no shared-memory load between
+    them. Without the fence the producer's next bulk copy could land before loads issued ahead of
+    the arrive had read the stage (docs/design.md section 4.5)."""
+    checked, bad = {}, []
+    arch = function = state = None
+    for line in sass.splitlines():
+        header = re.match(r"\s*(arch = (sm_\w+)|Function : (\S+))", line)
+        if header:
+            arch = header.group(2) or arch
+            function = header.group(3) if header.group(3) and "recurrence_kernel" in header.group(3) else None
+            state = None
+            continue
+        instruction = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
+        if function is None or not instruction:
+            continue
+        text = instruction.group(1)
+        if "FENCE.VIEW.ASYNC.S" in text:
+            state = "fenced"
+        elif re.search(r"\bLDS", text):
+            state = "loaded"
+        elif "SYNCS.ARRIVE.TRANS64.A1T0" in text:
+            checked[arch] = checked.get(arch, 0) + 1
+            if state != "fenced":
+                bad.append(f"{arch} {function}: {text}")
+    return checked, bad
+
+
+def check_stage_fences(so):
+    sass = subprocess.run([find_cuobjdump(), "-sass", so], capture_output=True, text=True, check=False)
+    if sass.returncode != 0 or "Function :" not in sass.stdout:
+        return False, "cuobjdump -sass failed (it needs nvdisasm: pip install nvidia-cuda-nvdisasm)"
+    checked, bad = stage_release_fences(sass.stdout)
+    ok = bool(checked) and not bad
+    detail = f"{sum(checked.values())} stage releases in {len(checked)} arches, {len(bad)} without a proxy fence"
+    return ok, detail + (f": {bad[0]}" if bad else "")
+
+
 def read_build_info(text):
     """The fields of a ``_build_info.py`` (its text) as a dict, by ``ast.literal_eval`` of each
     top-level assignment: the file is data, so it is never executed."""
@@ -167,6 +208,7 @@ def check_contents(zf, tmp, pinned):
         built = info["BUILT_ARCHS"] if info else pinned
         if built:
             results.append(("cubins", *check_cubins(so, built)))
+        results.append(("fences", *check_stage_fences(so)))
     return results
 
 
