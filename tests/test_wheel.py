@@ -62,13 +62,12 @@ def test_every_stage_release_follows_a_proxy_fence():
     follows a proxy fence with no shared-memory load between them (design section 4.5): the
     GPU-free guard of the fix that tests/test_streams_gpu.py checks on a GPU."""
     try:
-        cuobjdump = check_wheel.find_cuobjdump()
+        sass = check_wheel.sass_of(LIBRARY)
     except SystemExit:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-    sass = subprocess.run([cuobjdump, "-sass", LIBRARY], capture_output=True, text=True, check=False)
-    if sass.returncode != 0 or "Function :" not in sass.stdout:
+    if sass is None:
         pytest.skip("cuobjdump -sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
-    checked, bad = check_wheel.stage_release_fences(sass.stdout)
+    checked, bad = check_wheel.stage_release_fences(sass)
     assert sorted(checked) == sorted(a.name for a in _native.compiled_archs()), checked
     assert not bad, bad
 

@@ -123,11 +123,17 @@ def stage_release_fences(sass):
     return checked, bad
 
 
-def check_stage_fences(so):
+def sass_of(so):
+    """``cuobjdump -sass`` of a library, or None where it gives none (it needs nvdisasm)."""
     sass = subprocess.run([find_cuobjdump(), "-sass", so], capture_output=True, text=True, check=False)
-    if sass.returncode != 0 or "Function :" not in sass.stdout:
+    return sass.stdout if sass.returncode == 0 and "Function :" in sass.stdout else None
+
+
+def check_stage_fences(so):
+    sass = sass_of(so)
+    if sass is None:
         return False, "cuobjdump -sass failed (it needs nvdisasm: pip install nvidia-cuda-nvdisasm)"
-    checked, bad = stage_release_fences(sass.stdout)
+    checked, bad = stage_release_fences(sass)
     ok = bool(checked) and not bad
     detail = f"{sum(checked.values())} stage releases in {len(checked)} arches, {len(bad)} without a proxy fence"
     return ok, detail + (f": {bad[0]}" if bad else "")
