@@ -65,20 +65,21 @@ constexpr double kFreeSupply = 0.4;
 // K1's measured rates above. 32-token chunks (design §4.8): whole-sequence passes only (no
 // segments), one CTA per SM (config.h resident_ctas), and a link costs chunk32_link_scale
 // 16-token links of the same width at one CTA per SM (config.h); K1's 32-token CTAs are
-// 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone (H200,
-// NOTES.md steps 48, 50). They never run beside the pass on its SMs: there, at T=8192
-// H=24, 3 to 10% of the calls gave a few output rows of one warp other bits (NOTES.md
-// step 54); K1 first or K1 leaving the pass's SMs gave the same bits run to run.
+// 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone and ~14
+// beside the pass, where config.h's prepare32_beside fit (H200, NOTES.md steps 48, 50).
+// (Step 54 kept them off the pass's SMs: 3 to 10% of the calls at T=8192 H=24 gave a few
+// output rows other bits. The cause was a stage release without a proxy fence, which
+// other kernels on the pass's SMs exposed too; with the fence, steps 56 and 58.)
 struct ChunkCosts {
   int32_t tokens;
   double k1_record_us;         // K1 alone: one record per CTA
   int k1_ctas_alone;           // K1 CTAs per SM alone
-  double k1_beside_record_us;  // a record per K1 CTA beside the pass; 0: never beside it
+  double k1_beside_record_us;  // a record per K1 CTA beside the pass
   int k1_overlap_ctas;         // prepare_overlap_kernel's CTAs per SM (its launch bounds)
 };
 constexpr ChunkCosts kCosts16 = {16, kPrepareRecordUs, kPrepareCtasAlone, kPrepareBesideRecordUs,
                                  12};
-constexpr ChunkCosts kCosts32 = {32, 9.4, 4, 0.0, 3};
+constexpr ChunkCosts kCosts32 = {32, 9.4, 4, 14.0, 3};
 
 // A link of width s for these chunks against config.h's 16-token link times.
 double link_scale(const RecurrenceShape &s, const ChunkCosts &cost) {
@@ -217,9 +218,10 @@ double k1_leaves_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_
 }
 
 // K1 CTAs per SM beside the whole-sequence pass that the plan counts on (config.h, H200);
-// 0 where K1 never runs beside it (32-token records).
+// 0 where none fits (32-token records beside <1, 8>).
 int k1_beside_ctas(int32_t block_v, const ChunkCosts &cost) {
-  return cost.k1_beside_record_us > 0 ? recurrence_shape(block_v)->prepare_beside : 0;
+  const RecurrenceShape &s = *recurrence_shape(block_v);
+  return cost.tokens == 32 ? s.prepare32_beside : s.prepare_beside;
 }
 
 // Whether K1 can run beside the whole-sequence pass: not for varlen (records by sequence),
@@ -278,7 +280,7 @@ int32_t overlap_min_ctas(const ProblemSizes &z, const Plan &plan, const PlanRequ
 
 // Whether K1 leaves the pass's SMs instead of staying beside them (plan overlap_max_ctas
 // 0), where the pass leaves SMs free, and after how many records (`lead`): where forced
-// (overlap 2; overlap 1 too for records that never run beside the pass), or where
+// (overlap 2; overlap 1 too where no K1 CTA fits beside the pass), or where
 // whole_forward picks it.
 bool k1_leaves(const ProblemSizes &z, const Plan &plan, const PlanRequest &r, int64_t &lead) {
   const ChunkCosts &cost = costs_of(plan.chunk_tokens);

@@ -355,7 +355,8 @@ def test_k1_leaves_the_pass_sms_where_the_free_sms_carry_it(lib, mode):
     it at T=8192 H=40 (block_v 64: 80 pass CTAs leave 52 SMs free, which write the records
     as fast as the pass reads them; no lead), keeps K1 beside the pass at H=96 (36 free SMs
     are too few) and at 64 x 512 tokens H=8 (four waves: no SM free), and reports a lead
-    where the free SMs need one (T=8192 H=24)."""
+    where the free SMs need one (T=8192 H=24 with 16-token chunks; with 32-token chunks the
+    automatic path keeps K1 beside that pass, as the next test shows)."""
 
     def plan(**sizes):
         return lib.plan(valid_args(mode=mode, batch=1, num_seqs=1, seqlen=8192, **sizes))
@@ -366,26 +367,37 @@ def test_k1_leaves_the_pass_sms_where_the_free_sms_carry_it(lib, mode):
     assert h96.overlap_min_ctas >= 1 and h96.overlap_max_ctas >= 1 and h96.overlap_lead == 0, h96
     waves = lib.plan(valid_args(mode=mode, batch=64, num_seqs=64, seqlen=512, heads=8))
     assert waves.overlap_max_ctas >= 1 and waves.overlap_lead == 0, waves
-    h24 = plan(heads=24)
+    h24 = plan(heads=24, chunk_tokens=16)
     assert h24.overlap_max_ctas == 0 and h24.overlap_lead > 0, h24
 
 
-def test_32_token_k1_never_runs_beside_the_pass(lib):
-    """K1's 32-token CTAs never share the pass's SMs (design section 4.8: there a few
-    output rows differed run to run on the H200): wherever a plan with 32-token chunks
-    overlaps K1 and the pass, K1 leaves the pass's SMs (overlap_max_ctas 0), also where
-    the overlap is forced; with no SM free it runs first."""
-    seen = 0
+def test_32_token_k1_runs_beside_only_the_pass_it_fits_beside(lib):
+    """K1's 32-token CTAs (80 registers, 8 warps) fit beside one CTA of the 32-token <1, 4>
+    pass (block_v 32) and beside none of <1, 8> (block_v 64; config.h prepare32_beside):
+    wherever a plan with 32-token chunks keeps K1 beside the pass on its SMs
+    (overlap_max_ctas > 0), block_v is 32; at block_v 64, also where the overlap is forced
+    (1), K1 leaves the pass's SMs (overlap_max_ctas 0) or runs first."""
+    beside = leaving = 0
     for seqlen in (1024, 2048, 8192, 32768):
         for heads in (1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 40, 48):
             for overlap in (0, 1, 2):
-                for chunk in (0, 32):
+                for block_v in (0, 32, 64):
                     sizes = dict(batch=1, num_seqs=1, seqlen=seqlen, heads=heads)
-                    plan = lib.plan(valid_args(mode=1, overlap=overlap, chunk_tokens=chunk, **sizes))
-                    if plan.chunk_tokens == 32 and plan.overlap_min_ctas > 0:
-                        seen += 1
-                        assert plan.overlap_max_ctas == 0, (sizes, overlap, chunk, plan)
-    assert seen > 0
+                    if block_v and heads * 128 // block_v > 132:
+                        continue
+                    args = valid_args(mode=1, overlap=overlap, chunk_tokens=32, block_v=block_v, **sizes)
+                    plan = lib.plan(args)
+                    assert plan.chunk_tokens == 32
+                    if plan.overlap_min_ctas == 0:
+                        continue
+                    if plan.overlap_max_ctas > 0:
+                        beside += 1
+                        assert plan.block_v == 32 and overlap != 2, (sizes, overlap, plan)
+                    else:
+                        leaving += 1
+                    if plan.block_v == 64 and overlap == 1:
+                        assert plan.overlap_max_ctas == 0, (sizes, plan)
+    assert beside > 0 and leaving > 0
 
 
 def test_chunk_length_rules(lib):

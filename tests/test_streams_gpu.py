@@ -21,9 +21,10 @@ NOISY_CALLS = 8
 NEIGHBOURS = 12  # elementwise kernels queued on the side stream before and after each call
 
 CASES = [
-    # (id, T, H, exact, run_native keywords): each schedule of the recurrence and K1 first,
-    # so that the pass's SMs keep room for the neighbours' CTAs.
+    # (id, T, H, exact, run_native keywords): each schedule of the recurrence, mostly with K1
+    # first, so that the pass's SMs keep room for the neighbours' CTAs.
     ("chunk32-bv32", 2048, 24, False, dict(chunk=32, overlap=-1, block_v=32)),
+    ("chunk32-k1-beside", 2048, 24, False, dict(chunk=32, overlap=1, block_v=32)),
     ("chunk32-bv64", 2048, 24, False, dict(chunk=32, overlap=-1, block_v=64)),
     ("segments", 8192, 12, False, dict()),  # the plan's segments: streamed rerun, 16 tokens
     ("exact-latency-bound", 8192, 6, True, dict(overlap=-1)),  # <1, 4>: fragments a link ahead

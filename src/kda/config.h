@@ -53,6 +53,10 @@ struct RecurrenceShape {
   // 32-token instantiation (<2, 8>: 1.96x at H=96, slower than 16-token chunks wherever
   // measured; step 50).
   double chunk32_link_scale;
+  // K1 CTAs for 32-token records (80 registers, 8 warps) that fit on an SM beside one CTA
+  // of this width's 32-token whole pass on the H200: one beside <1, 4> (122 registers),
+  // none beside <1, 8> (127 registers, 9 warps: 4,096 registers a sub-partition left).
+  int prepare32_beside;
 };
 
 // block_v -> <kNB, kWarps>, chosen on the H200 with benchmarks/bench_fwd.py --block-v
@@ -65,9 +69,9 @@ struct RecurrenceShape {
 // Three widths instead of the style's two: each width's best shape differs and the
 // benchmarks above show the gain.
 constexpr RecurrenceShape kRecurrenceShapes[] = {
-    {32, 1, 4, 1, 1, 0.56, 0.0, 0.0, 0.0, 3, 1.50},
-    {64, 1, 8, 2, 2, 0.86, 1.10, 1.10, 1.65, 5, 1.80},
-    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.15, 3, 0.0},
+    {32, 1, 4, 1, 1, 0.56, 0.0, 0.0, 0.0, 3, 1.50, 1},
+    {64, 1, 8, 2, 2, 0.86, 1.10, 1.10, 1.65, 5, 1.80, 0},
+    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.15, 3, 0.0, 0},
 };
 constexpr int kNumRecurrenceShapes = 3;
 

@@ -268,6 +268,13 @@ __device__ __forceinline__ void release_stage(uint64_t *bar) {
   TxBarrier::arrive(bar);
 }
 
+// Two stages released with one fence (the first held since its own link).
+__device__ __forceinline__ void release_stages(uint64_t *first, uint64_t *second) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  TxBarrier::arrive(first);
+  TxBarrier::arrive(second);
+}
+
 // CTA barrier `id` (1..15; __syncthreads is barrier 0) over `threads` threads, which may
 // reach it at different points of the code: barrier.sync without .aligned (bar.sync is
 // the .aligned form, for one program point shared by all warps).

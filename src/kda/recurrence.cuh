@@ -429,10 +429,45 @@ __host__ __device__ constexpr bool prefetched_schedule(int nb, int warps) {
 constexpr int kReleaseLanes = 32;
 
 template <int kNB>
+__device__ __forceinline__ void mark_state(const WarpChain &w, const StateSlice<kNB> &state) {
+  if (threadIdx.x % 32 == 0) *w.mark = state.st[kKBlocks - 1][kNB - 1][1];
+}
+
+template <int kNB>
 __device__ __forceinline__ void release_chunk(const WarpChain &w, RingPos pos,
                                               const StateSlice<kNB> &state) {
-  if (threadIdx.x % 32 == 0) *w.mark = state.st[kKBlocks - 1][kNB - 1][1];
+  mark_state(w, state);
   release_stage(&w.empty[pos.stage]);
+}
+
+// The streamed schedule's release where the ring is deep (kPairedStages or more stages): a
+// link holds its stage and the next link releases both behind one fence, which halves the
+// fences' waits (the producer then runs at most stages - 2 chunks ahead). Not in the
+// prefetched schedule (4-10% slower: its registers), the segment pass (96 registers: it
+// spilled) or 32-token links (three stages) (H200, NOTES.md steps 57, 58).
+constexpr int kPairedStages = 4;
+template <PassCode kCode, int kBlocks>
+__host__ __device__ constexpr bool paired_releases() {
+  return kCode != PassCode::kStates && kBlocks == 1;
+}
+
+struct HeldStage {
+  RingPos pos;
+  bool held = false;
+};
+
+template <int kNB>
+__device__ __forceinline__ void release_or_hold(const WarpChain &w, RingPos pos, bool pairs,
+                                                HeldStage &h, const StateSlice<kNB> &state) {
+  if (!pairs) {
+    release_chunk(w, pos, state);
+  } else if (!h.held) {
+    h = {pos, true};
+  } else {
+    mark_state(w, state);
+    release_stages(&w.empty[h.pos.stage], &w.empty[pos.stage]);
+    h.held = false;
+  }
 }
 
 // Latency-bound schedule (few heads, the chain is the run time). A link starts
@@ -486,13 +521,15 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
 // Streamed schedule (when registers are short, or many heads fill the GPU, and every
 // 32-token link). Operand fragments are read from shared memory where they are used, which
 // keeps the wide state slice in registers without spilling; the stage is released at the
-// end of the link.
+// end of the link, or with the next link's (release_or_hold).
 template <PassCode kCode, int kBlocks, int kNB>
 __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const SeqSpan &span,
                                                    StateSlice<kNB> &state) {
   using R = RecordLayout<kBlocks>;
   constexpr bool kOutput = kCode != PassCode::kStates;
   RingPos pos{0, 0};
+  const bool pairs = paired_releases<kCode, kBlocks>() && w.num_stages >= kPairedStages;
+  HeldStage held;
   run_in_intervals<kCode, kBlocks>(w, span, state, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c, pos.advance(w.num_stages)) {
       const uint8_t *stage = stage_of(w, pos);
@@ -510,10 +547,11 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
       if constexpr (kOutput) output_scores<kNB, kBlocks>(in.mqk, ub, mu);
       update_state<kNB, kBlocks>([&](int mb, int blk) { return lds_frag(stage, R::krt(mb, blk)); },
                                  in.e, ub, state);
-      release_chunk(w, pos, state);
+      release_or_hold(w, pos, pairs, held, state);
       store_chunk_output<kOutput>(w, c, n, pq, mu);
     }
   });
+  if (held.held) release_chunk(w, held.pos, state);
 }
 
 // kWarps compute warps of kNB blocks of 8 value columns, plus the producer warp;

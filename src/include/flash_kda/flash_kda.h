@@ -152,8 +152,9 @@ typedef struct flash_kda_fwd_args {
                               * per segment (diagnostics and tests) */
   /* ---- ABI 3 ---- */
   int32_t overlap; /* K1 beside the first recurrence pass (design §4.7): 0 = the library
-                    * decides, 1 = wherever it can run (32-token records: leaving the pass's
-                    * SMs), 2 = K1 leaving the pass's SMs wherever the pass leaves some free,
+                    * decides, 1 = wherever it can run (leaving the pass's SMs where no K1
+                    * CTA fits beside it: 32-token records at block_v 64), 2 = K1 leaving
+                    * the pass's SMs wherever the pass leaves some free,
                     * -1 = never (diagnostics and tests; no result changes) */
   /* ---- ABI 4 (named reserved3, set to 0, in ABI 3) ---- */
   int32_t chunk_tokens; /* tokens per chunk: 0 = the library picks (16 in EXACT mode; 16 or
