@@ -48,7 +48,8 @@ constexpr int64_t kMinSegmentChunks = 8;     // shortest segment considered
 constexpr int64_t kFineSegmentCounts = 64;   // every segment count up to this one is a candidate
 // K1 (design §4.7), one record per K1 CTA: 11.6 us at 12 CTAs on each SM (T=8192 H=96:
 // 49,152 records in 360 us on 132 SMs), 6.2 us at 3 per SM beside a pass (H=24: 12,288
-// records on 396 CTAs in 194 us). While K1 runs beside it, the pass's links take ~1.3x as
+// records on 396 CTAs in 194 us), less for a lone K1 CTA beside a pass CTA (config.h
+// prepare_one_us). While K1 runs beside it, the pass's links take ~1.3x as
 // long (T=8192 H=96: 749 us against 590 alone, T=32768: 2.96 ms against 2.30;
 // benchmarks/NOTES.md step 28).
 constexpr double kPrepareRecordUs = 11.6;
@@ -172,7 +173,8 @@ int64_t free_sms(int64_t pairs, int32_t block_v, int32_t num_sms) {
 }
 
 // K1 then the whole-sequence pass (k = 0), or K1 beside the pass (design §4.7): k K1
-// CTAs on each of the pass's SMs and kPrepareCtasAlone on each SM it leaves free. While K1
+// CTAs on each of the pass's SMs (a lone one writes its records faster than each of
+// several) and kPrepareCtasAlone on each SM it leaves free. While K1
 // runs, the pass advances kBesideSlowdown times slower; the forward ends when both have.
 double k1_and_pass_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms, int k,
                       const ChunkCosts &cost) {
@@ -180,9 +182,10 @@ double k1_and_pass_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t nu
   const double records = static_cast<double>(pairs * chunks);
   if (k == 0) return prepare_us(pairs * chunks, num_sms, cost) + pass;
   const int64_t ctas = pairs * (kHeadDim / block_v), free = free_sms(pairs, block_v, num_sms);
-  const double rate =
-      static_cast<double>(std::min<int64_t>(ctas, num_sms) * k) / cost.k1_beside_record_us +
-      static_cast<double>(free * cost.k1_ctas_alone) / cost.k1_record_us;
+  const double lone = cost.tokens == 16 ? 1.0 / recurrence_shape(block_v)->prepare_one_us : 0.0;
+  const double per_pass_sm = std::max(lone, k / cost.k1_beside_record_us);
+  const double rate = static_cast<double>(std::min<int64_t>(ctas, num_sms)) * per_pass_sm +
+                      static_cast<double>(free * cost.k1_ctas_alone) / cost.k1_record_us;
   const double beside = records / rate;
   return beside + std::max(0.0, pass - beside / kBesideSlowdown) + kOverlapUs;
 }
@@ -248,7 +251,9 @@ WholeForward whole_forward(const ProblemSizes &z, const PlanRequest &r, int64_t 
   const int64_t pairs = z.num_seqs * z.heads;
   WholeForward best = {k1_and_pass_us(pairs, chunks, block_v, r.num_sms, 0, cost), false, 0};
   if (!can_overlap(z, 0, r, cost)) return best;
-  const int beside = k1_beside_ctas(block_v, cost);
+  // As many K1 CTAs beside the pass as the launch keeps there (make_plan).
+  const int beside =
+      std::min(k1_beside_ctas(block_v, cost), overlap_max_ctas(pairs, block_v, r.num_sms, cost));
   if (beside > 0)
     best.us = std::min(best.us, k1_and_pass_us(pairs, chunks, block_v, r.num_sms, beside, cost));
   int64_t lead = 0;

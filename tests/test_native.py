@@ -355,8 +355,8 @@ def test_k1_leaves_the_pass_sms_where_the_free_sms_carry_it(lib, mode):
     it at T=8192 H=40 (block_v 64: 80 pass CTAs leave 52 SMs free, which write the records
     as fast as the pass reads them; no lead), keeps K1 beside the pass at H=96 (36 free SMs
     are too few) and at 64 x 512 tokens H=8 (four waves: no SM free), and reports a lead
-    where the free SMs need one (T=8192 H=24 with 16-token chunks; with 32-token chunks the
-    automatic path keeps K1 beside that pass, as the next test shows)."""
+    where the free SMs need one (T=8192 H=48, and H=24 with 16-token chunks; with 32-token
+    chunks the automatic path keeps K1 beside that pass, as the next test shows)."""
 
     def plan(**sizes):
         return lib.plan(valid_args(mode=mode, batch=1, num_seqs=1, seqlen=8192, **sizes))
@@ -369,6 +369,10 @@ def test_k1_leaves_the_pass_sms_where_the_free_sms_carry_it(lib, mode):
     assert waves.overlap_max_ctas >= 1 and waves.overlap_lead == 0, waves
     h24 = plan(heads=24, chunk_tokens=16)
     assert h24.overlap_max_ctas == 0 and h24.overlap_lead > 0, h24
+    # H=48 at block_v 64: 96 pass CTAs; the launch would keep one K1 CTA on each of their
+    # SMs, which the free SMs and the lead outrun (H200: 0.509 ms against 0.535 beside).
+    h48 = plan(heads=48)
+    assert (h48.block_v, h48.overlap_max_ctas) == (64, 0) and h48.overlap_lead > 0, h48
 
 
 def test_32_token_k1_runs_beside_only_the_pass_it_fits_beside(lib):

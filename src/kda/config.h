@@ -47,6 +47,11 @@ struct RecurrenceShape {
   // launch computes the device's own, launch.cuh plan_overlap); the plan's choice between
   // segments and the whole pass assumes it.
   int prepare_beside;
+  // A record's time (us) of a lone K1 CTA beside one CTA of this width's whole pass on the
+  // H200, where each of prepare_beside takes 6.2 (plan.cpp): fitted to the forwards whose
+  // launch keeps one K1 CTA on the pass's SMs (T=8192, 16-token chunks: H=28 at block_v 32
+  // 0.319 ms, H=48 at 64 0.533, H=96 at 128 0.790; benchmarks/NOTES.md step 59).
+  double prepare_one_us;
   // A 32-token link (kBlocks = 2, one CTA per SM) against a 16-token link of the same
   // width at one CTA per SM, on the H200 (benchmarks/NOTES.md step 48: the plain pass with
   // K1 before it at T=8192, H=24 for <1, 4>, H=48 for <1, 8>). 0: this width has no
@@ -69,9 +74,9 @@ struct RecurrenceShape {
 // Three widths instead of the style's two: each width's best shape differs and the
 // benchmarks above show the gain.
 constexpr RecurrenceShape kRecurrenceShapes[] = {
-    {32, 1, 4, 1, 1, 0.56, 0.0, 0.0, 0.0, 3, 1.50, 1},
-    {64, 1, 8, 2, 2, 0.86, 1.10, 1.10, 1.65, 5, 1.80, 0},
-    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.15, 3, 0.0, 0},
+    {32, 1, 4, 1, 1, 0.56, 0.0, 0.0, 0.0, 3, 2.0, 1.50, 1},
+    {64, 1, 8, 2, 2, 0.86, 1.10, 1.10, 1.65, 5, 3.0, 1.80, 0},
+    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.15, 3, 3.0, 0.0, 0},
 };
 constexpr int kNumRecurrenceShapes = 3;
 
