@@ -59,8 +59,8 @@ struct RecurrenceShape {
   // measured; step 50).
   double chunk32_link_scale;
   // K1 CTAs for 32-token records (80 registers, 8 warps) that fit on an SM beside one CTA
-  // of this width's 32-token whole pass on the H200: one beside <1, 4> (122 registers),
-  // none beside <1, 8> (127 registers, 9 warps: 4,096 registers a sub-partition left).
+  // of this width's 32-token whole pass on the H200: one beside <1, 4> (121 registers),
+  // none beside <1, 8> (123 registers, 9 warps: 4,096 registers a sub-partition left).
   int prepare32_beside;
 };
 
