@@ -8,13 +8,12 @@ exact mode with K1 before, beside the recurrence and leaving the recurrence's SM
 section 4.7; varlen never overlaps), in AUTO mode with one-chunk segments, and in AUTO mode
 with 32-token chunks (K1 before, beside the pass (block_v 32; block_v 64 leaves its SMs) and
 leaving the pass's SMs, forced by overlap -1, 1 and 2; block_v 32 and 64, the widths built
-for them); a twelve-head case for the combine's 16-row
-CTAs, a forty-head one for the longest-first
-varlen pass and a batched one of more CTAs than SMs with K1 beside the pass; then state
-pools (in place, padding, has_initial_state), checkpoints, strided views (fused projection
-slices) and garbage device cu_seqlens (non-monotone, negative, past the end, 2**62), each in
-exact mode, in AUTO mode with a forced small segment_chunks and in AUTO mode with 32-token
-chunks.
+for them); a twelve-head case for the combine's 16-row CTAs, a forty-head one for the
+longest-first varlen pass and a batched one of more CTAs than SMs with K1 beside the pass;
+then state pools (in place, padding, has_initial_state), checkpoints, strided views (fused
+projection slices) and garbage device cu_seqlens (non-monotone, negative, past the end,
+2**62), each in exact mode, in AUTO mode with a forced small segment_chunks and in AUTO mode
+with 32-token chunks.
 """
 
 import sys
