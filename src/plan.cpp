@@ -479,8 +479,8 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
       if (chunk32_built(p32.block_v) && t32 < t16) plan = p32;
     }
   }
-  // K1 and the pass (design §4.7): K1 leaving the pass's SMs, else K1 beside it where its
-  // records may share the pass's SMs (not 32-token ones) and that pays, else K1 first.
+  // K1 and the pass (design §4.7): K1 leaving the pass's SMs, else K1 beside it where a K1
+  // CTA fits beside the pass (k1_beside_ctas) and that pays, else K1 first.
   const int64_t total = z.batch * z.seqlen;
   const int64_t pairs = z.num_seqs * z.heads;
   const ChunkCosts &cost = costs_of(plan.chunk_tokens);

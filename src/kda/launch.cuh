@@ -343,12 +343,6 @@ inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms
   const int beside =
       std::min({alone, (d.regs_sm / 4 - k2.sub_partition_regs) / k1.sub_partition_regs,
                 (d.smem_sm - k2.smem) / k1.smem, (d.threads_sm - k2.threads) / k1.threads});
-  // With the pass holding an SM's whole shared memory no K1 CTA fits beside it on the
-  // supported GPUs (opt-in limit = per-SM memory - 1 KB); K1's 32-token CTAs must never run
-  // beside the pass (design §4.8), so where one still would, K1 runs first instead.
-  const bool k1_fits_beside_whole_sm = d.smem_sm - (d.smem_optin + 1024) >= k1.smem;
-  if (p.overlap_max_ctas == 0 && blocks == 2 && k1_fits_beside_whole_sm)
-    return {cudaSuccess, nullptr};
   if (p.overlap_max_ctas == 0 && first.ctas < sms) {
     keep = alone;
     leave_sms = static_cast<int>(first.ctas);

@@ -263,14 +263,18 @@ __device__ __forceinline__ void barrier_wait(uint64_t *bar, uint32_t phase) {
 // with memory-bound kernels of another stream on the same SMs, fragment loads issued just
 // before it read part of the next chunk's bytes (benchmarks/NOTES.md step 56). The fence's
 // "memory" clobber also keeps the compiler's reads above it.
-__device__ __forceinline__ void release_stage(uint64_t *bar) {
+__device__ __forceinline__ void fence_stage_reads() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+__device__ __forceinline__ void release_stage(uint64_t *bar) {
+  fence_stage_reads();
   TxBarrier::arrive(bar);
 }
 
 // Two stages released with one fence (the first held since its own link).
 __device__ __forceinline__ void release_stages(uint64_t *first, uint64_t *second) {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  fence_stage_reads();
   TxBarrier::arrive(first);
   TxBarrier::arrive(second);
 }

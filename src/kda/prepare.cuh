@@ -771,8 +771,8 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(con
 // (allow_dependents) and takes items from a counter in locate_item's order, publishing
 // each record's ready flag once the whole CTA has written it. Bounded to 40 registers
 // (53 unbounded; the loop's state spills 40 bytes, once per record) so that its CTAs
-// stay small beside the pass (the 16-token kernel; the 32-token one runs three an SM, and
-// never on the pass's SMs: design §4.8).
+// stay small beside the pass (the 16-token kernel; the 32-token one runs three an SM, one
+// of them beside a <1, 4> pass CTA: design §4.8).
 //
 // K1 leaving the pass's SMs (p.leave_sms > 0; the grid then fills every SM): a CTA on an
 // SM with %smid below leave_sms takes no more items once leave_after items are taken (the
