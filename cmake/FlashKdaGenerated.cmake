@@ -9,7 +9,7 @@
 # One arch's TU from src/arch/arch.cu.in (@ARCH@ and @CC@ filled in). It keeps the name the
 # hand-written TUs had, sm<arch>.cu: cmake/time-tu.sh and .ci/run's log print that name.
 # Example: flash_kda_arch_tu(90a tu) writes ${FLASH_KDA_GENERATED}/arch/sm90a.cu, whose
-# code lines are `#define FLASH_KDA_ARCH sm90a`, `#include "kda/launch.cuh"` and
+# code lines are `#define FLASH_KDA_ARCH sm90a`, `#define FLASH_KDA_CC 90`, `#include "kda/launch.cuh"` and
 # `FLASH_KDA_DEFINE_ARCH_TABLE(/*name=*/"sm_90a", /*cc=*/90);`, and sets tu to its path.
 function(flash_kda_arch_tu arch out)
   set(ARCH ${arch})

@@ -92,6 +92,7 @@ def test_all_generates_every_buildable_arch_tu_and_the_build_info(tmp_path):
         if tu.exists():
             assert tu.read_text().splitlines()[2:] == [
                 f"#define FLASH_KDA_ARCH sm{arch}",
+                f"#define FLASH_KDA_CC {cc}",
                 '#include "kda/launch.cuh"',
                 f'FLASH_KDA_DEFINE_ARCH_TABLE(/*name=*/"sm_{arch}", /*cc=*/{cc});',
             ]

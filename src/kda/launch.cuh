@@ -23,6 +23,7 @@
 #include "kda/combine.cuh"
 #include "kda/config.h"
 #include "kda/recurrence.cuh"
+#include "kda/recurrence_wg.cuh"
 
 namespace flash_kda::FLASH_KDA_ARCH {
 
@@ -83,11 +84,17 @@ struct K1Launch {
   int threads, smem;
 };
 
-inline K1Launch k1_launch(int blocks) {
+inline K1Launch k1_launch(int blocks, RecordOrder order = RecordOrder::kFragments) {
   if (blocks == 2)
     return {reinterpret_cast<const void *>(prepare_kernel<2>),
             reinterpret_cast<const void *>(prepare_overlap_kernel<2>), K1Shape<2>::kThreads,
             K1Shape<2>::kDynamicSmem};
+#if FLASH_KDA_CC == 90
+  if (order == RecordOrder::kTiles)
+    return {reinterpret_cast<const void *>(prepare_kernel<1, RecordOrder::kTiles>),
+            reinterpret_cast<const void *>(prepare_overlap_kernel<1, RecordOrder::kTiles>),
+            K1Shape<1>::kThreads, K1Shape<1>::kDynamicSmem};
+#endif
   return {reinterpret_cast<const void *>(prepare_kernel<1>),
           reinterpret_cast<const void *>(prepare_overlap_kernel<1>), K1Shape<1>::kThreads,
           K1Shape<1>::kDynamicSmem};
@@ -183,6 +190,7 @@ struct PassLaunch {
   int threads;
   int smem;  // dynamic shared memory
   FwdParams params;
+  RecordOrder records = RecordOrder::kFragments;  // the order K1 must write them in
 };
 
 // Pass `pass` of recurrence_kernel<kNB, kWarps, kCode, kBlocks> (grid: units x heads x
@@ -243,11 +251,47 @@ LaunchStatus configure_chunk(const FwdParams &p, ChainPass pass, int block_v, Pa
   return configure_width<kCode, 1>(p, pass, block_v, out);
 }
 
+#if FLASH_KDA_CC == 90
+// The whole-sequence pass without checkpoints on the warpgroup MMA (recurrence_wg.cuh):
+// kGroups warpgroups of 64 value columns, one CTA per SM, records in tile order.
+template <int kGroups>
+LaunchStatus configure_warpgroup(const FwdParams &p, PassLaunch &out) {
+  constexpr int kBlockV = 64 * kGroups;
+  DeviceFacts device;
+  const cudaError_t err = device_facts(device);
+  if (err != cudaSuccess) return {err, "warpgroup_recurrence_kernel device query"};
+  out.params = p;
+  out.params.pass = ChainPass::kWhole;
+  out.params.block_v = kBlockV;
+  const int per_cta = std::min(device.smem_optin, device.smem_sm - 1024);
+  out.params.stages = std::min(kMaxStages, (per_cta - kBarrierBytes) / stage_bytes(kBlockV, 1));
+  if (out.params.stages < 2)
+    return {cudaErrorInvalidConfiguration,
+            "warpgroup_recurrence_kernel ring (too little shared memory)"};
+  out.kernel = reinterpret_cast<const void *>(warpgroup_recurrence_kernel<kGroups>);
+  out.smem = recurrence_smem_bytes(kBlockV, out.params.stages, 1);
+  out.threads = 128 * kGroups + 32;
+  out.ctas = p.num_seqs * p.heads * (kHeadDim / kBlockV);
+  out.records = RecordOrder::kTiles;
+  const cudaError_t attr =
+      cudaFuncSetAttribute(out.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, out.smem);
+  if (attr != cudaSuccess) return {attr, "warpgroup_recurrence_kernel shared-memory attribute"};
+  return {cudaSuccess, nullptr};
+}
+#endif
+
 // The instantiation of a pass (config.h: PassCode): the whole-sequence pass without
 // checkpoints and the segment pass have their own, the rerun and checkpoints the general one.
+// On sm_90a the whole-sequence pass without checkpoints runs on the warpgroup MMA at
+// block_v 64 and 128 with 16-token chunks (the same bits, design §4.9).
 inline LaunchStatus configure_pass(const FwdParams &p, ChainPass pass, int block_v,
                                    PassLaunch &out) {
   if (pass == ChainPass::kSegment) return configure_chunk<PassCode::kStates>(p, pass, block_v, out);
+#if FLASH_KDA_CC == 90
+  if (pass == ChainPass::kWhole && p.checkpoints == nullptr && chunk_blocks(p) == 1) {
+    if (block_v == 64) return configure_warpgroup<1>(p, out);
+  }
+#endif
   if (pass == ChainPass::kWhole && p.checkpoints == nullptr)
     return configure_chunk<PassCode::kPlain>(p, pass, block_v, out);
   return configure_chunk<PassCode::kGeneral>(p, pass, block_v, out);
@@ -285,9 +329,10 @@ inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_
 
 // More CTAs of prepare_overlap_kernel, launched programmatically after the pass: they start
 // once every pass CTA is resident.
-inline LaunchStatus launch_prepare_extra(FwdParams k1, int64_t ctas, cudaStream_t stream) {
+inline LaunchStatus launch_prepare_extra(FwdParams k1, int64_t ctas, RecordOrder order,
+                                         cudaStream_t stream) {
   void *args[] = {&k1};
-  const K1Launch shape = k1_launch(chunk_blocks(k1));
+  const K1Launch shape = k1_launch(chunk_blocks(k1), order);
   const cudaError_t launch =
       launch_kernel(shape.overlap, ctas, shape.threads, shape.smem, args, true, stream);
   if (launch != cudaSuccess) return {launch, "prepare_overlap_kernel launch (free SMs)"};
@@ -377,7 +422,7 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   const bool overlap = keep > 0;
   FwdParams k1 = p;
   k1.leave_sms = leave_sms;
-  const K1Launch shape = k1_launch(chunk_blocks(p));
+  const K1Launch shape = k1_launch(chunk_blocks(p), first.records);
   void *args[] = {&k1};
   cudaError_t launch = cudaSuccess;
   if (overlap) {
@@ -401,7 +446,7 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
     // More K1 CTAs, launched once every pass CTA is resident: they fill the SMs the pass
     // leaves free (on its own SMs keep CTAs already leave no room) and share K1's counter.
     const int64_t extra = int64_t{alone - keep} * (sms - first.ctas);
-    st = launch_prepare_extra(k1, extra, stream);
+    st = launch_prepare_extra(k1, extra, first.records, stream);
     if (st.error != cudaSuccess) return st;
   }
   if (!segmented) return st;

@@ -428,12 +428,42 @@ __device__ __forceinline__ uint4 decay_vec(const float *decay, int i) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The record, written straight to global memory in 16-byte vectors: each warp writes
-// 512 contiguous bytes per store (one plane tile), the order K2 reads.
+// uint4 number i (0..31) of a tile-order decay plane (workspace.h tile_decay_index): floats
+// f = 4 i .. 4 i + 3 hold e[k] for k = 8 j + 2 cq + h, f = 32 cq + 2 j + h.
+__device__ __forceinline__ uint4 tile_decay_vec(const float *decay, int i) {
+  uint32_t w[4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const int f = 4 * i + m, cq = f / 32, j = f % 32 / 2, half = f % 2;
+    w[m] = __float_as_uint(decay[8 * j + 2 * cq + half]);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// A lane's A fragment of a 16x16 tile, stored at `offset` of a record in either order:
+// as the lane's 16 bytes (fragment order), or as four words, each register's 32 words
+// forming 128 contiguous bytes of the tile's core matrices (tile order).
+template <RecordOrder kOrder>
+__device__ __forceinline__ void store_tile(uint8_t *rec, int offset, uint4 frag) {
+  const uint32_t lane = threadIdx.x % 32;
+  if constexpr (kOrder == RecordOrder::kFragments) {
+    reinterpret_cast<uint4 *>(rec + offset)[lane] = frag;
+  } else {
+    const uint32_t w[4] = {frag.x, frag.y, frag.z, frag.w};
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      *reinterpret_cast<uint32_t *>(rec + offset + tile_word_offset(r, lane)) = w[r];
+  }
+}
+
+// The record, written straight to global memory: each warp writes one plane tile (512
+// contiguous bytes) per step, in the order K2 reads (workspace.h: Record16 for the mma.sync
+// passes, RecordTiles for the warpgroup pass).
+template <RecordOrder kOrder>
 __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                              const PrepareSmem &sm) {
-  uint4 *rec =
-      reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes);
+  uint8_t *rec = p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes;
+  constexpr bool kTiles = kOrder == RecordOrder::kTiles;
   // Unsigned thread numbers and fixed trip counts: with a signed tid the compiler kept
   // the signed division of the tile number and, for a strided loop, remainder loops.
   const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -441,25 +471,31 @@ __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, cons
 #pragma unroll
   for (uint32_t i = 0; i < kKBlocks / kWarps; ++i) {  // k-block kb of Kd, Qd and Kr^T
     const uint32_t kb = warp + kWarps * i;
-    rec[kOffKd / 16 + 32 * kb + lane] = a_frag(sm.x[kKd], kb);
-    rec[kOffQd / 16 + 32 * kb + lane] = a_frag(sm.x[kQd], kb);
-    rec[kOffKrT / 16 + 32 * kb + lane] = kr_t_frag(sm, kb);
+    const int kd =
+        kTiles ? RecordTiles::kKdQd + kb * RecordTiles::kKdQdStride : kOffKd + kb * kTileBytes;
+    const int qd = kTiles ? kd + RecordTiles::kQdInBlock : kOffQd + kb * kTileBytes;
+    store_tile<kOrder>(rec, kd, a_frag(sm.x[kKd], kb));
+    store_tile<kOrder>(rec, qd, a_frag(sm.x[kQd], kb));
+    store_tile<kOrder>(rec, kOffKrT + kb * kTileBytes, kr_t_frag(sm, kb));
   }
+  uint4 *const vec = reinterpret_cast<uint4 *>(rec);
   if (tid < 32) {
-    rec[kOffInv / 16 + lane] = reinterpret_cast<const uint4 *>(sm.inv)[lane];
+    store_tile<kOrder>(rec, kOffInv, reinterpret_cast<const uint4 *>(sm.inv)[lane]);
   } else if (tid < 64) {
-    rec[kOffMqk / 16 + lane] = reinterpret_cast<const uint4 *>(sm.mqk)[lane];
+    store_tile<kOrder>(rec, kOffMqk, reinterpret_cast<const uint4 *>(sm.mqk)[lane]);
   } else if (tid < 96) {
-    rec[kOffDecay / 16 + lane] = decay_vec(sm.decay, lane);
+    vec[kOffDecay / 16 + lane] =
+        kTiles ? tile_decay_vec(sm.decay, lane) : decay_vec(sm.decay, lane);
   } else if (tid < 96 + (kRecordBytes - kOffBeta) / 16) {
     const uint32_t i = tid - 96;  // beta (32 B), then zero padding
     uint4 v = make_uint4(0, 0, 0, 0);
     if (i < 2) v = reinterpret_cast<const uint4 *>(sm.beta_bf)[i];
-    rec[kOffBeta / 16 + i] = v;
+    vec[kOffBeta / 16 + i] = v;
   }
 }
 
-// One record: steps 0-9 of chunk `ch` of head h, written to the workspace.
+// One record: steps 0-9 of chunk `ch` of head h, written to the workspace in kOrder.
+template <RecordOrder kOrder>
 __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                               PrepareSmem &sm) {
   load_chunk(p, h, ch, sm);
@@ -476,7 +512,7 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   __syncthreads();
   if (threadIdx.x < 32) neumann_inverse(sm);
   __syncthreads();
-  store_record(p, h, ch, sm);
+  store_record<kOrder>(p, h, ch, sm);
 }
 
 // ---------------------------------------------------------------- 32-token records
@@ -692,9 +728,11 @@ __device__ __forceinline__ void cross_inverse32(uint4 *rec, PrepareSmem32 &sm) {
     rec[Record32::kOffInv / 16 + 32 * i + lane] = reinterpret_cast<const uint4 *>(sm.inv[i])[lane];
 }
 
-// One 32-token record: chunk `ch` of head h.
+// One 32-token record: chunk `ch` of head h (fragment order only).
+template <RecordOrder kOrder>
 __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                               PrepareSmem32 &sm) {
+  static_assert(kOrder == RecordOrder::kFragments, "32-token records are in fragment order");
   // The record's address first, so that h and ch need not live through the steps.
   uint4 *rec =
       reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * Record32::kBytes);
@@ -757,13 +795,14 @@ struct K1Shape<2> {
   }
 };
 
-// K1 before the recurrence: grid (records, heads), one record per CTA.
-template <int kBlocks>
+// K1 before the recurrence: grid (records, heads), one record per CTA, in kOrder (tile
+// order where the first pass is the warpgroup pass).
+template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments>
 __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(const FwdParams p) {
   auto &sm = K1Shape<kBlocks>::smem();
   ChunkRef ch;
   if (!locate_chunk(p, blockIdx.x, ch)) return;  // excess CTA of varlen's upper-bound grid
-  prepare_chunk(p, blockIdx.y, ch, sm);
+  prepare_chunk<kOrder>(p, blockIdx.y, ch, sm);
 }
 
 // K1 beside the first recurrence pass (design §4.7): a grid that the GPU holds at once
@@ -783,7 +822,7 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(con
 // they leave: it runs beside no K1 CTA while the other SMs write its records.
 constexpr uint32_t kNoItem = 0xffffffffu;  // above any item count (prepare_items < 2^31)
 
-template <int kBlocks>
+template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments>
 __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, K1Shape<kBlocks>::kOverlapCtas)
     prepare_overlap_kernel(const FwdParams p) {
   auto &sm = K1Shape<kBlocks>::smem();
@@ -803,7 +842,7 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, K1Shape<kBlocks>::
     int64_t h;
     ChunkRef ch;
     const bool valid = locate_item(p, static_cast<int32_t>(i), h, ch);
-    if (valid) prepare_chunk(p, h, ch, sm);
+    if (valid) prepare_chunk<kOrder>(p, h, ch, sm);
     __syncthreads();  // every record store before the flag; smem and `next` free again
     if (valid && threadIdx.x == 0) publish_flag(p.ready + h * p.tiles_per_head + ch.tile);
   }

@@ -103,6 +103,51 @@ constexpr int decay_index(int k) {
   return ((k % 8) * 8 + k / 16) * 2 + (k / 8) % 2;
 }
 
+// The 16-token record in tile order, for the warpgroup pass (sm_90a, recurrence_wg.cuh,
+// design §4.9): the same 13,952 bytes as Record16, the operands as wgmma reads them from
+// shared memory (B operands, no swizzle, K-major). A 16 x 16 tile (rows n, columns k) is
+// four 8 x 8 core matrices of 16-byte rows: core (n / 8, k / 8) at 256 (n / 8) + 128
+// (k / 8), row n % 8 at 16 (n % 8) within it, so a descriptor steps 128 bytes between the
+// k halves (its leading-dimension offset) and 256 between row groups (its stride offset).
+//   Kd, Qd  k-block kb: the Kd tile (rows t) at 1024 kb, the Qd tile at 1024 kb + 512,
+//           so that one N = 32 descriptor covers [Kd; Qd]
+//   KrT     key block mb: the Kr^T tile (rows k, columns t) at 8192 + 512 mb; the 16 row
+//           groups of all blocks make one N = 128 operand
+//   INV, Mqk  rows t, columns s, as Record16's
+//   decay   e[k] at tile_decay_index(k): the 32 floats a lane of quad position cq reads
+//   beta    as Record16's
+struct RecordTiles {
+  static constexpr int kKdQd = 0;
+  static constexpr int kKdQdStride = 2 * kTileBytes;  // bytes from one k-block to the next
+  static constexpr int kQdInBlock = kTileBytes;
+  static constexpr int kKrT = Record16::kOffKrT;
+  static constexpr int kInv = Record16::kOffInv;
+  static constexpr int kMqk = Record16::kOffMqk;
+  static constexpr int kDecay = Record16::kOffDecay;
+  static constexpr int kBeta = Record16::kOffBeta;
+  static constexpr int kBytes = Record16::kBytes;
+  static constexpr int kCoreKBytes = 128;    // between the k halves of a tile
+  static constexpr int kCoreRowBytes = 256;  // between its 8-row groups
+};
+
+// Byte offset in a tile-order tile of register r of lane l's A fragment (frag_a_index: its
+// word is (row 8 (r % 2) + l / 4, columns 8 (r / 2) + 2 (l % 4), + 1)). The 32 lanes' words
+// of one register are 128 contiguous bytes.
+constexpr int tile_word_offset(int r, int lane) {
+  return (r % 2) * RecordTiles::kCoreRowBytes + (r / 2) * RecordTiles::kCoreKBytes + 4 * lane;
+}
+
+// Float offset of e[k] in a tile-order decay plane: a lane of quad position cq = lane % 4
+// reads the 32 contiguous floats e[8 j + 2 cq], e[8 j + 2 cq + 1], j = 0..15 (the key
+// columns of its state-update accumulators).
+constexpr int tile_decay_index(int k) {
+  return (k % 8) / 2 * 32 + (k / 8) * 2 + k % 2;
+}
+
+// Which order K1 writes 16-token records in: for the mma.sync passes, or for the warpgroup
+// pass (32-token records have only the first).
+enum class RecordOrder { kFragments, kTiles };
+
 // Records per head: an upper bound on the chunks of `tokens` tokens (16 or 32) of any
 // split of total_tokens into num_seqs sequences (design §1.6).
 constexpr int64_t tiles_per_head(int64_t total_tokens, int64_t num_seqs, int tokens = kChunk) {
