@@ -352,27 +352,28 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
 @pytest.mark.parametrize("mode", [0, 1], ids=["exact", "auto"])
 def test_k1_leaves_the_pass_sms_where_the_free_sms_carry_it(lib, mode):
     """K1 leaving the pass's SMs (design section 4.7) on an H200-sized GPU: the plan takes
-    it at T=8192 H=40 (block_v 64: 80 pass CTAs leave 52 SMs free, which write the records
-    as fast as the pass reads them; no lead), keeps K1 beside the pass at H=96 (36 free SMs
-    are too few) and at 64 x 512 tokens H=8 (four waves: no SM free), and reports a lead
-    where the free SMs need one (T=8192 H=48, and H=24 with 16-token chunks; with 32-token
+    it at T=8192 H=40 (block_v 64: 80 pass CTAs leave 52 SMs free, which write most of the
+    records while the pass reads them, after a short lead), keeps K1 beside the pass at H=96
+    (36 free SMs are too few) and at 64 x 512 tokens H=8 (four waves: no SM free), and
+    reports a lead where the free SMs need one (H=24 with 16-token chunks; with 32-token
     chunks the automatic path keeps K1 beside that pass, as the next test shows)."""
 
     def plan(**sizes):
         return lib.plan(valid_args(mode=mode, batch=1, num_seqs=1, seqlen=8192, **sizes))
 
     h40 = plan(heads=40)
-    assert (h40.overlap_min_ctas, h40.overlap_max_ctas, h40.overlap_lead) == (1, 0, 0), h40
+    assert (h40.overlap_min_ctas, h40.overlap_max_ctas) == (1, 0) and h40.overlap_lead < 2048, h40
     h96 = plan(heads=96)
     assert h96.overlap_min_ctas >= 1 and h96.overlap_max_ctas >= 1 and h96.overlap_lead == 0, h96
     waves = lib.plan(valid_args(mode=mode, batch=64, num_seqs=64, seqlen=512, heads=8))
     assert waves.overlap_max_ctas >= 1 and waves.overlap_lead == 0, waves
     h24 = plan(heads=24, chunk_tokens=16)
     assert h24.overlap_max_ctas == 0 and h24.overlap_lead > 0, h24
-    # H=48 at block_v 64: 96 pass CTAs; the launch would keep one K1 CTA on each of their
-    # SMs, which the free SMs and the lead outrun (H200: 0.509 ms against 0.535 beside).
+    # H=48 at block_v 64: 96 CTAs of the warpgroup pass (sm_90a, 0.71 us a link), one K1
+    # CTA kept on each of their SMs (H200: 0.425 ms against 0.436 with K1 leaving after a
+    # lead; NOTES.md step 63).
     h48 = plan(heads=48)
-    assert (h48.block_v, h48.overlap_max_ctas) == (64, 0) and h48.overlap_lead > 0, h48
+    assert (h48.block_v, h48.overlap_max_ctas, h48.overlap_lead) == (64, 1, 0), h48
 
 
 def test_32_token_k1_runs_beside_only_the_pass_it_fits_beside(lib):
