@@ -40,21 +40,33 @@ def test_installed_library_exports_only_the_c_abi():
     assert ok, detail
 
 
-def test_every_kernel_lives_in_its_arch_namespace():
+def _kernel_entries():
+    """{arch: kernel entry symbols} of the installed library, in its arch order."""
     try:
         cuobjdump = check_wheel.find_cuobjdump()
     except SystemExit:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
     dump = subprocess.run([cuobjdump, "--dump-elf-symbols", LIBRARY], check=True, capture_output=True, text=True).stdout
     sections = re.split(r"\narch = ", dump)[1:]
-    assert [s.split()[0] for s in sections] == [a.name for a in _native.compiled_archs()]
-    for section in sections:
-        arch = section.split()[0]  # sm_90a
-        ns = arch.replace("_", "")  # sm90a
-        entries = re.findall(r"ENTRY\s+(\S+)", section)
+    return {section.split()[0]: re.findall(r"ENTRY\s+(\S+)", section) for section in sections}
+
+
+def test_every_kernel_lives_in_its_arch_namespace():
+    entries_of = _kernel_entries()
+    assert list(entries_of) == [a.name for a in _native.compiled_archs()]
+    for arch, entries in entries_of.items():  # arch: sm_90a, namespace sm90a
+        ns = arch.replace("_", "")
         assert len(entries) >= 6, (arch, entries)  # prefix, K1, 3 x K2, probes
         for entry in entries:
             assert entry.startswith(f"_ZN9flash_kda{len(ns)}{ns}"), (arch, entry)
+
+
+def test_the_warpgroup_pass_and_its_tile_order_k1_exist_on_sm90a_only():
+    """wgmma is sm_90a's alone (design section 4.9): its table has the warpgroup pass and the
+    K1 kernels that write tile-order records; no other arch has either."""
+    for arch, entries in _kernel_entries().items():
+        names = [e for e in entries if "warpgroup_recurrence_kernel" in e or "RecordOrderE1" in e]
+        assert len(names) == (3 if arch == "sm_90a" else 0), (arch, names)
 
 
 def test_every_stage_release_follows_a_proxy_fence():
