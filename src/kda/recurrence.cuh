@@ -554,6 +554,21 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
   if (held.held) release_chunk(w, held.pos, state);
 }
 
+// The ring's mbarriers (thread 0, then a CTA barrier): full[s] takes the producer's arrival
+// and the copies' bytes, empty[s] an arrival from every lane of the compute warps
+// (release_chunk). Shared by recurrence_kernel and the warpgroup pass (recurrence_wg.cuh).
+template <int kComputeWarps>
+__device__ __forceinline__ void init_ring(int stages, uint64_t *full, uint64_t *empty) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      TxBarrier::init(&full[s], 1);
+      TxBarrier::init(&empty[s], kComputeWarps * kReleaseLanes);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+}
+
 // kWarps compute warps of kNB blocks of 8 value columns, plus the producer warp;
 // config.h lists the widths, launch.cuh launches them. kCode (config.h) says which passes
 // the instantiation serves. kPlain is the exact path's whole-sequence pass without
@@ -579,14 +594,7 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
   const ChainTask task = chain_task<kBlockV, kCode>(p);
   if (!task.valid) return;  // CTA-uniform: the excess of an upper-bound grid
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < p.stages; ++s) {
-      TxBarrier::init(&full[s], 1);
-      TxBarrier::init(&empty[s], kWarps * kReleaseLanes);
-    }
-    cutlass::arch::fence_barrier_init();
-  }
-  __syncthreads();
+  init_ring<kWarps>(p.stages, full, empty);
 
   if (warp == kWarps) {  // producer warp; no CTA-wide barrier follows
     if (lane == 0)

@@ -325,14 +325,7 @@ __global__ void __launch_bounds__(128 * kGroups + 32, 1)
   const ChainTask task = chain_task<kBlockV, PassCode::kPlain>(p);
   if (!task.valid) return;  // CTA-uniform (whole-sequence tasks always are)
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < p.stages; ++s) {
-      TxBarrier::init(&full[s], 1);
-      TxBarrier::init(&empty[s], kWarps * kReleaseLanes);
-    }
-    cutlass::arch::fence_barrier_init();
-  }
-  __syncthreads();
+  init_ring<kWarps>(p.stages, full, empty);
 
   if (warp == kWarps) {  // producer warp
     if (lane == 0) produce_chunks<kBlockV, true, 1>(p, &value_map, task, stages, full, empty);
