@@ -17,7 +17,8 @@
 //   beta  bf16 bf(sig(beta_raw[t])), t = 0..16 blocks - 1, padded to 128 B
 // Block pairs (I, J), J <= I, in the order 00, 10, 11 (block_pair). With one block this
 // is the exact path's record, 13,952 B; with two, 28,288 B (884 B a token against 872).
-// The format is free (design §3.5): only the values matter for bit-exactness.
+// The format is free (design §3.5): only the values matter for bit-exactness. sm_90a's
+// warpgroup pass reads the same bytes in another order (RecordTiles below).
 #pragma once
 
 #include <cstdint>
