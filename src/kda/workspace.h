@@ -145,6 +145,26 @@ constexpr int tile_decay_index(int k) {
   return (k % 8) / 2 * 32 + (k / 8) * 2 + k % 2;
 }
 
+// The tile order checked at compile time: every fragment word lands where the core-matrix
+// layout puts its (row, column) pair, and the decay order is a permutation of the 128 keys.
+constexpr bool tile_order_consistent() {
+  for (int r = 0; r < 4; ++r)
+    for (int lane = 0; lane < 32; ++lane) {
+      const int row = lane / 4 + 8 * (r % 2), col = 2 * (lane % 4) + 8 * (r / 2);
+      const int core =
+          (row / 8) * RecordTiles::kCoreRowBytes + (col / 8) * RecordTiles::kCoreKBytes;
+      if (tile_word_offset(r, lane) != core + 16 * (row % 8) + 2 * (col % 8)) return false;
+    }
+  bool seen[kHeadDim] = {};
+  for (int k = 0; k < kHeadDim; ++k) {
+    const int f = tile_decay_index(k);
+    if (f < 0 || f >= kHeadDim || seen[f]) return false;
+    seen[f] = true;
+  }
+  return true;
+}
+static_assert(tile_order_consistent(), "tile order (RecordTiles)");
+
 // Which order K1 writes 16-token records in: for the mma.sync passes, or for the warpgroup
 // pass (32-token records have only the first).
 enum class RecordOrder { kFragments, kTiles };
