@@ -193,34 +193,43 @@ struct PassLaunch {
   RecordOrder records = RecordOrder::kFragments;  // the order K1 must write them in
 };
 
-// Pass `pass` of recurrence_kernel<kNB, kWarps, kCode, kBlocks> (grid: units x heads x
-// column slices).
-template <int kNB, int kWarps, PassCode kCode, int kBlocks>
-LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch &out) {
-  constexpr int kBlockV = 8 * kNB * kWarps;
+// Pass `pass` of a kernel on recurrence.cuh's ring (recurrence_kernel, the warpgroup pass)
+// of width block_v and chunks of `blocks` 16-token blocks: the ring as deep as lets
+// `resident` CTAs share an SM (1 KB per CTA is reserved), the grid (units x heads x column
+// slices) and the kernel's shared-memory attribute.
+inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int block_v, int blocks,
+                                        int resident, const void *kernel, int threads,
+                                        PassLaunch &out) {
   DeviceFacts device;
   const cudaError_t err = device_facts(device);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
   out.params = p;
   out.params.pass = pass;
-  out.params.block_v = kBlockV;
-  // As deep a ring as lets resident_ctas CTAs share an SM (1 KB per CTA is reserved).
-  constexpr int kResident = resident_ctas(kNB, kWarps, kCode, kBlocks);
-  const int per_cta = std::min(device.smem_optin, device.smem_sm / kResident - 1024);
+  out.params.block_v = block_v;
+  const int per_cta = std::min(device.smem_optin, device.smem_sm / resident - 1024);
   out.params.stages =
-      std::min(kMaxStages / kBlocks, (per_cta - kBarrierBytes) / stage_bytes(kBlockV, kBlocks));
+      std::min(kMaxStages / blocks, (per_cta - kBarrierBytes) / stage_bytes(block_v, blocks));
   if (out.params.stages < 2)
     return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
-  out.kernel = reinterpret_cast<const void *>(recurrence_kernel<kNB, kWarps, kCode, kBlocks>);
-  out.smem = recurrence_smem_bytes(kBlockV, out.params.stages, kBlocks);
-  out.threads = 32 * (kWarps + 1);
+  out.kernel = kernel;
+  out.smem = recurrence_smem_bytes(block_v, out.params.stages, blocks);
+  out.threads = threads;
   const int64_t units = pass == ChainPass::kWhole ? p.num_seqs : p.max_segments;
   const int columns = pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
-  out.ctas = units * p.heads * (columns / kBlockV);
+  out.ctas = units * p.heads * (columns / block_v);
   const cudaError_t attr =
       cudaFuncSetAttribute(out.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, out.smem);
   if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
   return {cudaSuccess, nullptr};
+}
+
+// Pass `pass` of recurrence_kernel<kNB, kWarps, kCode, kBlocks>.
+template <int kNB, int kWarps, PassCode kCode, int kBlocks>
+LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch &out) {
+  return configure_ring_pass(
+      p, pass, 8 * kNB * kWarps, kBlocks, resident_ctas(kNB, kWarps, kCode, kBlocks),
+      reinterpret_cast<const void *>(recurrence_kernel<kNB, kWarps, kCode, kBlocks>),
+      32 * (kWarps + 1), out);
 }
 
 // The pass at the width the plan chose; the widths and which of them are built for 32-token
@@ -256,27 +265,10 @@ LaunchStatus configure_chunk(const FwdParams &p, ChainPass pass, int block_v, Pa
 // kGroups warpgroups of 64 value columns, one CTA per SM, records in tile order.
 template <int kGroups>
 LaunchStatus configure_warpgroup(const FwdParams &p, PassLaunch &out) {
-  constexpr int kBlockV = 64 * kGroups;
-  DeviceFacts device;
-  const cudaError_t err = device_facts(device);
-  if (err != cudaSuccess) return {err, "warpgroup_recurrence_kernel device query"};
-  out.params = p;
-  out.params.pass = ChainPass::kWhole;
-  out.params.block_v = kBlockV;
-  const int per_cta = std::min(device.smem_optin, device.smem_sm - 1024);
-  out.params.stages = std::min(kMaxStages, (per_cta - kBarrierBytes) / stage_bytes(kBlockV, 1));
-  if (out.params.stages < 2)
-    return {cudaErrorInvalidConfiguration,
-            "warpgroup_recurrence_kernel ring (too little shared memory)"};
-  out.kernel = reinterpret_cast<const void *>(warpgroup_recurrence_kernel<kGroups>);
-  out.smem = recurrence_smem_bytes(kBlockV, out.params.stages, 1);
-  out.threads = 128 * kGroups + 32;
-  out.ctas = p.num_seqs * p.heads * (kHeadDim / kBlockV);
   out.records = RecordOrder::kTiles;
-  const cudaError_t attr =
-      cudaFuncSetAttribute(out.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, out.smem);
-  if (attr != cudaSuccess) return {attr, "warpgroup_recurrence_kernel shared-memory attribute"};
-  return {cudaSuccess, nullptr};
+  return configure_ring_pass(p, ChainPass::kWhole, 64 * kGroups, 1, 1,
+                             reinterpret_cast<const void *>(warpgroup_recurrence_kernel<kGroups>),
+                             128 * kGroups + 32, out);
 }
 #endif
 

@@ -416,26 +416,25 @@ __device__ __forceinline__ uint4 kr_t_frag(const PrepareSmem &sm, int mb) {
                     bf16x2_mul(ki.w, e1_bf));
 }
 
-// uint4 number i (0..31) of the decay plane: floats f = 4 i .. 4 i + 3 hold e[k] with
-// decay_index(k) = f, i.e. k = 16 mb + g + 8 h for f = (8 g + mb) * 2 + h.
+// uint4 number i (0..31) of the decay plane in kOrder: floats f = 4 i .. 4 i + 3 hold the
+// e[k] whose index (workspace.h decay_index, tile_decay_index) is f, i.e. k = 16 mb + g + 8 h
+// for f = (8 g + mb) * 2 + h (fragment order), k = 8 j + 2 cq + h for f = 32 cq + 2 j + h
+// (tile order).
+template <RecordOrder kOrder>
 __device__ __forceinline__ uint4 decay_vec(const float *decay, int i) {
   uint32_t w[4];
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
-    const int f = 4 * i + m, g = f / 16, mb = (f / 2) % 8, half = f % 2;
-    w[m] = __float_as_uint(decay[16 * mb + g + 8 * half]);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// uint4 number i (0..31) of a tile-order decay plane (workspace.h tile_decay_index): floats
-// f = 4 i .. 4 i + 3 hold e[k] for k = 8 j + 2 cq + h, f = 32 cq + 2 j + h.
-__device__ __forceinline__ uint4 tile_decay_vec(const float *decay, int i) {
-  uint32_t w[4];
-#pragma unroll
-  for (int m = 0; m < 4; ++m) {
-    const int f = 4 * i + m, cq = f / 32, j = f % 32 / 2, half = f % 2;
-    w[m] = __float_as_uint(decay[8 * j + 2 * cq + half]);
+    const int f = 4 * i + m;
+    int k;
+    if constexpr (kOrder == RecordOrder::kFragments) {
+      const int g = f / 16, mb = (f / 2) % 8, half = f % 2;
+      k = 16 * mb + g + 8 * half;
+    } else {
+      const int cq = f / 32, j = f % 32 / 2, half = f % 2;
+      k = 8 * j + 2 * cq + half;
+    }
+    w[m] = __float_as_uint(decay[k]);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -484,8 +483,7 @@ __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, cons
   } else if (tid < 64) {
     store_tile<kOrder>(rec, kOffMqk, reinterpret_cast<const uint4 *>(sm.mqk)[lane]);
   } else if (tid < 96) {
-    vec[kOffDecay / 16 + lane] =
-        kTiles ? tile_decay_vec(sm.decay, lane) : decay_vec(sm.decay, lane);
+    vec[kOffDecay / 16 + lane] = decay_vec<kOrder>(sm.decay, lane);
   } else if (tid < 96 + (kRecordBytes - kOffBeta) / 16) {
     const uint32_t i = tid - 96;  // beta (32 B), then zero padding
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -694,7 +692,8 @@ __device__ __forceinline__ void store_operands32(uint4 *rec, const PrepareSmem32
   if (tid < kPairVecs) {
     rec[R::kOffMqk / 16 + tid] = reinterpret_cast<const uint4 *>(sm.mqk)[tid];
   } else if (tid < kPairVecs + 32) {
-    rec[R::kOffDecay / 16 + tid - kPairVecs] = decay_vec(sm.decay, tid - kPairVecs);
+    rec[R::kOffDecay / 16 + tid - kPairVecs] =
+        decay_vec<RecordOrder::kFragments>(sm.decay, tid - kPairVecs);
   } else if (tid < kPairVecs + 32 + (R::kBytes - R::kOffBeta) / 16) {
     const uint32_t i = tid - kPairVecs - 32;  // beta (64 B), then zero padding
     uint4 v = make_uint4(0, 0, 0, 0);
