@@ -260,15 +260,51 @@ LaunchStatus configure_chunk(const FwdParams &p, ChainPass pass, int block_v, Pa
   return configure_width<kCode, 1>(p, pass, block_v, out);
 }
 
+// K1 CTAs (prepare_overlap_kernel) that fit on an SM beside one CTA of `pass`: by the
+// registers of the fullest sub-partition, shared memory and threads, at most as many as K1
+// runs by itself.
+inline LaunchStatus k1_fit_beside(const PassLaunch &pass, const DeviceFacts &d, int blocks,
+                                  int &fit) {
+  const Footprint &k1 = d.k1[blocks - 1];
+  Footprint k2;
+  const cudaError_t err = footprint(pass.kernel, pass.threads, pass.smem, k2);
+  if (err != cudaSuccess) return {err, "recurrence_kernel attributes"};
+  fit = std::min({d.k1_alone[blocks - 1],
+                  (d.regs_sm / 4 - k2.sub_partition_regs) / k1.sub_partition_regs,
+                  (d.smem_sm - k2.smem) / k1.smem, (d.threads_sm - k2.threads) / k1.threads});
+  return {cudaSuccess, nullptr};
+}
+
 #if FLASH_KDA_CC == 90
 // The whole-sequence pass without checkpoints on the warpgroup MMA (recurrence_wg.cuh):
-// kGroups warpgroups of 64 value columns, one CTA per SM, records in tile order.
-template <int kGroups>
+// kGroups warpgroups of 64 value columns, kResident CTAs per SM, records in tile order.
+template <int kGroups, int kResident>
 LaunchStatus configure_warpgroup(const FwdParams &p, PassLaunch &out) {
   out.records = RecordOrder::kTiles;
-  return configure_ring_pass(p, ChainPass::kWhole, 64 * kGroups, 1, 1,
-                             reinterpret_cast<const void *>(warpgroup_recurrence_kernel<kGroups>),
-                             128 * kGroups + 32, out);
+  return configure_ring_pass(
+      p, ChainPass::kWhole, 64 * kGroups, 1, kResident,
+      reinterpret_cast<const void *>(warpgroup_recurrence_kernel<kGroups, kResident>),
+      128 * kGroups + 32, out);
+}
+
+// The warpgroup pass at block_v 64 in one of its two register forms (design §4.9): alone on
+// its SM (200 registers), or two CTAs an SM (168) where its grid is more than one wave, or
+// where K1 overlaps it with more CTAs beside each pass CTA (the plan's overlap_min_ctas)
+// than fit beside the first form (two on the H200; four beside the second).
+inline LaunchStatus configure_warpgroup_64(const FwdParams &p, PassLaunch &out) {
+  LaunchStatus st = configure_warpgroup<1, 1>(p, out);
+  if (st.error != cudaSuccess) return st;
+  DeviceFacts d;
+  const cudaError_t err = device_facts(d);
+  if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
+  bool shared = out.ctas > d.sms;
+  if (!shared && p.ready != nullptr && p.overlap_min_ctas > 0 && p.overlap_max_ctas > 0) {
+    int fit = 0;
+    st = k1_fit_beside(out, d, 1, fit);
+    if (st.error != cudaSuccess) return st;
+    shared = fit < p.overlap_min_ctas;
+  }
+  return shared ? configure_warpgroup<1, 2>(p, out) : st;
 }
 #endif
 
@@ -281,7 +317,7 @@ inline LaunchStatus configure_pass(const FwdParams &p, ChainPass pass, int block
   if (pass == ChainPass::kSegment) return configure_chunk<PassCode::kStates>(p, pass, block_v, out);
 #if FLASH_KDA_CC == 90
   if (pass == ChainPass::kWhole && p.checkpoints == nullptr && chunk_blocks(p) == 1) {
-    if (block_v == 64) return configure_warpgroup<1>(p, out);
+    if (block_v == 64) return configure_warpgroup_64(p, out);
   }
 #endif
   if (pass == ChainPass::kWhole && p.checkpoints == nullptr)
@@ -373,13 +409,9 @@ inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms
   sms = d.sms;
   const int blocks = chunk_blocks(p);
   alone = d.k1_alone[blocks - 1];
-  const Footprint &k1 = d.k1[blocks - 1];
-  Footprint k2;
-  err = footprint(first.kernel, first.threads, first.smem, k2);
-  if (err != cudaSuccess) return {err, "recurrence_kernel attributes"};
-  const int beside =
-      std::min({alone, (d.regs_sm / 4 - k2.sub_partition_regs) / k1.sub_partition_regs,
-                (d.smem_sm - k2.smem) / k1.smem, (d.threads_sm - k2.threads) / k1.threads});
+  int beside = 0;
+  const LaunchStatus st = k1_fit_beside(first, d, blocks, beside);
+  if (st.error != cudaSuccess) return st;
   if (p.overlap_max_ctas == 0 && first.ctas < sms) {
     keep = alone;
     leave_sms = static_cast<int>(first.ctas);
