@@ -283,6 +283,51 @@ def test_overlapped_k1_beside_a_pass_of_several_waves():
     _check_overlap_bits(p, 128, k1_grids=1)
 
 
+def _warpgroup_forms(launches):
+    """The warpgroup pass's forms among launched kernels: '<1, 1>' (one CTA an SM), '<1, 2>'."""
+    return sorted({name[name.index("<") : name.index(">") + 1] for name in launches if "warpgroup_recurrence" in name})
+
+
+# (batch, seqlen, heads, block_v, overlap, form): a wave with K1 first or one K1 CTA beside
+# each pass CTA, one CTA an SM; more CTAs than SMs, two; the plan's K1 beside 8 x 1024 tokens
+# at 8 heads (three or more CTAs a pass SM on 132 SMs), two.
+WARPGROUP_FORMS = [
+    (2, 700, 3, 64, -1, "<1, 1>"),
+    (2, 700, 3, 64, 1, "<1, 1>"),
+    ("waves", 100, 1, 64, -1, "<1, 2>"),
+    (8, 1024, 8, 0, 0, "plan"),
+]
+
+
+@pytest.mark.parametrize("batch,seqlen,heads,block_v,overlap,form", WARPGROUP_FORMS,
+                         ids=["one-wave", "one-wave-k1-beside", "waves", "plan-8x1024"])  # fmt: skip
+def test_the_warpgroup_pass_takes_two_ctas_an_sm_where_waves_or_k1_need_it(
+    batch, seqlen, heads, block_v, overlap, form
+):
+    """sm_90a's block_v 64 pass in its two register forms (design section 4.9, launch.cuh
+    configure_warpgroup_64): one CTA an SM, or two where its grid is more than one wave or
+    the plan keeps more K1 CTAs beside each pass CTA than fit beside the first form. The
+    form launched is the expected one, and out and final state are bitwise the reference's."""
+    if torch.cuda.get_device_capability(DEV) != (9, 0):
+        pytest.skip("the warpgroup pass is sm_90a's")
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    if batch == "waves":
+        batch = sms // 2 + 3  # 2 CTAs a sequence at block_v 64: more CTAs than SMs
+    p = make_problem(batch, seqlen, heads, initial=torch.float32, final=torch.float32, device=DEV, seed=24)
+    if form == "plan":
+        plan = dispatch.plan_of(dispatch.validated(*[p[name] for name in FWD_ARGS], exact=True))
+        if plan.block_v != 64 or plan.overlap_min_ctas <= 2 or plan.overlap_max_ctas <= 2:
+            pytest.skip(f"this GPU's plan keeps at most two K1 CTAs beside the pass ({plan})")
+        form = "<1, 2>"
+    launches = kernels_of(lambda: run_native(p, block_v, overlap=overlap))
+    assert _warpgroup_forms(launches) == [form], launches
+    if overlap == 0:  # the plan's K1 beside the pass
+        assert any("prepare_overlap_kernel" in name for name in launches), launches
+    ref_out, ref_final = reference_outputs(p)
+    assert_bitwise(p["out"], ref_out, "out")
+    assert_bitwise(p["final_state"], ref_final, "final_state")
+
+
 @pytest.mark.parametrize("overlap", [1, 2], ids=["beside", "leaving"])
 def test_overlapped_graph_replays_follow_new_inputs(overlap):
     """A captured overlapped forward (memset of the ready flags and K1's counters, K1, the

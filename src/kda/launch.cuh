@@ -288,23 +288,26 @@ LaunchStatus configure_warpgroup(const FwdParams &p, PassLaunch &out) {
 }
 
 // The warpgroup pass at block_v 64 in one of its two register forms (design §4.9): alone on
-// its SM (200 registers), or two CTAs an SM (168) where its grid is more than one wave, or
+// its SM (194 registers), or two CTAs an SM (168) where its grid is more than one wave, or
 // where K1 overlaps it with more CTAs beside each pass CTA (the plan's overlap_min_ctas)
-// than fit beside the first form (two on the H200; four beside the second).
+// than fit beside the first form and no more than fit beside the second (two and four on
+// the H200).
 inline LaunchStatus configure_warpgroup_64(const FwdParams &p, PassLaunch &out) {
   LaunchStatus st = configure_warpgroup<1, 1>(p, out);
   if (st.error != cudaSuccess) return st;
   DeviceFacts d;
   const cudaError_t err = device_facts(d);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
-  bool shared = out.ctas > d.sms;
-  if (!shared && p.ready != nullptr && p.overlap_min_ctas > 0 && p.overlap_max_ctas > 0) {
-    int fit = 0;
-    st = k1_fit_beside(out, d, 1, fit);
-    if (st.error != cudaSuccess) return st;
-    shared = fit < p.overlap_min_ctas;
-  }
-  return shared ? configure_warpgroup<1, 2>(p, out) : st;
+  if (out.ctas > d.sms) return configure_warpgroup<1, 2>(p, out);
+  if (p.ready == nullptr || p.overlap_min_ctas < 1 || p.overlap_max_ctas < 1) return st;
+  int fit = 0;
+  st = k1_fit_beside(out, d, 1, fit);
+  if (st.error != cudaSuccess || fit >= p.overlap_min_ctas) return st;
+  PassLaunch shared;
+  st = configure_warpgroup<1, 2>(p, shared);
+  if (st.error == cudaSuccess) st = k1_fit_beside(shared, d, 1, fit);
+  if (st.error == cudaSuccess && fit >= p.overlap_min_ctas) out = shared;
+  return st;
 }
 #endif
 
