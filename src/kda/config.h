@@ -66,7 +66,7 @@ struct RecurrenceShape {
 
 // block_v 64's whole-pass values are those of the warpgroup pass that replaces
 // recurrence_kernel<1, 8, kPlain, 1> on sm_90a (recurrence_wg.cuh; benchmarks/NOTES.md
-// steps 62-65): 0.71 us a link (361.5 us for 512 links at T = 8192 H = 48, K1 first), four K1
+// steps 62-66): 0.71 us a link (361.5 us for 512 links at T = 8192 H = 48, K1 first), four K1
 // CTAs beside it (two beside its one-CTA-an-SM form, whose fullest sub-partition holds 2
 // warps x 200 registers; four beside its 168-register form, which the launch takes where
 // more than two are asked for; the plan's choices on 132 SMs are the same with 2 and 4),

@@ -313,7 +313,7 @@ __device__ __forceinline__ void run_chain_rows(const RowChain &w, const SeqSpan 
 // kGroups warpgroups (block_v = 64 kGroups columns) and the producer warp; launched with
 // kGroups = 1 (file comment). kResident CTAs per SM: 1 (194 registers), or 2 within
 // register_cap's 168, for grids of more than one wave and K1 CTAs beside the pass
-// (launch.cuh configure_warpgroup_64; benchmarks/NOTES.md steps 64-65).
+// (launch.cuh configure_warpgroup_64; benchmarks/NOTES.md steps 64, 66).
 template <int kGroups, int kResident>
 __global__ void __launch_bounds__(128 * kGroups + 32,
                                   kResident) __maxnreg__(register_cap(4 * kGroups + 1, kResident))
