@@ -416,10 +416,8 @@ __device__ __forceinline__ uint4 kr_t_frag(const PrepareSmem &sm, int mb) {
                     bf16x2_mul(ki.w, e1_bf));
 }
 
-// uint4 number i (0..31) of the decay plane in kOrder: floats f = 4 i .. 4 i + 3 hold the
-// e[k] whose index (workspace.h decay_index, tile_decay_index) is f, i.e. k = 16 mb + g + 8 h
-// for f = (8 g + mb) * 2 + h (fragment order), k = 8 j + 2 cq + h for f = 32 cq + 2 j + h
-// (tile order).
+// uint4 number i (0..31) of the decay plane in kOrder: floats f = 4 i .. 4 i + 3 hold e[k]
+// for the k of workspace.h decay_key(f) (fragment order) or tile_decay_key(f) (tile order).
 template <RecordOrder kOrder>
 __device__ __forceinline__ uint4 decay_vec(const float *decay, int i) {
   uint32_t w[4];
@@ -427,13 +425,10 @@ __device__ __forceinline__ uint4 decay_vec(const float *decay, int i) {
   for (int m = 0; m < 4; ++m) {
     const int f = 4 * i + m;
     int k;
-    if constexpr (kOrder == RecordOrder::kFragments) {
-      const int g = f / 16, mb = (f / 2) % 8, half = f % 2;
-      k = 16 * mb + g + 8 * half;
-    } else {
-      const int cq = f / 32, j = f % 32 / 2, half = f % 2;
-      k = 8 * j + 2 * cq + half;
-    }
+    if constexpr (kOrder == RecordOrder::kFragments)
+      k = decay_key(f);
+    else
+      k = tile_decay_key(f);
     w[m] = __float_as_uint(decay[k]);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);

@@ -104,6 +104,11 @@ constexpr int decay_index(int k) {
   return ((k % 8) * 8 + k / 16) * 2 + (k / 8) % 2;
 }
 
+// Its inverse: the key whose decay K1 stores at float f (f = (8 g + mb) 2 + h).
+constexpr int decay_key(int f) {
+  return 16 * ((f / 2) % 8) + f / 16 + 8 * (f % 2);
+}
+
 // The 16-token record in tile order, for the warpgroup pass (sm_90a, recurrence_wg.cuh,
 // design §4.9): the same 13,952 bytes as Record16, the operands as wgmma reads them from
 // shared memory (B operands, no swizzle, K-major). A 16 x 16 tile (rows n, columns k) is
@@ -145,8 +150,14 @@ constexpr int tile_decay_index(int k) {
   return (k % 8) / 2 * 32 + (k / 8) * 2 + k % 2;
 }
 
+// Its inverse: the key whose decay K1 stores at float f (f = 32 cq + 2 j + h).
+constexpr int tile_decay_key(int f) {
+  return 8 * (f % 32 / 2) + 2 * (f / 32) + f % 2;
+}
+
 // The tile order checked at compile time: every fragment word lands where the core-matrix
-// layout puts its (row, column) pair, and the decay order is a permutation of the 128 keys.
+// layout puts its (row, column) pair, and each decay order is a permutation of the 128 keys
+// whose inverse is the one K1 stores by (prepare.cuh decay_vec).
 constexpr bool tile_order_consistent() {
   for (int r = 0; r < 4; ++r)
     for (int lane = 0; lane < 32; ++lane) {
@@ -155,11 +166,10 @@ constexpr bool tile_order_consistent() {
           (row / 8) * RecordTiles::kCoreRowBytes + (col / 8) * RecordTiles::kCoreKBytes;
       if (tile_word_offset(r, lane) != core + 16 * (row % 8) + 2 * (col % 8)) return false;
     }
-  bool seen[kHeadDim] = {};
-  for (int k = 0; k < kHeadDim; ++k) {
-    const int f = tile_decay_index(k);
-    if (f < 0 || f >= kHeadDim || seen[f]) return false;
-    seen[f] = true;
+  for (int f = 0; f < kHeadDim; ++f) {
+    const int k = decay_key(f), t = tile_decay_key(f);
+    if (k < 0 || k >= kHeadDim || decay_index(k) != f) return false;
+    if (t < 0 || t >= kHeadDim || tile_decay_index(t) != f) return false;
   }
   return true;
 }
