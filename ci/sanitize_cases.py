@@ -93,8 +93,8 @@ torch.cuda.synchronize()
 print("exact longest-first: done")
 # K1 beside a batched pass of more CTAs than SMs (design 4.7): its items wave by wave.
 sms = torch.cuda.get_device_properties("cuda").multi_processor_count
-waves = make_problem(sms // 4 + 3, 100, 4, initial=torch.float32, final=torch.float32, device="cuda", seed=8)
-dispatch.run_native(check(waves, exact=True), block_v=128, overlap=1)
+waves = make_problem(sms // 8 + 3, 100, 4, initial=torch.float32, final=torch.float32, device="cuda", seed=8)
+dispatch.run_native(check(waves, exact=True), block_v=64, overlap=1)
 torch.cuda.synchronize()
 print("exact overlapped multi-wave: done")
 # sm_90a's warpgroup pass two CTAs an SM (design 4.9): block_v 64 over more CTAs than SMs, K1

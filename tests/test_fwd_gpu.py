@@ -252,12 +252,13 @@ def _check_overlap_bits(p, block_v, k1_grids, overlap=1):
 
 
 @pytest.mark.parametrize("batch,seqlen,heads", OVERLAP_SHAPES, ids=[f"B{b}-T{t}-H{h}" for b, t, h in OVERLAP_SHAPES])
-@pytest.mark.parametrize("block_v", BLOCK_VS)
+@pytest.mark.parametrize("block_v", (32, 64))
 def test_overlapped_k1_gives_the_serial_bits(batch, seqlen, heads, block_v):
     """K1 beside the whole-sequence pass (design section 4.7), forced on: its kernel runs
     twice (the grid beside the pass, then the grid on the SMs the pass leaves free: these
     passes have at most 24 CTAs), and out and final state are bitwise those of K1 then
-    the pass, and of the reference."""
+    the pass, and of the reference. (No K1 CTA fits beside block_v 128's pass, config.h:
+    there overlap 1 has K1 leave the pass's SMs, which the next test checks.)"""
     p = make_problem(batch, seqlen, heads, initial=torch.float32, final=torch.float32, device=DEV, seed=21)
     _check_overlap_bits(p, block_v, k1_grids=2)
 
@@ -278,9 +279,9 @@ def test_overlapped_k1_beside_a_pass_of_several_waves():
     chunk by chunk), one K1 grid runs (no SM is left free for a second), and out and final
     state are bitwise those of K1 then the pass, and of the reference."""
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    heads, batch = 4, sms // 4 + 3  # block_v 128: one CTA per (sequence, head)
+    heads, batch = 4, sms // 8 + 3  # block_v 64: two CTAs per (sequence, head)
     p = make_problem(batch, 100, heads, initial=torch.float32, final=torch.float32, device=DEV, seed=23)
-    _check_overlap_bits(p, 128, k1_grids=1)
+    _check_overlap_bits(p, 64, k1_grids=1)
 
 
 def _warpgroup_forms(launches):
@@ -296,17 +297,21 @@ WARPGROUP_FORMS = [
     (2, 700, 3, 64, 1, "<1, 1>"),
     ("waves", 100, 1, 64, -1, "<1, 2>"),
     (8, 1024, 8, 0, 0, "plan"),
+    (2, 700, 3, 128, -1, "<2, 1>"),
+    (2, 700, 3, 128, 2, "<2, 1>"),
 ]
 
 
 @pytest.mark.parametrize("batch,seqlen,heads,block_v,overlap,form", WARPGROUP_FORMS,
-                         ids=["one-wave", "one-wave-k1-beside", "waves", "plan-8x1024"])  # fmt: skip
+                         ids=["one-wave", "one-wave-k1-beside", "waves", "plan-8x1024", "bv128",
+                              "bv128-k1-leaving"])  # fmt: skip
 def test_the_warpgroup_pass_takes_two_ctas_an_sm_where_waves_or_k1_need_it(
     batch, seqlen, heads, block_v, overlap, form
 ):
-    """sm_90a's block_v 64 pass in its two register forms (design section 4.9, launch.cuh
-    configure_warpgroup_64): one CTA an SM, or two where its grid is more than one wave or
-    the plan keeps more K1 CTAs beside each pass CTA than fit beside the first form. The
+    """sm_90a's warpgroup pass (design section 4.9, launch.cuh configure_pass): at block_v
+    64 in its two register forms, one CTA an SM, or two where its grid is more than one wave
+    or the plan keeps more K1 CTAs beside each pass CTA than fit beside the first form; at
+    block_v 128 two warpgroups and a producer warpgroup, K1 first or leaving its SMs. The
     form launched is the expected one, and out and final state are bitwise the reference's."""
     if torch.cuda.get_device_capability(DEV) != (9, 0):
         pytest.skip("the warpgroup pass is sm_90a's")

@@ -45,12 +45,13 @@ struct RecurrenceShape {
   double rerun_link_us;
   // K1 CTAs that fit on an SM beside one CTA of the whole-sequence pass on the H200 (the
   // launch computes the device's own, launch.cuh plan_overlap); the plan's choice between
-  // segments and the whole pass assumes it.
+  // segments and the whole pass assumes it. 0: none fits.
   int prepare_beside;
   // A record's time (us) of a lone K1 CTA beside one CTA of this width's whole pass on the
   // H200, where each of prepare_beside takes 6.2 (plan.cpp): fitted to the forwards whose
   // launch keeps one K1 CTA on the pass's SMs (T=8192, 16-token chunks: H=28 at block_v 32
-  // 0.319 ms, H=48 at 64 0.533, H=96 at 128 0.790; benchmarks/NOTES.md step 59).
+  // 0.319 ms, H=48 at 64 0.533, H=96 at 128 0.790; benchmarks/NOTES.md step 59). 0 where
+  // prepare_beside is 0.
   double prepare_one_us;
   // A 32-token link (kBlocks = 2, one CTA per SM) against a 16-token link of the same
   // width at one CTA per SM, on the H200 (benchmarks/NOTES.md step 48: the plain pass with
@@ -64,13 +65,17 @@ struct RecurrenceShape {
   int prepare32_beside;
 };
 
-// block_v 64's whole-pass values are those of the warpgroup pass that replaces
-// recurrence_kernel<1, 8, kPlain, 1> on sm_90a (recurrence_wg.cuh; benchmarks/NOTES.md
-// steps 62-66): 0.71 us a link (361.5 us for 512 links at T = 8192 H = 48, K1 first), four K1
-// CTAs beside it (two beside its one-CTA-an-SM form, whose fullest sub-partition holds 2
-// warps x 200 registers; four beside its 168-register form, which the launch takes where
-// more than two are asked for; the plan's choices on 132 SMs are the same with 2 and 4),
-// and a 32-token <1, 8> link of 2.18 of them (the 1.55 us measured before, unchanged).
+// block_v 64's and 128's whole-pass values are those of the warpgroup pass that replaces
+// recurrence_kernel<1, 8, kPlain, 1> and <2, 8, kPlain, 1> on sm_90a (recurrence_wg.cuh;
+// benchmarks/NOTES.md steps 62-69): at block_v 64 0.56 us a link (284.5 us for 512 links at
+// T = 8192 H = 48, K1 first), four K1 CTAs beside it (two beside its one-CTA-an-SM form,
+// whose fullest sub-partition holds 2 warps x 200 registers; four beside its 168-register
+// form, which the launch takes where more than two are asked for), and a 32-token <1, 8> link
+// of 2.76 of them (the 1.55 us measured before, unchanged); at block_v 128 0.73 us a link
+// (373.5 us at T = 8192 H = 96, two warpgroups and a producer warpgroup, step 68) and no K1
+// CTA beside it: its twelve warps hold the whole register file, so K1 runs first or leaves
+// the pass's SMs. The plan is the H200's: on the other arches these widths keep the
+// recurrence_kernel passes (block_v 128 then without K1 beside it, by this table).
 // block_v -> <kNB, kWarps>, chosen on the H200 with benchmarks/bench_fwd.py --block-v
 // (whole-forward medians, ms):
 //   32  -> <1, 4>, latency schedule. T=8192: H=6 0.329, H=24 0.412.
@@ -82,8 +87,8 @@ struct RecurrenceShape {
 // benchmarks above show the gain.
 constexpr RecurrenceShape kRecurrenceShapes[] = {
     {32, 1, 4, 1, 1, 0.56, 0.0, 0.0, 0.0, 3, 2.0, 1.50, 1},
-    {64, 1, 8, 2, 2, 0.71, 1.10, 1.10, 1.65, 4, 3.0, 2.18, 0},
-    {128, 2, 8, 1, 2, 1.26, 1.52, 0.90, 1.15, 3, 3.0, 0.0, 0},
+    {64, 1, 8, 2, 2, 0.56, 1.10, 1.10, 1.65, 4, 3.0, 2.76, 0},
+    {128, 2, 8, 1, 2, 0.73, 1.52, 0.90, 1.15, 0, 0.0, 0.0, 0},
 };
 constexpr int kNumRecurrenceShapes = 3;
 

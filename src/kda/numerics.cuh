@@ -248,6 +248,15 @@ __device__ __forceinline__ void tensor_copy_g2s(void *smem, const void *desc, in
                                c0, c1, c2, c3);
 }
 
+// The same for the box at (c0, .., c4) of a 5-D tensor map.
+__device__ __forceinline__ void tensor_copy_g2s(void *smem, const void *desc, int32_t c0,
+                                                int32_t c1, int32_t c2, int32_t c3, int32_t c4,
+                                                uint64_t *bar) {
+  cute::SM90_TMA_LOAD_5D::copy(desc, bar,
+                               static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), smem,
+                               c0, c1, c2, c3, c4);
+}
+
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
 // mbarrier wait that also orders the compiler: shared-memory reads of a stage may not move

@@ -45,6 +45,14 @@ __host__ __device__ constexpr int value_row_stride(int block_v) {
   return 2 * block_v;  // the tensor copy lands the [16 blocks][block_v] box densely
 }
 
+// How the producer lands a chunk's value rows in its stage (the same bytes): token rows of
+// block_v columns (recurrence_kernel), or 8-column groups, [block_v / 8][tokens][8] (the
+// warpgroup pass, whose ldmatrix reads 8 token rows of one group, 128 contiguous bytes: in
+// token rows of 128 bytes its lanes' loads met in the same banks; benchmarks/NOTES.md step
+// 69). launch.cuh make_value_map describes v accordingly.
+enum class ValueOrder { kRows, kGroups };
+constexpr int kValueGroup = 8;  // columns of a group (16 bytes)
+
 // A stage: the record of a chunk of `blocks` 16-token blocks and its value rows.
 __host__ __device__ constexpr int stage_bytes(int block_v, int blocks) {
   return record_bytes(kChunk * blocks) + kChunk * blocks * value_row_stride(block_v);
@@ -72,10 +80,10 @@ struct RingPos {
 // the record's ready flag (read with the next ones: numerics.cuh wait_ready); then the
 // record (a bulk copy; without kQueries, the segment pass, two that leave out Qd and its
 // 4 KB) and, unless the slice is a transition slice (v = 0), the chunk's value rows
-// [16 kBlocks, kBlockV] (a tensor copy; rows past the end of v read as zeros, rows past the
-// sequence are masked by the consumers). One value-row copy per row (17 copies per
-// chunk) left the consumers waiting for data a third of the time.
-template <int kBlockV, bool kQueries, int kBlocks>
+// [16 kBlocks, kBlockV] in kValues order (a tensor copy; rows past the end of v read as
+// zeros, rows past the sequence are masked by the consumers). One value-row copy per row
+// (17 copies per chunk) left the consumers waiting for data a third of the time.
+template <int kBlockV, bool kQueries, int kBlocks, ValueOrder kValues = ValueOrder::kRows>
 __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtensorMap *value_map,
                                                const ChainTask &t, uint8_t *stages, uint64_t *full,
                                                uint64_t *empty) {
@@ -102,10 +110,13 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtenso
       bulk_copy_g2s(stage, record, R::kOffQd, &full[s]);
       bulk_copy_g2s(stage + R::kOffKrT, record + R::kOffKrT, R::kBytes - R::kOffKrT, &full[s]);
     }
-    if (values)
-      tensor_copy_g2s(stage + R::kBytes, value_map, t.col0, static_cast<int32_t>(t.head),
-                      static_cast<int32_t>(t.span.t0 + c * R::kTokens),
+    const int32_t token = static_cast<int32_t>(t.span.t0 + c * R::kTokens);
+    if (values && kValues == ValueOrder::kRows)
+      tensor_copy_g2s(stage + R::kBytes, value_map, t.col0, static_cast<int32_t>(t.head), token,
                       static_cast<int32_t>(t.span.b), &full[s]);
+    if (values && kValues == ValueOrder::kGroups)
+      tensor_copy_g2s(stage + R::kBytes, value_map, 0, token, t.col0 / kValueGroup,
+                      static_cast<int32_t>(t.head), static_cast<int32_t>(t.span.b), &full[s]);
   }
 }
 

@@ -16,12 +16,10 @@
 // Every element is the same dot product, in the same k order and with the same roundings,
 // as in recurrence_kernel, and wgmma's k16 step gives the bits of mma.sync m16n8k16 (H200
 // probe, benchmarks/NOTES.md step 61): the pass is bitwise equal to recurrence_kernel's
-// kPlain pass, which it replaces on sm_90a at block_v 64 (launch.cuh: 0.71 us a link
-// against 0.86 on the H200). Threads: kGroups warpgroups plus the producer warp of
-// recurrence.cuh (produce_chunks and its ring); 16-token chunks, no checkpoints (the kPlain
-// pass). Two warpgroups (block_v 128) are not launched: their nine warps cap a thread at 168
-// registers, and the pass took 632-680 us at T=8192 H=96 against recurrence_kernel<2, 8>'s
-// 564 (NOTES.md step 62).
+// kPlain pass, which it replaces on sm_90a at block_v 64 and 128 (launch.cuh configure_pass;
+// H200, the pass alone: 0.56 us a link against 0.88, and 0.73 against 1.10; NOTES.md steps
+// 62-69). Threads: kGroups warpgroups plus the producer of recurrence.cuh (produce_chunks
+// and its ring, the value rows in 8-column groups); 16-token chunks, no checkpoints.
 #pragma once
 #ifndef FLASH_KDA_ARCH
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
@@ -161,10 +159,10 @@ __device__ __forceinline__ void store_state_rows(const StateSink &dst, int col,
 struct RowChain {
   const uint8_t *stages;
   uint64_t *full, *empty;
-  int num_stages, stage_bytes, row_stride;  // value rows: row_stride bytes a token
-  int row;                                  // the lane's first value row within the slice
-  uint16_t *out;                            // (first token, head, first column of the slice)
-  int64_t row_pitch;                        // out's token stride
+  int num_stages, stage_bytes;
+  int row;            // the lane's first value row within the slice
+  uint16_t *out;      // (first token, head, first column of the slice)
+  int64_t row_pitch;  // out's token stride
 };
 
 // What a link reads from its stage with ordinary loads, before its first wgmma (behind the
@@ -177,32 +175,38 @@ struct RowInputs {
   uint32_t beta[2];
 };
 
+// The value pairs come by one ldmatrix.trans from the stage's 8-column groups
+// (ValueOrder::kGroups): matrix q is the 8 tokens 8 (q / 2) .. of the warp's group 2 warp +
+// q % 2, 8 rows of 16 bytes in a row, so its lanes' reads meet in no bank.
 __device__ __forceinline__ void load_row_inputs(const uint8_t *stage, const RowChain &w, int n,
                                                 RowInputs &in) {
-  const int cq = threadIdx.x % 4;
+  const int lane = threadIdx.x % 32, cq = lane % 4, q = lane / 8;
   const uint16_t *beta = reinterpret_cast<const uint16_t *>(stage + RecordTiles::kBeta);
   in.beta[0] = *reinterpret_cast<const uint32_t *>(beta + 2 * cq);
   in.beta[1] = *reinterpret_cast<const uint32_t *>(beta + 2 * cq + 8);
-  const uint8_t *vrows = stage + RecordTiles::kBytes;
+  constexpr int kGroupBytes = kChunk * 2 * kValueGroup;
+  const int group = w.row / kValueGroup + q % 2;  // w.row / 8 = 2 warp (lane / 4 < 8)
+  ldmatrix_x4_trans(stage + RecordTiles::kBytes + group * kGroupBytes +
+                        (8 * (q / 2) + lane % 8) * 2 * kValueGroup,
+                    in.v);
+  if (n < kChunk) {  // the sequence's last chunk: CTA-uniform
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int t = 8 * (q / 2) + 2 * cq;
-    const uint8_t *col = vrows + 2 * (w.row + 8 * (q % 2));
-    const uint32_t lo = t < n ? *reinterpret_cast<const uint16_t *>(col + t * w.row_stride) : 0u;
-    const uint32_t hi =
-        t + 1 < n ? *reinterpret_cast<const uint16_t *>(col + (t + 1) * w.row_stride) : 0u;
-    in.v[q] = lo | (hi << 16);
+    for (int i = 0; i < 4; ++i) {
+      const int t = 8 * (i / 2) + 2 * cq;
+      in.v[i] = t >= n ? 0u : t + 1 >= n ? in.v[i] & 0xFFFFu : in.v[i];
+    }
   }
 }
 
 // The lane's decays e[8 j + 2 cq], e[8 j + 2 cq + 1] for the key blocks 4 half .. 4 half + 3
-// (j = 8 half .. 8 half + 7; 16 floats, tile_decay_index). Loaded half by half, the first
-// half while U is computed: all 32 floats through the link spilled at 168 registers.
+// (j = 8 half .. 8 half + 7; 16 floats, float4 m = 4 half + i at slot 4 m + cq of
+// tile_decay_index). Loaded half by half, the first half while U is computed: all 32 floats
+// through the link spilled at 168 registers.
 __device__ __forceinline__ void load_decays(const uint8_t *stage, int half, float4 (&e)[4]) {
-  const float4 *src = reinterpret_cast<const float4 *>(stage + RecordTiles::kDecay) +
-                      8 * (threadIdx.x % 4) + 4 * half;
+  const float4 *src =
+      reinterpret_cast<const float4 *>(stage + RecordTiles::kDecay) + 16 * half + threadIdx.x % 4;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) e[i] = src[i];
+  for (int i = 0; i < 4; ++i) e[i] = src[4 * i];
 }
 
 // The A fragment (k = tokens) of the bf16 pairs of columns t of an m64n16 result held in
@@ -310,14 +314,39 @@ __device__ __forceinline__ void run_chain_rows(const RowChain &w, const SeqSpan 
   }
 }
 
-// kGroups warpgroups (block_v = 64 kGroups columns) and the producer warp; launched with
-// kGroups = 1 (file comment). kResident CTAs per SM: 1 (194 registers), or 2 within
-// register_cap's 168, for grids of more than one wave and K1 CTAs beside the pass
-// (launch.cuh configure_warpgroup_64; benchmarks/NOTES.md steps 64, 66).
+// Threads of warpgroup_recurrence_kernel<kGroups, ...>: one warpgroup and the producer warp
+// (160), or kGroups warpgroups and a producer warpgroup whose three other warps only hand
+// their registers to the compute warpgroups (setmaxnreg): with nine warps the fullest
+// sub-partition holds three, which capped a thread at 168 registers and spilled the link
+// (benchmarks/NOTES.md step 62); with twelve, the compute warps get kComputeRegs.
+constexpr int warpgroup_threads(int groups) {
+  return groups == 1 ? 128 + 32 : 128 * (groups + 1);
+}
+constexpr int kProducerRegs = 40;
+constexpr int kComputeRegs = 232;
+static_assert(32 * (kProducerRegs + 2 * kComputeRegs) <= 16384 && kComputeRegs % 8 == 0,
+              "a sub-partition holds one producer-group warp and two compute warps");
+
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+// kGroups warpgroups (block_v = 64 kGroups columns) and the producer (warpgroup_threads).
+// kGroups = 1: kResident CTAs per SM, 1 (194 registers) or 2 within register_cap's 168,
+// for grids of more than one wave and K1 CTAs beside the pass (launch.cuh
+// configure_warpgroup_64; benchmarks/NOTES.md steps 64, 66). kGroups = 2: one CTA per SM,
+// its compute warps at kComputeRegs (step 68).
 template <int kGroups, int kResident>
-__global__ void __launch_bounds__(128 * kGroups + 32,
-                                  kResident) __maxnreg__(register_cap(4 * kGroups + 1, kResident))
-    warpgroup_recurrence_kernel(const FwdParams p, const __grid_constant__ CUtensorMap value_map) {
+__global__ void __launch_bounds__(warpgroup_threads(kGroups), kResident)
+    __maxnreg__(register_cap(warpgroup_threads(kGroups) / 32, kResident))
+        warpgroup_recurrence_kernel(const FwdParams p,
+                                    const __grid_constant__ CUtensorMap value_map) {
+  static_assert(kGroups == 1 || kResident == 1, "the producer warpgroup form runs alone");
   constexpr int kBlockV = 64 * kGroups, kWarps = 4 * kGroups;
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t *full = reinterpret_cast<uint64_t *>(smem);
@@ -330,8 +359,16 @@ __global__ void __launch_bounds__(128 * kGroups + 32,
 
   init_ring<kWarps>(p.stages, full, empty);
 
-  if (warp == kWarps) {  // producer warp
-    if (lane == 0) produce_chunks<kBlockV, true, 1>(p, &value_map, task, stages, full, empty);
+  if constexpr (kGroups > 1) {  // warpgroup-uniform
+    if (warp >= kWarps)
+      setmaxnreg_dec<kProducerRegs>();
+    else
+      setmaxnreg_inc<kComputeRegs>();
+  }
+  if (warp >= kWarps) {  // the producer warp (and its idle warpgroup mates)
+    if (warp == kWarps && lane == 0)
+      produce_chunks<kBlockV, true, 1, ValueOrder::kGroups>(p, &value_map, task, stages, full,
+                                                            empty);
     return;
   }
 
@@ -344,7 +381,6 @@ __global__ void __launch_bounds__(128 * kGroups + 32,
       empty,
       p.stages,
       stage_bytes(kBlockV, 1),
-      value_row_stride(kBlockV),
       row,
       p.out + token_offset(p.out_strides, task.span.b, task.span.t0, task.head) + task.col0,
       p.out_strides.token};

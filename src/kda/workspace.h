@@ -143,16 +143,21 @@ constexpr int tile_word_offset(int r, int lane) {
   return (r % 2) * RecordTiles::kCoreRowBytes + (r / 2) * RecordTiles::kCoreKBytes + 4 * lane;
 }
 
-// Float offset of e[k] in a tile-order decay plane: a lane of quad position cq = lane % 4
-// reads the 32 contiguous floats e[8 j + 2 cq], e[8 j + 2 cq + 1], j = 0..15 (the key
-// columns of its state-update accumulators).
+// Float offset of e[k] in a tile-order decay plane. A lane of quad position cq = lane % 4
+// reads the 32 floats e[8 j + 2 cq], e[8 j + 2 cq + 1], j = 0..15 (the key columns of its
+// state-update accumulators), in that order p = 2 j + h, as eight float4: float4 m of quad
+// position cq at 16-byte slot 4 m + cq, so that one load of the quad's four lanes reads 64
+// contiguous bytes (with each lane's 32 floats contiguous, the four were 128 bytes apart, in
+// the same banks: a four-way conflict on every load; benchmarks/NOTES.md step 69).
 constexpr int tile_decay_index(int k) {
-  return (k % 8) / 2 * 32 + (k / 8) * 2 + k % 2;
+  const int cq = (k % 8) / 2, p = 2 * (k / 8) + k % 2;
+  return 16 * (p / 4) + 4 * cq + p % 4;
 }
 
-// Its inverse: the key whose decay K1 stores at float f (f = 32 cq + 2 j + h).
+// Its inverse: the key whose decay K1 stores at float f (f = 16 m + 4 cq + p % 4, m = p / 4).
 constexpr int tile_decay_key(int f) {
-  return 8 * (f % 32 / 2) + 2 * (f / 32) + f % 2;
+  const int cq = (f % 16) / 4, p = 4 * (f / 16) + f % 4;
+  return 8 * (p / 2) + 2 * cq + p % 2;
 }
 
 // The tile order checked at compile time: every fragment word lands where the core-matrix
