@@ -156,44 +156,31 @@ inline cudaError_t device_facts(DeviceFacts &out) {
   return cudaSuccess;
 }
 
-// v for K2's tensor copies, with the caller's strides; tokens past the end of a batch row
-// read as zeros. ValueOrder::kRows: a 4-D tensor (128 columns, heads, tokens, batch) whose box
-// is the [chunk tokens, p.block_v columns] tile of one head. kGroups: a 5-D tensor (8
-// columns, tokens, 16 column groups, heads, batch) whose box lands the same tile as
-// [p.block_v / 8 groups][chunk tokens][8 columns] (recurrence.cuh ValueOrder).
-inline cudaError_t make_value_map(const FwdParams &p, ValueOrder order, CUtensorMap *map) {
+// v as a 5-D tensor (8 columns, tokens, 16 column groups, heads, batch) with the caller's
+// strides, for K2's tensor copies: one box is the [chunk tokens, p.block_v columns] tile of
+// one head, landed as [p.block_v / 8 groups][chunk tokens][8 columns] (recurrence.cuh
+// value_offset); tokens past the end of a batch row read as zeros.
+inline cudaError_t make_value_map(const FwdParams &p, CUtensorMap *map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   const Strides &s = p.v_strides;
-  // Byte strides; a dimension of extent 1 is never stepped, so any valid stride does
-  // (api.cpp accepts any value there).
+  const cuuint64_t dims[5] = {kValueGroup, static_cast<cuuint64_t>(p.seqlen),
+                              kHeadDim / kValueGroup, static_cast<cuuint64_t>(p.heads),
+                              static_cast<cuuint64_t>(p.batch)};
+  // Byte strides of dimensions 1..4; a dimension of extent 1 is never stepped, so any
+  // valid stride does (api.cpp accepts any value there).
   auto bytes = [](int64_t elems, int64_t extent) {
     return static_cast<cuuint64_t>(extent > 1 ? 2 * elems : 2 * kHeadDim);
   };
-  const cuuint64_t heads = static_cast<cuuint64_t>(p.heads),
-                   tokens = static_cast<cuuint64_t>(p.seqlen),
-                   batch = static_cast<cuuint64_t>(p.batch);
-  const cuuint32_t chunk = static_cast<cuuint32_t>(kChunk * chunk_blocks(p));
+  const cuuint64_t strides[4] = {bytes(s.token, p.seqlen), 2 * kValueGroup, bytes(s.head, p.heads),
+                                 bytes(s.batch, p.batch)};
+  const cuuint32_t box[5] = {kValueGroup, static_cast<cuuint32_t>(kChunk * chunk_blocks(p)),
+                             static_cast<cuuint32_t>(p.block_v / kValueGroup), 1, 1};
   const cuuint32_t unit[5] = {1, 1, 1, 1, 1};
-  CUresult res;
-  if (order == ValueOrder::kRows) {
-    const cuuint64_t dims[4] = {kHeadDim, heads, tokens, batch};
-    const cuuint64_t strides[3] = {bytes(s.head, p.heads), bytes(s.token, p.seqlen),
-                                   bytes(s.batch, p.batch)};
-    const cuuint32_t box[4] = {static_cast<cuuint32_t>(p.block_v), 1, chunk, 1};
-    res = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<uint16_t *>(p.v), dims,
-                 strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  } else {
-    const cuuint64_t dims[5] = {kValueGroup, tokens, kHeadDim / kValueGroup, heads, batch};
-    const cuuint64_t strides[4] = {bytes(s.token, p.seqlen), 2 * kValueGroup,
-                                   bytes(s.head, p.heads), bytes(s.batch, p.batch)};
-    const cuuint32_t box[5] = {kValueGroup, chunk, static_cast<cuuint32_t>(p.block_v / kValueGroup),
-                               1, 1};
-    res = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<uint16_t *>(p.v), dims,
-                 strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  }
+  const CUresult res =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<uint16_t *>(p.v), dims, strides,
+             box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -206,7 +193,6 @@ struct PassLaunch {
   int smem;  // dynamic shared memory
   FwdParams params;
   RecordOrder records = RecordOrder::kFragments;  // the order K1 must write them in
-  ValueOrder values = ValueOrder::kRows;          // the order its producer lands v in
 };
 
 // Pass `pass` of a kernel on recurrence.cuh's ring (recurrence_kernel, the warpgroup pass)
@@ -297,7 +283,6 @@ inline LaunchStatus k1_fit_beside(const PassLaunch &pass, const DeviceFacts &d, 
 template <int kGroups, int kResident>
 LaunchStatus configure_warpgroup(const FwdParams &p, PassLaunch &out) {
   out.records = RecordOrder::kTiles;
-  out.values = ValueOrder::kGroups;
   return configure_ring_pass(
       p, ChainPass::kWhole, 64 * kGroups, 1, kResident,
       reinterpret_cast<const void *>(warpgroup_recurrence_kernel<kGroups, kResident>),
@@ -367,7 +352,7 @@ inline cudaError_t launch_kernel(const void *kernel, int64_t ctas, int threads, 
 // kernel (K1) still runs (design §4.7).
 inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_t stream) {
   CUtensorMap value_map;
-  const cudaError_t err = make_value_map(pass.params, pass.values, &value_map);
+  const cudaError_t err = make_value_map(pass.params, &value_map);
   if (err != cudaSuccess) return {err, "recurrence_kernel tensor map of v"};
   void *args[] = {&pass.params, &value_map};
   const cudaError_t launch =

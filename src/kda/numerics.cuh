@@ -239,16 +239,8 @@ __device__ __forceinline__ void bulk_copy_g2s(void *smem, const void *gmem, uint
   cute::SM90_BULK_COPY_G2S::copy(gmem, bar, smem, static_cast<int32_t>(bytes));
 }
 
-// One elected thread's tensor copy of the box at (c0, c1, c2, c3) of the 4-D tensor map
-// `desc` (a __grid_constant__ kernel parameter) into shared memory, completing on `bar`.
-__device__ __forceinline__ void tensor_copy_g2s(void *smem, const void *desc, int32_t c0,
-                                                int32_t c1, int32_t c2, int32_t c3, uint64_t *bar) {
-  cute::SM90_TMA_LOAD_4D::copy(desc, bar,
-                               static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), smem,
-                               c0, c1, c2, c3);
-}
-
-// The same for the box at (c0, .., c4) of a 5-D tensor map.
+// One elected thread's tensor copy of the box at (c0, .., c4) of the 5-D tensor map `desc`
+// (a __grid_constant__ kernel parameter) into shared memory, completing on `bar`.
 __device__ __forceinline__ void tensor_copy_g2s(void *smem, const void *desc, int32_t c0,
                                                 int32_t c1, int32_t c2, int32_t c3, int32_t c4,
                                                 uint64_t *bar) {

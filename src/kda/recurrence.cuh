@@ -41,21 +41,27 @@ constexpr int kMaxComputeWarps = 8;
 constexpr int kBarrierBytes = 128;
 static_assert(2 * kMaxStages * 8 + 4 * kMaxComputeWarps <= kBarrierBytes, "barrier area too small");
 
-__host__ __device__ constexpr int value_row_stride(int block_v) {
-  return 2 * block_v;  // the tensor copy lands the [16 blocks][block_v] box densely
+// A chunk's value rows in a stage: 8-column groups, [block_v / 8][tokens][8] (the tensor
+// copy's box, launch.cuh make_value_map), so that the 8 token rows a warp's lanes read at
+// once are 128 contiguous bytes. In token rows of block_v columns (64-256 bytes apart) those
+// reads met in the same banks: 4-8 way conflicts on every value load (benchmarks/NOTES.md
+// step 69).
+constexpr int kValueGroup = 8;  // columns of a group (16 bytes)
+
+__host__ __device__ constexpr int value_bytes(int block_v, int tokens) {
+  return 2 * block_v * tokens;
 }
 
-// How the producer lands a chunk's value rows in its stage (the same bytes): token rows of
-// block_v columns (recurrence_kernel), or 8-column groups, [block_v / 8][tokens][8] (the
-// warpgroup pass, whose ldmatrix reads 8 token rows of one group, 128 contiguous bytes: in
-// token rows of 128 bytes its lanes' loads met in the same banks; benchmarks/NOTES.md step
-// 69). launch.cuh make_value_map describes v accordingly.
-enum class ValueOrder { kRows, kGroups };
-constexpr int kValueGroup = 8;  // columns of a group (16 bytes)
+// Byte offset of the pair (token row, columns col, col + 1) in a stage's value rows of
+// `tokens` rows (col even).
+__host__ __device__ constexpr int value_offset(int tokens, int row, int col) {
+  return (col / kValueGroup) * tokens * 2 * kValueGroup + row * 2 * kValueGroup +
+         2 * (col % kValueGroup);
+}
 
 // A stage: the record of a chunk of `blocks` 16-token blocks and its value rows.
 __host__ __device__ constexpr int stage_bytes(int block_v, int blocks) {
-  return record_bytes(kChunk * blocks) + kChunk * blocks * value_row_stride(block_v);
+  return record_bytes(kChunk * blocks) + value_bytes(block_v, kChunk * blocks);
 }
 
 __host__ __device__ constexpr int recurrence_smem_bytes(int block_v, int stages, int blocks) {
@@ -80,10 +86,10 @@ struct RingPos {
 // the record's ready flag (read with the next ones: numerics.cuh wait_ready); then the
 // record (a bulk copy; without kQueries, the segment pass, two that leave out Qd and its
 // 4 KB) and, unless the slice is a transition slice (v = 0), the chunk's value rows
-// [16 kBlocks, kBlockV] in kValues order (a tensor copy; rows past the end of v read as
+// [16 kBlocks, kBlockV] in 8-column groups (a tensor copy; rows past the end of v read as
 // zeros, rows past the sequence are masked by the consumers). One value-row copy per row
 // (17 copies per chunk) left the consumers waiting for data a third of the time.
-template <int kBlockV, bool kQueries, int kBlocks, ValueOrder kValues = ValueOrder::kRows>
+template <int kBlockV, bool kQueries, int kBlocks>
 __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtensorMap *value_map,
                                                const ChainTask &t, uint8_t *stages, uint64_t *full,
                                                uint64_t *empty) {
@@ -92,7 +98,7 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtenso
   constexpr uint32_t kRecordRead = kQueries ? R::kBytes : R::kBytes - kBlocks * kOpBytes;
   constexpr int kStageBytes = stage_bytes(kBlockV, kBlocks);
   const bool values = t.col0 < kHeadDim;
-  const uint32_t bytes = kRecordRead + (values ? R::kTokens * value_row_stride(kBlockV) : 0);
+  const uint32_t bytes = kRecordRead + (values ? value_bytes(kBlockV, R::kTokens) : 0);
   const int64_t first = t.head * p.tiles_per_head + t.span.first_tile;
   const uint8_t *records = p.records + first * R::kBytes;
   RingPos pos{0, 0};
@@ -110,12 +116,9 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtenso
       bulk_copy_g2s(stage, record, R::kOffQd, &full[s]);
       bulk_copy_g2s(stage + R::kOffKrT, record + R::kOffKrT, R::kBytes - R::kOffKrT, &full[s]);
     }
-    const int32_t token = static_cast<int32_t>(t.span.t0 + c * R::kTokens);
-    if (values && kValues == ValueOrder::kRows)
-      tensor_copy_g2s(stage + R::kBytes, value_map, t.col0, static_cast<int32_t>(t.head), token,
-                      static_cast<int32_t>(t.span.b), &full[s]);
-    if (values && kValues == ValueOrder::kGroups)
-      tensor_copy_g2s(stage + R::kBytes, value_map, 0, token, t.col0 / kValueGroup,
+    if (values)
+      tensor_copy_g2s(stage + R::kBytes, value_map, 0,
+                      static_cast<int32_t>(t.span.t0 + c * R::kTokens), t.col0 / kValueGroup,
                       static_cast<int32_t>(t.head), static_cast<int32_t>(t.span.b), &full[s]);
   }
 }
@@ -160,7 +163,7 @@ struct LinkInputs {
 
 template <int kNB, int kBlocks>
 __device__ __forceinline__ void load_link_inputs(const uint8_t *stage, int n, int vcol,
-                                                 int row_stride, LinkInputs<kNB, kBlocks> &in) {
+                                                 LinkInputs<kNB, kBlocks> &in) {
   using R = RecordLayout<kBlocks>;
   const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
 #pragma unroll
@@ -177,7 +180,9 @@ __device__ __forceinline__ void load_link_inputs(const uint8_t *stage, int n, in
     in.e[4 * q + 3] = __uint_as_float(v4.w);
   }
   const uint16_t *beta = reinterpret_cast<const uint16_t *>(stage + R::kOffBeta);
-  const uint8_t *vrows = stage + R::kBytes;
+  // The lane's pair (row g, columns vcol + 2 cq, + 1); vcol is a multiple of 8, so the
+  // other rows and blocks are constant offsets from it.
+  const uint8_t *vrows = stage + R::kBytes + value_offset(R::kTokens, g, vcol + 2 * cq);
 #pragma unroll
   for (int blk = 0; blk < kBlocks; ++blk) {
     in.beta[blk][0] = beta[kChunk * blk + g] * 0x10001u;
@@ -188,7 +193,7 @@ __device__ __forceinline__ void load_link_inputs(const uint8_t *stage, int n, in
       for (int r = 0; r < 2; ++r) {
         const int row = kChunk * blk + g + 8 * r;
         in.v[blk][nb][r] = row < n ? *reinterpret_cast<const uint32_t *>(
-                                         vrows + row * row_stride + 2 * (vcol + 8 * nb + 2 * cq))
+                                         vrows + value_offset(R::kTokens, row - g, 8 * nb))
                                    : 0u;
       }
     }
@@ -346,7 +351,7 @@ struct CheckpointSink {
 struct WarpChain {
   const uint8_t *stages;
   uint64_t *full, *empty;
-  int num_stages, stage_bytes, row_stride, vcol;
+  int num_stages, stage_bytes, vcol;
   bool values;        // false for transition slices: v = 0 (design §6.1)
   uint16_t *out;      // (first token of the span, head, first column of the warp); nullptr
                       // in the segment pass
@@ -501,7 +506,7 @@ __device__ __forceinline__ void run_chain_prefetched(const WarpChain &w, const S
       const uint8_t *stage = stage_of(w, pos);
       const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
       LinkInputs<kNB, 1> in;
-      load_link_inputs(stage, value_rows<kCode>(w, n), w.vcol, w.row_stride, in);
+      load_link_inputs(stage, value_rows<kCode>(w, n), w.vcol, in);
       Frag krt[kKBlocks];
 #pragma unroll
       for (int mb = 0; mb < kKBlocks; ++mb) krt[mb] = lds_frag(stage, kOffKrT + mb * kTileBytes);
@@ -547,7 +552,7 @@ __device__ __forceinline__ void run_chain_streamed(const WarpChain &w, const Seq
       const int n = static_cast<int>(min(int64_t{R::kTokens}, span.len - c * R::kTokens));
       wait_chunk(w, pos);
       LinkInputs<kNB, kBlocks> in;
-      load_link_inputs(stage, value_rows<kCode>(w, n), w.vcol, w.row_stride, in);
+      load_link_inputs(stage, value_rows<kCode>(w, n), w.vcol, in);
       float pk[kBlocks][kNB][4], pq[kBlocks][kNB][4];
       chunk_projections<kOutput>([&](int blk, int kb) { return lds_frag(stage, R::kd(blk, kb)); },
                                  [&](int blk, int kb) { return lds_frag(stage, R::qd(blk, kb)); },
@@ -627,7 +632,6 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
                     empty,
                     p.stages,
                     stage_bytes(kBlockV, kBlocks),
-                    value_row_stride(kBlockV),
                     vcol,
                     task.col0 < kHeadDim,
                     out,

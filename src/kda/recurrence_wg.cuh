@@ -176,18 +176,17 @@ struct RowInputs {
 };
 
 // The value pairs come by one ldmatrix.trans from the stage's 8-column groups
-// (ValueOrder::kGroups): matrix q is the 8 tokens 8 (q / 2) .. of the warp's group 2 warp +
-// q % 2, 8 rows of 16 bytes in a row, so its lanes' reads meet in no bank.
+// (recurrence.cuh value_offset): matrix q is the 8 tokens 8 (q / 2) .. of the warp's group
+// 2 warp + q % 2, 8 rows of 16 bytes in a row, so its lanes' reads meet in no bank.
 __device__ __forceinline__ void load_row_inputs(const uint8_t *stage, const RowChain &w, int n,
                                                 RowInputs &in) {
   const int lane = threadIdx.x % 32, cq = lane % 4, q = lane / 8;
   const uint16_t *beta = reinterpret_cast<const uint16_t *>(stage + RecordTiles::kBeta);
   in.beta[0] = *reinterpret_cast<const uint32_t *>(beta + 2 * cq);
   in.beta[1] = *reinterpret_cast<const uint32_t *>(beta + 2 * cq + 8);
-  constexpr int kGroupBytes = kChunk * 2 * kValueGroup;
   const int group = w.row / kValueGroup + q % 2;  // w.row / 8 = 2 warp (lane / 4 < 8)
-  ldmatrix_x4_trans(stage + RecordTiles::kBytes + group * kGroupBytes +
-                        (8 * (q / 2) + lane % 8) * 2 * kValueGroup,
+  ldmatrix_x4_trans(stage + RecordTiles::kBytes +
+                        value_offset(kChunk, 8 * (q / 2) + lane % 8, kValueGroup * group),
                     in.v);
   if (n < kChunk) {  // the sequence's last chunk: CTA-uniform
 #pragma unroll
@@ -367,8 +366,7 @@ __global__ void __launch_bounds__(warpgroup_threads(kGroups), kResident)
   }
   if (warp >= kWarps) {  // the producer warp (and its idle warpgroup mates)
     if (warp == kWarps && lane == 0)
-      produce_chunks<kBlockV, true, 1, ValueOrder::kGroups>(p, &value_map, task, stages, full,
-                                                            empty);
+      produce_chunks<kBlockV, true, 1>(p, &value_map, task, stages, full, empty);
     return;
   }
 
