@@ -380,8 +380,8 @@ def markdown(results, env, command):
         "the bit-exact one (FLASH_KDA_EXACT=1); plan = segment chunks / block_v of the auto path "
         "('C32': 32-token chunks, docs/proposals/32-token-chunks.md; else 16); "
         "'K1 beside if >=k fit, keeps m': K1 overlaps the whole-sequence pass where k of its CTAs per SM "
-        "fit beside the pass (design 4.7; on the H200 3 fit beside block_v 32 and 128; beside block_v 64's "
-        "warpgroup pass 2, or 4 beside its two-CTA form, design 4.9), and its "
+        "fit beside the pass (design 4.7; on the H200 3 fit beside block_v 32; beside block_v 64's "
+        "warpgroup pass 2, or 4 beside its two-CTA form, and none beside block_v 128's, design 4.9), and its "
         "first grid keeps at most m there (more fill the SMs the pass leaves free); 'K1 leaves the pass's SMs "
         "after n records': K1 starts on every SM and, after n records, only the SMs the pass leaves free keep it "
         "(design 4.7).",
