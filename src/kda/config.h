@@ -27,8 +27,9 @@ struct RecurrenceShape {
   // __launch_bounds__). A sub-partition holds 16K registers: two CTAs of <1, 4> (10 warps,
   // 3 on one sub-partition) allow 168 a thread and its latency schedule needs 209 (ptxas,
   // CUDA 13.0; 52 bytes spilled at 168); two of <1, 8> allow 96 and it needs 79; two
-  // segment-pass CTAs of <2, 8> (18 warps, 5 on one) allow 96 and it needs 93, the
-  // general <2, 8> kernel 132.
+  // segment-pass CTAs of <2, 8> (18 warps, 5 on one) allow 96, where sm_90a's spills 16
+  // bytes outside its link loop since the value rows come in groups (benchmarks/NOTES.md
+  // step 69; the pass got 11% faster); the general <2, 8> kernel needs 132.
   int resident;
   int states_resident;
   // Cost-model inputs (plan.cpp), one chunk link in microseconds on the H200: of the
