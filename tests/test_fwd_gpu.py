@@ -285,13 +285,15 @@ def test_overlapped_k1_beside_a_pass_of_several_waves():
 
 
 def _warpgroup_forms(launches):
-    """The warpgroup pass's forms among launched kernels: '<1, 1>' (one CTA an SM), '<1, 2>'."""
+    """The warpgroup pass's forms among launched kernels: '<1, 1>' (one CTA an SM), '<1, 2>'
+    (two), '<2, 1>' (block_v 128)."""
     return sorted({name[name.index("<") : name.index(">") + 1] for name in launches if "warpgroup_recurrence" in name})
 
 
 # (batch, seqlen, heads, block_v, overlap, form): a wave with K1 first or one K1 CTA beside
 # each pass CTA, one CTA an SM; more CTAs than SMs, two; the plan's K1 beside 8 x 1024 tokens
-# at 8 heads (three or more CTAs a pass SM on 132 SMs), two.
+# at 8 heads (three or more CTAs a pass SM on 132 SMs), two; block_v 128 with K1 first or
+# leaving the pass's SMs, the producer-warpgroup form.
 WARPGROUP_FORMS = [
     (2, 700, 3, 64, -1, "<1, 1>"),
     (2, 700, 3, 64, 1, "<1, 1>"),

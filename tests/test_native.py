@@ -317,7 +317,7 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
     warpgroup pass at block_v 64, none beside it at block_v 128 (its twelve warps hold the
     register file), and every call here needs at most that many. overlap_max_ctas
     (>= overlap_min_ctas) is how many the first K1 grid keeps beside the pass: one where
-    the SMs the pass leaves free can carry K1 (T=8192 H=96: 96 pass CTAs on 132 SMs), all
+    the SMs the pass leaves free can carry K1 (T=8192 H=48: 96 pass CTAs on 132 SMs), all
     that fit where the pass fills the GPU (H=64 at block_v 64: 128 CTAs).
     Where the free SMs can write the records after a lead, K1 leaves the pass's SMs instead
     (overlap_max_ctas 0; T=8192 H=24 exact, 96 pass CTAs at block_v 32).

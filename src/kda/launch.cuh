@@ -316,7 +316,7 @@ inline LaunchStatus configure_warpgroup_64(const FwdParams &p, PassLaunch &out) 
 // The instantiation of a pass (config.h: PassCode): the whole-sequence pass without
 // checkpoints and the segment pass have their own, the rerun and checkpoints the general one.
 // On sm_90a the whole-sequence pass without checkpoints runs on the warpgroup MMA at
-// block_v 64 with 16-token chunks (the same bits, design §4.9).
+// block_v 64 and 128 with 16-token chunks (the same bits, design §4.9).
 inline LaunchStatus configure_pass(const FwdParams &p, ChainPass pass, int block_v,
                                    PassLaunch &out) {
   if (pass == ChainPass::kSegment) return configure_chunk<PassCode::kStates>(p, pass, block_v, out);
