@@ -18,7 +18,7 @@ import re
 import torch
 from bench_fwd import SHAPES, make_inputs, runner
 
-PASS_CODES = {"0": "plain", "1": "general", "2": "states"}  # recurrence_kernel's PassCode
+PASS_CODES = {"0": "plain", "1": "general", "2": "states", "3": "rerun"}  # config.h PassCode
 
 
 def kernel_name(key):

@@ -10,7 +10,8 @@ with 32-token chunks (K1 before, beside the pass (block_v 32; block_v 64 leaves 
 leaving the pass's SMs, forced by overlap -1, 1 and 2; block_v 32 and 64, the widths built
 for them); a twelve-head case for the combine's 16-row CTAs, a forty-head one for the
 longest-first varlen pass and a batched one of more CTAs than SMs with K1 beside the pass;
-sm_90a's block_v 64 warpgroup pass two CTAs an SM (more CTAs than SMs; the plan's K1 beside it);
+sm_90a's block_v 64 warpgroup passes two CTAs an SM (more CTAs than SMs: the whole pass, K1
+first and the plan's K1 beside it, and the segment pass and the rerun);
 then state pools (in place, padding, has_initial_state), checkpoints, strided views (fused
 projection slices) and garbage device cu_seqlens (non-monotone, negative, past the end,
 2**62), each in exact mode, in AUTO mode with a forced small segment_chunks and in AUTO mode
@@ -97,12 +98,14 @@ waves = make_problem(sms // 8 + 3, 100, 4, initial=torch.float32, final=torch.fl
 dispatch.run_native(check(waves, exact=True), block_v=64, overlap=1)
 torch.cuda.synchronize()
 print("exact overlapped multi-wave: done")
-# sm_90a's warpgroup pass two CTAs an SM (design 4.9): block_v 64 over more CTAs than SMs, K1
-# first and beside it; and the plan's K1 beside eight sequences of 256 tokens at eight heads
-# (three or more K1 CTAs a pass SM, which fit only beside that form).
+# sm_90a's warpgroup passes two CTAs an SM (design 4.9): block_v 64 over more CTAs than SMs, K1
+# first and beside it, and segments of two chunks (the segment pass and the rerun); and the
+# plan's K1 beside eight sequences of 256 tokens at eight heads (three or more K1 CTAs a pass
+# SM, which fit only beside that form).
 shared = make_problem(sms // 2 + 3, 100, 1, initial=torch.bfloat16, final=torch.bfloat16, device="cuda", seed=9)
 for overlap in (-1, 1):
     dispatch.run_native(check(shared, exact=True), block_v=64, overlap=overlap)
+dispatch.run_native(check(shared, exact=False), block_v=64, segment_chunks=2)
 beside = make_problem(8, 256, 8, initial=torch.float32, final=torch.float32, device="cuda", seed=10)
 dispatch.run_native(check(beside, exact=True))
 torch.cuda.synchronize()

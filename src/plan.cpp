@@ -132,7 +132,7 @@ double best_pass_us(PassCode code, int64_t columns, int64_t links, int32_t num_s
     if (link_us <= 0) continue;
     const double t = pass_us(ceil_div(columns, s.block_v), links, num_sms,
                              states ? s.states_resident : s.resident, link_us,
-                             states ? s.states_alone_us : link_us);
+                             states ? s.states_alone_us : s.rerun_alone_us);
     if (best < 0 || t < best) {
       best = t;
       block_v = s.block_v;

@@ -3,6 +3,8 @@
 variant, batched and varlen; accurate against the fp64 gold; deterministic; CUDA-graph
 capturable; K1's records equal the reference's K1 quantities."""
 
+import re
+
 import flash_kda
 import pytest
 import torch
@@ -287,7 +289,8 @@ def test_overlapped_k1_beside_a_pass_of_several_waves():
 def _warpgroup_forms(launches):
     """The warpgroup pass's forms among launched kernels: '<1, 1>' (one CTA an SM), '<1, 2>'
     (two), '<2, 1>' (block_v 128)."""
-    return sorted({name[name.index("<") : name.index(">") + 1] for name in launches if "warpgroup_recurrence" in name})
+    forms = (re.search(r"warpgroup_recurrence_kernel<(\d), (\d),", name) for name in launches)
+    return sorted({f"<{m.group(1)}, {m.group(2)}>" for m in forms if m})
 
 
 # (batch, seqlen, heads, block_v, overlap, form): a wave with K1 first or one K1 CTA beside

@@ -8,6 +8,7 @@ import json
 import os
 import re
 
+import flash_kda
 import pytest
 import torch
 from chunked_gold import gold_chunked
@@ -76,21 +77,38 @@ def pass_codes(kernels):
     return sorted(int(m.group(1)) for k in kernels if (m := re.search(r"recurrence_kernel<.*PassCode\)(\d), \d>", k)))
 
 
+def warpgroup_codes(kernels):
+    """The PassCode (0 whole pass, 2 segment pass, 3 rerun) of every warpgroup pass among the
+    profiled kernel names (warpgroup_recurrence_kernel<groups, resident, code>)."""
+    pattern = r"warpgroup_recurrence_kernel<.*PassCode\)(\d)>"
+    return sorted(int(m.group(1)) for k in kernels if (m := re.search(pattern, k)))
+
+
 @pytest.mark.parametrize("block_v", (32, 64, 128))
 def test_each_pass_runs_its_own_kernel(block_v):
     """The segment pass runs the state-only instantiation (kStates: no Pq, no output), the
-    rerun the general one, and the exact whole pass the plain one (design section 4.5), or
-    on sm_90a at block_v 64 and 128 the warpgroup pass that replaces it (section 4.9);
-    their bits cannot tell them apart, the profiler can."""
+    rerun the general one, and the exact whole pass the plain one (design section 4.5); on
+    sm_90a at block_v 64 and 128 all three run on the warpgroup MMA instead (section 4.9),
+    the segments' passes there only without checkpoints, which the rerun on the warpgroup MMA
+    does not write. Their bits cannot tell them apart, the profiler can."""
     p = make_problem(heads=3, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=9, batch=2, seqlen=1000)
+    warpgroup = torch.cuda.get_device_capability(DEV) == (9, 0) and block_v > 32
     segmented = kernels_of(lambda: run(clone_outputs(p), exact=False, segment_chunks=8, block_v=block_v))
-    assert pass_codes(segmented) == [1, 2], segmented
     whole = kernels_of(lambda: run(clone_outputs(p), exact=True, block_v=block_v))
-    warpgroup = [k for k in whole if "warpgroup_recurrence_kernel" in k]
-    if torch.cuda.get_device_capability(DEV) == (9, 0) and block_v > 32:
-        assert pass_codes(whole) == [] and len(warpgroup) == 1, whole
+    if warpgroup:
+        assert pass_codes(segmented) == [] and warpgroup_codes(segmented) == [2, 3], segmented
+        assert pass_codes(whole) == [] and warpgroup_codes(whole) == [0], whole
     else:
-        assert pass_codes(whole) == [0] and warpgroup == [], whole
+        assert pass_codes(segmented) == [1, 2] and warpgroup_codes(segmented) == [], segmented
+        assert pass_codes(whole) == [0] and warpgroup_codes(whole) == [], whole
+    q = clone_outputs(p)
+    every = 128
+    shape, _ = flash_kda.checkpoint_layout(every, 3, batch=2, seqlen=1000)
+    checkpoints = torch.zeros(shape, dtype=torch.bfloat16, device=DEV)
+    args = [q[name] for name in FWD_ARGS]
+    native = dispatch.validated(*args, exact=False, checkpoint_every=every, checkpoints=checkpoints)
+    with_checkpoints = kernels_of(lambda: dispatch.run_native(native, block_v=block_v, segment_chunks=8))
+    assert pass_codes(with_checkpoints) == [1, 2] and warpgroup_codes(with_checkpoints) == [], with_checkpoints
 
 
 # ------------------------------------------------------------------ many segments
@@ -121,6 +139,26 @@ def test_many_segments_are_accurate_complete_and_deterministic(shape, segment_ch
     if variant[1] is not None:
         s_auto, s_exact = rel_err(first["final_state"], gold_state), rel_err(exact["final_state"], gold_state)
         assert s_auto <= STATE_TOLERANCE and s_auto <= RATIO * s_exact + 1e-4, (s_auto, s_exact)
+
+
+@pytest.mark.parametrize("shape,segment_chunks", [t[1:] for t in MANY], ids=[t[0] for t in MANY])
+def test_many_segments_give_the_same_bits_at_every_width(shape, segment_chunks):
+    """A column's links are the same instructions whichever width computes them (design
+    section 5), and on sm_90a the warpgroup passes (block_v 64, 128) give recurrence_kernel's
+    bits (block_v 32, section 4.9): the segments' passes agree bit for bit across widths.
+    Also with more CTAs than SMs, where block_v 64 takes its two-CTAs-an-SM form."""
+    p = make_problem(heads=2, initial=torch.float32, final=torch.float32, device=DEV, seed=8, **dict(shape))
+    base = outputs(p, exact=False, segment_chunks=segment_chunks, block_v=32)
+    for block_v in (64, 128):
+        got = outputs(p, exact=False, segment_chunks=segment_chunks, block_v=block_v)
+        assert_bitwise(got["out"], base["out"], f"out block_v={block_v}")
+        assert_bitwise(got["final_state"], base["final_state"], f"final_state block_v={block_v}")
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    wide = make_problem(sms // 2 + 3, 100, 1, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=9)
+    base = outputs(wide, exact=False, segment_chunks=2, block_v=32)
+    got = outputs(wide, exact=False, segment_chunks=2, block_v=64)
+    assert_bitwise(got["out"], base["out"], "out, more CTAs than SMs")
+    assert_bitwise(got["final_state"], base["final_state"], "final_state, more CTAs than SMs")
 
 
 @pytest.mark.parametrize("rows", [8, 16])

@@ -63,16 +63,19 @@ def test_every_kernel_lives_in_its_arch_namespace():
 
 def test_the_warpgroup_pass_and_its_tile_order_k1_exist_on_sm90a_only():
     """wgmma is sm_90a's alone (design section 4.9): its table has the warpgroup pass in its
-    three forms (block_v 64 one and two CTAs an SM, block_v 128 with a producer warpgroup) and
-    the K1 kernels that write tile-order records; no other arch has any of them."""
+    three forms (block_v 64 one and two CTAs an SM, block_v 128 with a producer warpgroup),
+    each for the whole pass, the segment pass and the rerun, and the K1 kernels that write
+    tile-order records; no other arch has any of them."""
     for arch, entries in _kernel_entries().items():
         passes = [e for e in entries if "warpgroup_recurrence_kernel" in e]
         tile_k1 = [e for e in entries if "RecordOrderE1" in e]
         if arch != "sm_90a":
             assert passes == tile_k1 == [], (arch, passes, tile_k1)
             continue
-        forms = sorted(re.search(r"warpgroup_recurrence_kernelILi(\d)ELi(\d)E", e).groups() for e in passes)
-        assert forms == [("1", "1"), ("1", "2"), ("2", "1")], passes  # <kGroups, kResident>
+        pattern = r"warpgroup_recurrence_kernelILi(\d)ELi(\d)ELNS_8PassCodeE(\d)E"
+        forms = sorted(re.search(pattern, e).groups() for e in passes)
+        # <kGroups, kResident, kCode>: kCode 0 the whole pass, 2 the segment pass, 3 the rerun
+        assert forms == [(g, r, c) for g, r in (("1", "1"), ("1", "2"), ("2", "1")) for c in "023"], passes
         assert len(tile_k1) == 2, tile_k1
 
 

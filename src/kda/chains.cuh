@@ -100,6 +100,7 @@ template <PassCode kCode>
 __device__ __forceinline__ ChainPass pass_of(const FwdParams &p) {
   if constexpr (kCode == PassCode::kPlain) return ChainPass::kWhole;
   if constexpr (kCode == PassCode::kStates) return ChainPass::kSegment;
+  if constexpr (kCode == PassCode::kRerun) return ChainPass::kRerun;
   return p.pass == ChainPass::kRerun ? ChainPass::kRerun : ChainPass::kWhole;
 }
 
@@ -174,6 +175,12 @@ __device__ __forceinline__ void for_each_state_pair(int col, Fn fn) {
   }
 }
 
+// Element (row v, key k) of the transition columns' start, the identity: bf16 1.0 where
+// v = 128 + k, else 0 (StateSource::identity).
+__device__ __forceinline__ uint32_t identity_entry(int v, int k) {
+  return v - kHeadDim == k ? 0x3f80u : 0u;
+}
+
 // Initial state: zeros, bf16 as is, fp32 rounded bf(x) (design §1.4), or the identity.
 template <int kNB>
 __device__ __forceinline__ void load_state(const StateSource &src, int col, StateSlice<kNB> &s) {
@@ -181,8 +188,7 @@ __device__ __forceinline__ void load_state(const StateSource &src, int col, Stat
     uint32_t pair = 0;
     const int64_t i0 = int64_t{v} * kHeadDim + k, i1 = i0 + kHeadDim;
     if (src.identity) {
-      constexpr uint32_t kOne = 0x3f80u;  // bf16 1.0
-      pair = (v - kHeadDim == k ? kOne : 0u) | (v + 1 - kHeadDim == k ? kOne << 16 : 0u);
+      pair = identity_entry(v, k) | identity_entry(v + 1, k) << 16;
     } else if (src.block != nullptr && src.dtype == Dtype::kBf16) {
       const uint16_t *b = static_cast<const uint16_t *>(src.block);
       pair = b[i0] | (static_cast<uint32_t>(b[i1]) << 16);

@@ -15,6 +15,8 @@ enum class PassCode {
   kPlain,    // the whole-sequence pass without checkpoints (the exact path's kernel)
   kGeneral,  // passes with output and checkpoints: the whole pass with checkpoints, the rerun
   kStates,   // the segment pass (phase A): states only, so no Pq, no Mqk U, no output rows
+  kRerun,    // the rerun without checkpoints: sm_90a's warpgroup pass only (recurrence_wg.cuh;
+             // recurrence_kernel runs every rerun as kGeneral)
 };
 
 // One width of recurrence_kernel<kNB, kWarps, kCode>: kWarps compute warps of kNB
@@ -35,15 +37,14 @@ struct RecurrenceShape {
   // Cost-model inputs (plan.cpp), one chunk link in microseconds on the H200: of the
   // exact path's whole-sequence kernel alone on its SM (K2 time / 512 links at T = 8192,
   // N = 1, H = 6 / 48 / 96); of the segment pass at states_resident CTAs per SM and at
-  // one (a grid of at most one CTA per SM); of the rerun at `resident` (fitted to
-  // per-kernel profiles, benchmarks/NOTES.md step 25; <1, 8> was profiled only at two
-  // per SM; 0: never used for segments, as <1, 4> was slowest there at every segment
-  // length). Step 34's paired bf16 steps scaled the whole-pass links of <1, 4> and
-  // <1, 8> and the <2, 8> rerun by their measured change (its <1, 8> rerun not measured).
+  // one (a grid of at most one CTA per SM); of the rerun at `resident` and at one (fitted
+  // to per-kernel profiles at forced segment lengths; 0: never used for segments, as
+  // <1, 4> was slowest there at every segment length, benchmarks/NOTES.md step 25).
   double whole_link_us;
   double states_link_us;
   double states_alone_us;
   double rerun_link_us;
+  double rerun_alone_us;
   // K1 CTAs that fit on an SM beside one CTA of the whole-sequence pass on the H200 (the
   // launch computes the device's own, launch.cuh plan_overlap); the plan's choice between
   // segments and the whole pass assumes it. 0: none fits.
@@ -66,13 +67,16 @@ struct RecurrenceShape {
   int prepare32_beside;
 };
 
-// block_v 64's and 128's whole-pass values are those of the warpgroup pass that replaces
-// recurrence_kernel<1, 8, kPlain, 1> and <2, 8, kPlain, 1> on sm_90a (recurrence_wg.cuh;
-// benchmarks/NOTES.md steps 62-69): at block_v 64 0.56 us a link (284.5 us for 512 links at
-// T = 8192 H = 48, K1 first), four K1 CTAs beside it (two beside its one-CTA-an-SM form,
-// whose fullest sub-partition holds 2 warps x 200 registers; four beside its 168-register
-// form, which the launch takes where more than two are asked for), and a 32-token <1, 8> link
-// of 2.76 of them (the 1.55 us measured before, unchanged); at block_v 128 0.73 us a link
+// block_v 64's and 128's values are those of the warpgroup passes that replace
+// recurrence_kernel's at these widths on sm_90a (recurrence_wg.cuh; benchmarks/NOTES.md steps
+// 62-70). The segments' passes (step 70, T = 8192 H = 6 and 12, T = 32768 H = 6): at block_v
+// 64 the segment pass 0.66 us a link two CTAs an SM and ~0.52 alone, the rerun 0.83 and 0.52;
+// at block_v 128 (one CTA an SM) the segment pass 0.65 us a link, so that its "two CTAs an
+// SM" are two waves, 1.30, and the rerun 0.72. The whole pass: at block_v 64 0.56 us a link (284.5
+// us for 512 links at T = 8192 H = 48, K1 first), four K1 CTAs beside it (two beside its
+// one-CTA-an-SM form, whose fullest sub-partition holds 2 warps x 200 registers; four beside its
+// 168-register form, which the launch takes where more than two are asked for), and a 32-token <1,
+// 8> link of 2.76 of them (the 1.55 us measured before, unchanged); at block_v 128 0.73 us a link
 // (373.5 us at T = 8192 H = 96, two warpgroups and a producer warpgroup, step 68) and no K1
 // CTA beside it: its twelve warps hold the whole register file, so K1 runs first or leaves
 // the pass's SMs. The plan is the H200's: on the other arches these widths keep the
@@ -87,9 +91,9 @@ struct RecurrenceShape {
 // Three widths instead of the style's two: each width's best shape differs and the
 // benchmarks above show the gain.
 constexpr RecurrenceShape kRecurrenceShapes[] = {
-    {32, 1, 4, 1, 1, 0.56, 0.0, 0.0, 0.0, 3, 2.0, 1.50, 1},
-    {64, 1, 8, 2, 2, 0.56, 1.10, 1.10, 1.65, 4, 3.0, 2.76, 0},
-    {128, 2, 8, 1, 2, 0.73, 1.52, 0.90, 1.15, 0, 0.0, 0.0, 0},
+    {32, 1, 4, 1, 1, 0.56, 0.0, 0.0, 0.0, 0.0, 3, 2.0, 1.50, 1},
+    {64, 1, 8, 2, 2, 0.56, 0.66, 0.52, 0.83, 0.52, 4, 3.0, 2.76, 0},
+    {128, 2, 8, 1, 2, 0.73, 1.30, 0.65, 0.72, 0.72, 0, 0.0, 0.0, 0},
 };
 constexpr int kNumRecurrenceShapes = 3;
 

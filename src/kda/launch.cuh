@@ -277,15 +277,24 @@ inline LaunchStatus k1_fit_beside(const PassLaunch &pass, const DeviceFacts &d, 
   return {cudaSuccess, nullptr};
 }
 
+// Whether the call's passes run on sm_90a's warpgroup MMA (design §4.9): 16-token chunks, no
+// checkpoints, and every pass of the call at block_v 64 or 128. All or none: the segment pass
+// and the rerun read the same records, which K1 writes in one order.
+inline bool warpgroup_passes(const FwdParams &p) {
+  const auto wide = [](int block_v) { return block_v == 64 || block_v == 128; };
+  return FLASH_KDA_CC == 90 && chunk_blocks(p) == 1 && p.checkpoints == nullptr &&
+         wide(p.chain_block_v) && (p.segment_chunks == 0 || wide(p.segment_block_v));
+}
+
 #if FLASH_KDA_CC == 90
-// The whole-sequence pass without checkpoints on the warpgroup MMA (recurrence_wg.cuh):
-// kGroups warpgroups of 64 value columns, kResident CTAs per SM, records in tile order.
-template <int kGroups, int kResident>
-LaunchStatus configure_warpgroup(const FwdParams &p, PassLaunch &out) {
+// Pass `pass` on the warpgroup MMA (recurrence_wg.cuh): kGroups warpgroups of 64 value
+// columns, kResident CTAs per SM, records in tile order.
+template <int kGroups, int kResident, PassCode kCode>
+LaunchStatus configure_warpgroup(const FwdParams &p, ChainPass pass, PassLaunch &out) {
   out.records = RecordOrder::kTiles;
   return configure_ring_pass(
-      p, ChainPass::kWhole, 64 * kGroups, 1, kResident,
-      reinterpret_cast<const void *>(warpgroup_recurrence_kernel<kGroups, kResident>),
+      p, pass, 64 * kGroups, 1, kResident,
+      reinterpret_cast<const void *>(warpgroup_recurrence_kernel<kGroups, kResident, kCode>),
       warpgroup_threads(kGroups), out);
 }
 
@@ -294,38 +303,50 @@ LaunchStatus configure_warpgroup(const FwdParams &p, PassLaunch &out) {
 // where K1 overlaps it with more CTAs beside each pass CTA (the plan's overlap_min_ctas)
 // than fit beside the first form and no more than fit beside the second (two and four on
 // the H200).
-inline LaunchStatus configure_warpgroup_64(const FwdParams &p, PassLaunch &out) {
-  LaunchStatus st = configure_warpgroup<1, 1>(p, out);
+template <PassCode kCode>
+LaunchStatus configure_warpgroup_64(const FwdParams &p, ChainPass pass, PassLaunch &out) {
+  LaunchStatus st = configure_warpgroup<1, 1, kCode>(p, pass, out);
   if (st.error != cudaSuccess) return st;
   DeviceFacts d;
   const cudaError_t err = device_facts(d);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
-  if (out.ctas > d.sms) return configure_warpgroup<1, 2>(p, out);
+  if (out.ctas > d.sms) return configure_warpgroup<1, 2, kCode>(p, pass, out);
   if (p.ready == nullptr || p.overlap_min_ctas < 1 || p.overlap_max_ctas < 1) return st;
   int fit = 0;
   st = k1_fit_beside(out, d, 1, fit);
   if (st.error != cudaSuccess || fit >= p.overlap_min_ctas) return st;
   PassLaunch shared;
-  st = configure_warpgroup<1, 2>(p, shared);
+  st = configure_warpgroup<1, 2, kCode>(p, pass, shared);
   if (st.error == cudaSuccess) st = k1_fit_beside(shared, d, 1, fit);
   if (st.error == cudaSuccess && fit >= p.overlap_min_ctas) out = shared;
   return st;
+}
+
+// The pass `kCode` at block_v 64 or 128.
+template <PassCode kCode>
+LaunchStatus configure_warpgroup_width(const FwdParams &p, ChainPass pass, int block_v,
+                                       PassLaunch &out) {
+  if (block_v == 64) return configure_warpgroup_64<kCode>(p, pass, out);
+  return configure_warpgroup<2, 1, kCode>(p, pass, out);
 }
 #endif
 
 // The instantiation of a pass (config.h: PassCode): the whole-sequence pass without
 // checkpoints and the segment pass have their own, the rerun and checkpoints the general one.
-// On sm_90a the whole-sequence pass without checkpoints runs on the warpgroup MMA at
-// block_v 64 and 128 with 16-token chunks (the same bits, design §4.9).
+// On sm_90a every pass runs on the warpgroup MMA where warpgroup_passes says so (the same
+// bits, design §4.9).
 inline LaunchStatus configure_pass(const FwdParams &p, ChainPass pass, int block_v,
                                    PassLaunch &out) {
-  if (pass == ChainPass::kSegment) return configure_chunk<PassCode::kStates>(p, pass, block_v, out);
 #if FLASH_KDA_CC == 90
-  if (pass == ChainPass::kWhole && p.checkpoints == nullptr && chunk_blocks(p) == 1) {
-    if (block_v == 64) return configure_warpgroup_64(p, out);
-    if (block_v == 128) return configure_warpgroup<2, 1>(p, out);
+  if (warpgroup_passes(p)) {
+    if (pass == ChainPass::kSegment)
+      return configure_warpgroup_width<PassCode::kStates>(p, pass, block_v, out);
+    if (pass == ChainPass::kRerun)
+      return configure_warpgroup_width<PassCode::kRerun>(p, pass, block_v, out);
+    return configure_warpgroup_width<PassCode::kPlain>(p, pass, block_v, out);
   }
 #endif
+  if (pass == ChainPass::kSegment) return configure_chunk<PassCode::kStates>(p, pass, block_v, out);
   if (pass == ChainPass::kWhole && p.checkpoints == nullptr)
     return configure_chunk<PassCode::kPlain>(p, pass, block_v, out);
   return configure_chunk<PassCode::kGeneral>(p, pass, block_v, out);

@@ -114,22 +114,30 @@ struct StateRows {
   uint32_t a[kKBlocks][4];
 };
 
+// Calls fn(kb, q, v, k, i) for each pair of the lane's rows: (row v, keys k, k + 1) at
+// element i = 128 v + k of a V-first block.
 template <typename Fn>
 __device__ __forceinline__ void for_each_row_pair(int col, Fn fn) {
   const int cq = threadIdx.x % 4;
 #pragma unroll
   for (int kb = 0; kb < kKBlocks; ++kb)
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
-      fn(kb, q, int64_t{col + 8 * (q % 2)} * kHeadDim + 16 * kb + 8 * (q / 2) + 2 * cq);
+    for (int q = 0; q < 4; ++q) {
+      const int v = col + 8 * (q % 2), k = 16 * kb + 8 * (q / 2) + 2 * cq;
+      fn(kb, q, v, k, int64_t{v} * kHeadDim + k);
+    }
 }
 
-// Initial state: zeros, bf16 as is, fp32 rounded bf(x) (design §1.4). (The identity of
-// transition slices belongs to the segment pass, which this kernel does not run.)
+// Initial state: zeros, bf16 as is, fp32 rounded bf(x) (design §1.4), or the identity (the
+// segment pass's transition slices, rows 128 ..; the other passes leave out its branch,
+// which changed the whole pass's code).
+template <PassCode kCode>
 __device__ __forceinline__ void load_state_rows(const StateSource &src, int col, StateRows &s) {
-  for_each_row_pair(col, [&](int kb, int q, int64_t i) {
+  for_each_row_pair(col, [&](int kb, int q, int v, int k, int64_t i) {
     uint32_t pair = 0;
-    if (src.block != nullptr && src.dtype == Dtype::kBf16) {
+    if (kCode == PassCode::kStates && src.identity) {
+      pair = identity_entry(v, k) | identity_entry(v, k + 1) << 16;
+    } else if (src.block != nullptr && src.dtype == Dtype::kBf16) {
       pair = *reinterpret_cast<const uint32_t *>(static_cast<const uint16_t *>(src.block) + i);
     } else if (src.block != nullptr) {
       const float2 x = *reinterpret_cast<const float2 *>(static_cast<const float *>(src.block) + i);
@@ -143,7 +151,7 @@ __device__ __forceinline__ void load_state_rows(const StateSource &src, int col,
 __device__ __forceinline__ void store_state_rows(const StateSink &dst, int col,
                                                  const StateRows &s) {
   if (dst.block == nullptr) return;
-  for_each_row_pair(col, [&](int kb, int q, int64_t i) {
+  for_each_row_pair(col, [&](int kb, int q, int, int, int64_t i) {
     const uint32_t pair = s.a[kb][q];
     if (dst.dtype == Dtype::kBf16)
       *reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(dst.block) + i) = pair;
@@ -161,8 +169,10 @@ struct RowChain {
   uint64_t *full, *empty;
   int num_stages, stage_bytes;
   int row;            // the lane's first value row within the slice
-  uint16_t *out;      // (first token, head, first column of the slice)
+  uint16_t *out;      // (first token, head, first column of the slice); nullptr in the
+                      // segment pass
   int64_t row_pitch;  // out's token stride
+  bool values;        // false for the segment pass's transition slices: v = 0 (design §6.1)
 };
 
 // What a link reads from its stage with ordinary loads, before its first wgmma (behind the
@@ -178,12 +188,17 @@ struct RowInputs {
 // The value pairs come by one ldmatrix.trans from the stage's 8-column groups
 // (recurrence.cuh value_offset): matrix q is the 8 tokens 8 (q / 2) .. of the warp's group
 // 2 warp + q % 2, 8 rows of 16 bytes in a row, so its lanes' reads meet in no bank.
-__device__ __forceinline__ void load_row_inputs(const uint8_t *stage, const RowChain &w, int n,
-                                                RowInputs &in) {
-  const int lane = threadIdx.x % 32, cq = lane % 4, q = lane / 8;
+__device__ __forceinline__ void load_row_betas(const uint8_t *stage, RowInputs &in) {
+  const int cq = threadIdx.x % 4;
   const uint16_t *beta = reinterpret_cast<const uint16_t *>(stage + RecordTiles::kBeta);
   in.beta[0] = *reinterpret_cast<const uint32_t *>(beta + 2 * cq);
   in.beta[1] = *reinterpret_cast<const uint32_t *>(beta + 2 * cq + 8);
+}
+
+__device__ __forceinline__ void load_row_inputs(const uint8_t *stage, const RowChain &w, int n,
+                                                RowInputs &in) {
+  const int lane = threadIdx.x % 32, cq = lane % 4, q = lane / 8;
+  load_row_betas(stage, in);
   const int group = w.row / kValueGroup + q % 2;  // w.row / 8 = 2 warp (lane / 4 < 8)
   ldmatrix_x4_trans(stage + RecordTiles::kBytes +
                         value_offset(kChunk, 8 * (q / 2) + lane % 8, kValueGroup * group),
@@ -266,21 +281,33 @@ __device__ __forceinline__ void update_rows(int half, const float4 (&e)[4],
 // the proxy fence, as recurrence.cuh's release_chunk) between the two halves of the state
 // update: after its last read of the stage (the second half's decays; the wgmma reads are
 // complete at their wait) and before the output stores, which the fence would wait for.
+// The segment pass (kStates) computes Pk alone (m64n16), no Y and no output, and its
+// transition slices read no value rows (v = 0), as recurrence_kernel's.
+template <PassCode kCode>
 __device__ __forceinline__ void run_chain_rows(const RowChain &w, const SeqSpan &span,
                                                StateRows &s) {
+  constexpr bool kOutput = kCode != PassCode::kStates;
+  constexpr int kScoreCols = kOutput ? 32 : 16;  // [Pk | Pq]^T, or Pk^T
   RingPos pos{0, 0};
   for (int64_t c = 0; c < span.num_chunks; ++c, pos.advance(w.num_stages)) {
     const uint8_t *stage = w.stages + pos.stage * w.stage_bytes;
     const int n = static_cast<int>(min(int64_t{kChunk}, span.len - c * kChunk));
     barrier_wait(&w.full[pos.stage], pos.phase);
     RowInputs in;
-    load_row_inputs(stage, w, n, in);
-    float p[16];  // 8-column blocks 0, 1: Pk^T; 2, 3: Pq^T
+    if (kOutput || w.values) {
+      load_row_inputs(stage, w, n, in);
+    } else {
+      load_row_betas(stage, in);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) in.v[i] = 0u;
+    }
+    float p[kScoreCols / 2];  // 8-column blocks 0, 1: Pk^T; 2, 3: Pq^T
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < kKBlocks; ++kb)
-      wgmma<32>(p, s.a[kb], tile_desc(stage + RecordTiles::kKdQd + kb * RecordTiles::kKdQdStride),
-                kb > 0);
+      wgmma<kScoreCols>(p, s.a[kb],
+                        tile_desc(stage + RecordTiles::kKdQd + kb * RecordTiles::kKdQdStride),
+                        kb > 0);
     wgmma_commit();
     wgmma_wait_all();
     uint32_t u[4];
@@ -298,7 +325,7 @@ __device__ __forceinline__ void run_chain_rows(const RowChain &w, const SeqSpan 
     tokens_as_a(acc, ua, [](int, uint32_t x) { return x; });
     float y[8], delta[64];
     wgmma_fence();
-    wgmma<16>(y, ua, tile_desc(stage + RecordTiles::kMqk), 0);
+    if constexpr (kOutput) wgmma<16>(y, ua, tile_desc(stage + RecordTiles::kMqk), 0);
     wgmma<128>(delta, ua, tile_desc(stage + RecordTiles::kKrT), 0);
     wgmma_commit();
     wgmma_wait_all();
@@ -306,10 +333,12 @@ __device__ __forceinline__ void run_chain_rows(const RowChain &w, const SeqSpan 
     update_rows(0, e_lo, delta, s);
     release_stage(&w.empty[pos.stage]);  // after the last loads from the stage, e_hi
     update_rows(1, e_hi, delta, s);
-    float pq[8];
+    if constexpr (kOutput) {
+      float pq[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) pq[i] = p[8 + i];
-    store_rows_output(w, c, n, pq, y);
+      for (int i = 0; i < 8; ++i) pq[i] = p[8 + i];
+      store_rows_output(w, c, n, pq, y);
+    }
   }
 }
 
@@ -339,13 +368,18 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // kGroups = 1: kResident CTAs per SM, 1 (194 registers) or 2 within register_cap's 168,
 // for grids of more than one wave and K1 CTAs beside the pass (launch.cuh
 // configure_warpgroup_64; benchmarks/NOTES.md steps 64, 66). kGroups = 2: one CTA per SM,
-// its compute warps at kComputeRegs (step 68).
-template <int kGroups, int kResident>
+// its compute warps at kComputeRegs (step 68). kCode (config.h): the whole-sequence pass
+// (kPlain), or the segments' passes without checkpoints: the segment pass (kStates) and
+// the rerun (kRerun), the same links as recurrence_kernel's kStates and kGeneral passes
+// (design §6.2; benchmarks/NOTES.md step 70). Every pass copies whole records: tile order
+// interleaves Kd and Qd, so the segment pass cannot leave Qd out.
+template <int kGroups, int kResident, PassCode kCode>
 __global__ void __launch_bounds__(warpgroup_threads(kGroups), kResident)
     __maxnreg__(register_cap(warpgroup_threads(kGroups) / 32, kResident))
         warpgroup_recurrence_kernel(const FwdParams p,
                                     const __grid_constant__ CUtensorMap value_map) {
   static_assert(kGroups == 1 || kResident == 1, "the producer warpgroup form runs alone");
+  static_assert(kCode != PassCode::kGeneral, "no checkpoints on the warpgroup MMA");
   constexpr int kBlockV = 64 * kGroups, kWarps = 4 * kGroups;
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t *full = reinterpret_cast<uint64_t *>(smem);
@@ -353,8 +387,8 @@ __global__ void __launch_bounds__(warpgroup_threads(kGroups), kResident)
   uint8_t *stages = smem + kBarrierBytes;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   allow_dependents();  // K1 on the SMs this pass leaves free, where it overlaps (design §4.7)
-  const ChainTask task = chain_task<kBlockV, PassCode::kPlain>(p);
-  if (!task.valid) return;  // CTA-uniform (whole-sequence tasks always are)
+  const ChainTask task = chain_task<kBlockV, kCode>(p);
+  if (!task.valid) return;  // CTA-uniform: the excess of the segments' upper-bound grid
 
   init_ring<kWarps>(p.stages, full, empty);
 
@@ -372,7 +406,7 @@ __global__ void __launch_bounds__(warpgroup_threads(kGroups), kResident)
 
   const int row = 16 * warp + lane / 4;  // the lane's value rows row, row + 8 of the slice
   StateRows s;
-  load_state_rows(task.source, task.col0 + row, s);
+  load_state_rows<kCode>(task.source, task.col0 + row, s);
   const RowChain w{
       stages,
       full,
@@ -380,9 +414,12 @@ __global__ void __launch_bounds__(warpgroup_threads(kGroups), kResident)
       p.stages,
       stage_bytes(kBlockV, 1),
       row,
-      p.out + token_offset(p.out_strides, task.span.b, task.span.t0, task.head) + task.col0,
-      p.out_strides.token};
-  run_chain_rows(w, task.span, s);
+      kCode == PassCode::kStates
+          ? nullptr
+          : p.out + token_offset(p.out_strides, task.span.b, task.span.t0, task.head) + task.col0,
+      p.out_strides.token,
+      task.col0 < kHeadDim};
+  run_chain_rows<kCode>(w, task.span, s);
   store_state_rows(task.sink, task.col0 + row, s);
 }
 
