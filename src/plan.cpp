@@ -43,9 +43,15 @@ constexpr double kCombineWideStepUs = 1.22;  // 16-row CTAs, one an SM
 constexpr double kCombineFixedUs = 4.0;      // combine_kernel's first two starts and its tail
 constexpr double kMargin = 0.9;              // segments only when the forward is predicted
                                              // 10% faster
-constexpr int64_t kMinSegments = 3;          // two segments cost as much as one chain (§6.4)
-constexpr int64_t kMinSegmentChunks = 8;     // shortest segment considered
-constexpr int64_t kFineSegmentCounts = 64;   // every segment count up to this one is a candidate
+// Segments rather than 32-token whole chains only where predicted 5% faster: that forward's
+// prediction ran 2-10% above its measured time at H = 16-24, T = 32768 and 131072 (32-token
+// links ~7% faster than config.h says since step 69), where the segments' was within 3%
+// (H200, benchmarks/NOTES.md step 70). A refit of the 32-token link alone would also flip
+// T = 2048-4096 calls, where that forward's prediction runs below its measured time.
+constexpr double kSegmentsOver32Margin = 0.95;
+constexpr int64_t kMinSegments = 3;         // two segments cost as much as one chain (§6.4)
+constexpr int64_t kMinSegmentChunks = 8;    // shortest segment considered
+constexpr int64_t kFineSegmentCounts = 64;  // every segment count up to this one is a candidate
 // K1 (design §4.7), one record per K1 CTA: 11.6 us at 12 CTAs on each SM (T=8192 H=96:
 // 49,152 records in 360 us on 132 SMs), 6.2 us at 3 per SM beside a pass (H=24: 12,288
 // records on 396 CTAs in 194 us), less for a lone K1 CTA beside a pass CTA (config.h
@@ -476,7 +482,8 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
         z.checkpoint_every % 32 == 0) {
       Plan p32{};
       const double t32 = plan_chunks(z, r, kCosts32, p32);
-      if (chunk32_built(p32.block_v) && t32 < t16) plan = p32;
+      const double bar = plan.segment_chunks > 0 ? t16 / kSegmentsOver32Margin : t16;
+      if (chunk32_built(p32.block_v) && t32 < bar) plan = p32;
     }
   }
   // K1 and the pass (design §4.7): K1 leaving the pass's SMs, else K1 beside it where a K1

@@ -205,7 +205,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const FwdParam
   const int v0 = static_cast<int>(blockIdx.x % kCtasPerHead) * kRows;
   const int64_t s0 = first_segment(p, seq);
   const int64_t count = segment_count(p, seq);
+  allow_dependents();     // the rerun launches early and waits for this kernel's end
   if (count < 1) return;  // an empty sequence has no segment (CTA-uniform)
+  wait_prerequisites();   // the segment pass's blocks (design §4.1)
 
   const StateSource init = initial_source(p, seq, head);
 #pragma unroll

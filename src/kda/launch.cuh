@@ -370,7 +370,8 @@ inline cudaError_t launch_kernel(const void *kernel, int64_t ctas, int threads, 
 }
 
 // Launches a configured pass. `programmatic`: the pass may start while the previous
-// kernel (K1) still runs (design §4.7).
+// kernel still runs: K1 beside it (design §4.7), or its CTAs wait for the previous kernel's
+// end (wait_prerequisites, design §4.1).
 inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_t stream) {
   CUtensorMap value_map;
   const cudaError_t err = make_value_map(pass.params, &value_map);
@@ -410,7 +411,11 @@ inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return {err, "combine_kernel shared-memory attribute"};
   const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / rows);
-  kernel<<<static_cast<unsigned>(ctas), kCombineThreads, smem, stream>>>(p, stages);
+  FwdParams params = p;
+  void *args[] = {&params, &stages};
+  err = launch_kernel(reinterpret_cast<const void *>(kernel), ctas, kCombineThreads, smem, args,
+                      true, stream);  // it waits for the segment pass (wait_prerequisites)
+  if (err != cudaSuccess) return {err, "combine_kernel launch"};
   return launch_status("combine_kernel launch");
 }
 
@@ -491,7 +496,7 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (launch != cudaSuccess) return {launch, "prepare_kernel launch"};
   st = launch_status("prepare_kernel launch");
   if (st.error != cudaSuccess) return st;
-  st = launch_pass(first, overlap, stream);
+  st = launch_pass(first, true, stream);  // beside K1, or waiting for its end (design §4.1)
   if (st.error != cudaSuccess) return st;
   if (overlap && first.ctas < sms && alone > keep) {
     // More K1 CTAs, launched once every pass CTA is resident: they fill the SMs the pass
@@ -506,7 +511,7 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   PassLaunch rerun;
   st = configure_pass(k1, ChainPass::kRerun, p.chain_block_v, rerun);
   if (st.error != cudaSuccess) return st;
-  return launch_pass(rerun, false, stream);
+  return launch_pass(rerun, true, stream);
 }
 
 inline LaunchStatus launch_probe_unary(int op, const float *x, float *y, int64_t count,

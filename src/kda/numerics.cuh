@@ -297,6 +297,15 @@ __device__ __forceinline__ void allow_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// The other use of programmatic launch (design §4.1): a kernel that reads what the kernel
+// before it writes is launched early, once that kernel's CTAs have all started, so that its
+// CTAs take the SMs as they free up and set up (barriers, ring, task) meanwhile; it waits
+// here for that kernel's end (and so for every kernel before it) before reading any of its
+// output. Returns at once where the launch was not programmatic.
+__device__ __forceinline__ void wait_prerequisites() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 __device__ __forceinline__ void publish_flag(uint32_t *flag) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(1u) : "memory");
 }

@@ -794,6 +794,7 @@ struct K1Shape<2> {
 template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments>
 __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(const FwdParams p) {
   auto &sm = K1Shape<kBlocks>::smem();
+  allow_dependents();  // the first pass launches early and waits for K1's end (design §4.1)
   ChunkRef ch;
   if (!locate_chunk(p, blockIdx.x, ch)) return;  // excess CTA of varlen's upper-bound grid
   prepare_chunk<kOrder>(p, blockIdx.y, ch, sm);

@@ -608,7 +608,8 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   allow_dependents();  // K1 on the SMs this pass leaves free, where it overlaps (design §4.7)
   const ChainTask task = chain_task<kBlockV, kCode>(p);
-  if (!task.valid) return;  // CTA-uniform: the excess of an upper-bound grid
+  if (!task.valid) return;                       // CTA-uniform: the excess of an upper-bound grid
+  if (p.ready == nullptr) wait_prerequisites();  // else K1 still runs: records by their flags
 
   init_ring<kWarps>(p.stages, full, empty);
 

@@ -389,6 +389,7 @@ __global__ void __launch_bounds__(warpgroup_threads(kGroups), kResident)
   allow_dependents();  // K1 on the SMs this pass leaves free, where it overlaps (design §4.7)
   const ChainTask task = chain_task<kBlockV, kCode>(p);
   if (!task.valid) return;  // CTA-uniform: the excess of the segments' upper-bound grid
+  if (p.ready == nullptr) wait_prerequisites();  // else K1 still runs: records by their flags
 
   init_ring<kWarps>(p.stages, full, empty);
 
