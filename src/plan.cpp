@@ -43,12 +43,13 @@ constexpr double kCombineWideStepUs = 1.22;  // 16-row CTAs, one an SM
 constexpr double kCombineFixedUs = 4.0;      // combine_kernel's first two starts and its tail
 constexpr double kMargin = 0.9;              // segments only when the forward is predicted
                                              // 10% faster
-// Segments rather than 32-token whole chains only where predicted 5% faster: that forward's
-// prediction ran 2-10% above its measured time at H = 16-24, T = 32768 and 131072 (32-token
-// links ~7% faster than config.h says since step 69), where the segments' was within 3%
-// (H200, benchmarks/NOTES.md step 70). A refit of the 32-token link alone would also flip
-// T = 2048-4096 calls, where that forward's prediction runs below its measured time.
-constexpr double kSegmentsOver32Margin = 0.95;
+// Segments rather than 32-token whole chains only where predicted 12% faster. Against the
+// 32-token forward the segments' predicted-to-measured ratio ran 0.06-0.20 high at H = 16-24
+// (H200, benchmarks/NOTES.md step 72: T = 131072 H = 16 predicted 0.886, measured 0.949; H = 20
+// 0.911 and 1.052; T = 1M H = 20 0.892 and 1.095; H = 16 0.865 and 0.982). 0.88 takes no
+// measured loss and keeps the wins at T = 262144 - 1M H = 16 and T = 2048 H = 1-4; it gives up
+// 2-5% at T = 65536 - 131072 H = 16 (the previous plan there).
+constexpr double kSegmentsOver32Margin = 0.88;
 constexpr int64_t kMinSegments = 3;         // two segments cost as much as one chain (§6.4)
 constexpr int64_t kMinSegmentChunks = 8;    // shortest segment considered
 constexpr int64_t kFineSegmentCounts = 64;  // every segment count up to this one is a candidate
