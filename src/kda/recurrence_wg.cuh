@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
-// recurrence_wg.cuh: K2's whole-sequence pass on Hopper's warpgroup MMA (sm_90a only;
-// design §4.9). The other arches build recurrence.cuh's passes alone.
+// recurrence_wg.cuh: K2's passes on Hopper's warpgroup MMA (sm_90a only; design §4.9): the
+// whole-sequence pass, the segment pass and the rerun. The other arches build recurrence.cuh's
+// passes alone.
 //
 // The link of recurrence.cuh (design §3.3) in transposed form. A warpgroup (4 warps) owns
 // 64 value columns v and keeps its rows of the V-first state S[v][k] in registers as the
@@ -18,8 +19,9 @@
 // probe, benchmarks/NOTES.md step 61): the pass is bitwise equal to recurrence_kernel's
 // kPlain pass, which it replaces on sm_90a at block_v 64 and 128 (launch.cuh configure_pass;
 // H200, the pass alone: 0.56 us a link against 0.88, and 0.73 against 1.10; NOTES.md steps
-// 62-69). Threads: kGroups warpgroups plus the producer of recurrence.cuh (produce_chunks
-// and its ring, the value rows in 8-column groups); 16-token chunks, no checkpoints.
+// 62-69), and its kStates pass and the rerun likewise (step 70). Threads: kGroups warpgroups
+// plus the producer of recurrence.cuh (produce_chunks and its ring, the value rows in 8-column
+// groups); 16-token chunks, no checkpoints.
 #pragma once
 #ifndef FLASH_KDA_ARCH
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
