@@ -508,6 +508,10 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (!segmented) return st;
   st = launch_combine(p, stream);
   if (st.error != cudaSuccess) return st;
+  // The rerun reads the combine's starts, so it must wait for the combine's end, which a pass
+  // does only without ready flags (wait_prerequisites): segmented calls never overlap K1
+  // (plan.cpp can_overlap), so K1 ran first and left k1.ready null.
+  if (k1.ready != nullptr) return {cudaErrorInvalidValue, "recurrence_kernel rerun beside K1"};
   PassLaunch rerun;
   st = configure_pass(k1, ChainPass::kRerun, p.chain_block_v, rerun);
   if (st.error != cudaSuccess) return st;
