@@ -353,7 +353,7 @@ inline LaunchStatus configure_pass(const FwdParams &p, ChainPass pass, int block
 }
 
 // cudaLaunchKernelExC of `kernel` on `stream`; `programmatic`: it may start once every CTA
-// of the kernel before it has executed griddepcontrol.launch_dependents (design §4.7).
+// of the kernel before it has executed griddepcontrol.launch_dependents (design §4.1, §4.7).
 inline cudaError_t launch_kernel(const void *kernel, int64_t ctas, int threads, int smem,
                                  void **args, bool programmatic, cudaStream_t stream) {
   cudaLaunchAttribute attr;

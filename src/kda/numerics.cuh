@@ -289,10 +289,11 @@ __device__ __forceinline__ void cta_barrier(uint32_t id, uint32_t threads) {
 
 // ---------------------------------------------------------------- K1 / K2 overlap
 
-// design §4.7. K1 lets the first recurrence pass launch while it still runs
-// (programmatic dependent launch: that pass is launched once every K1 CTA has executed
-// this, and never waits for K1's end); each record's readiness is then a flag in global
-// memory, set by K1 with release semantics after the whole CTA has written the record.
+// design §4.1, §4.7. A kernel lets the next one launch while it still runs (programmatic
+// dependent launch: the next kernel is launched once every CTA of this one has executed
+// this). Where K1 runs beside the first recurrence pass, that pass never waits for K1's end:
+// each record's readiness is then a flag in global memory, set by K1 with release semantics
+// after the whole CTA has written the record.
 __device__ __forceinline__ void allow_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
