@@ -36,10 +36,11 @@ std::string str(int64_t x) {
 
 constexpr double kLaunchUs = 5.0;  // one more kernel launch on the stream
 constexpr double kWaveUs = 6.0;    // a segment pass's fixed cost per wave of CTAs
-// combine_kernel, one step a start (NOTES.md step 35: 0.85 us at T = 8192 H = 6 and
-// T = 131072 H = 4 with 8-row CTAs; 1.22 with 16-row CTAs at H = 12).
-constexpr double kCombineStepUs = 0.85;      // 8-row CTAs, one an SM
-constexpr double kCombineWideStepUs = 1.22;  // 16-row CTAs, one an SM
+// combine_kernel, one step a start (NOTES.md step 74, its tensor copies: ncu on the H200,
+// 0.72 us a step with 8-row CTAs at T = 8192 - 1M, H = 1 - 6; 1.04 with 16-row CTAs at
+// H = 12; 0.85 and 1.22 with step 35's cp.async ring).
+constexpr double kCombineStepUs = 0.72;      // 8-row CTAs, one an SM
+constexpr double kCombineWideStepUs = 1.04;  // 16-row CTAs, one an SM
 constexpr double kCombineFixedUs = 4.0;      // combine_kernel's first two starts and its tail
 constexpr double kMargin = 0.9;              // segments only when the forward is predicted
                                              // 10% faster

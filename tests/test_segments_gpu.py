@@ -190,7 +190,7 @@ def test_combine_start_states_match_an_fp64_chain(rows):
     s_hat, x = blocks[:, :, :128], blocks[:, :, 128:]
     init = p["initial_state"][0].to(torch.bfloat16)
     assert_bitwise(starts[0], init, "start_0 = bf(initial state)")
-    assert_bitwise(starts[1], s_hat[0].to(torch.bfloat16), "start_1 = S^_0")
+    # start_1 = S^_0 is not copied: the rerun of segment 1 reads S^_0's block (chains.cuh).
     s = s_hat[0]
     for j in range(1, P - 1):
         # The fp32 chain's error is a small multiple of 2^-24 times the magnitude of the

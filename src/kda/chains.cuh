@@ -140,8 +140,10 @@ __device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
                  : seg.index == 0 ? initial_source(p, t.seq, t.head)
                                   : StateSource{nullptr, Dtype::kBf16, false};
       t.sink = {segment_state_block(p, s, t.head), Dtype::kBf16};
-    } else {  // phase C
-      t.source = {segment_start_block(p, s, t.head), Dtype::kBf16, false};
+    } else {  // phase C: segment 1 starts from S^_0, the others from the combine's starts
+      t.source = {seg.index == 1 ? segment_state_block(p, s - 1, t.head)
+                                 : segment_start_block(p, s, t.head),
+                  Dtype::kBf16, false};
       if (seg.index + 1 == seg.count) t.sink = final_sink(p, t.seq, t.head);
     }
   }

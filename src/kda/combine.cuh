@@ -9,7 +9,8 @@
 // recurrence keeps its state in:
 //   start_0 = bf(initial state)   (a copy: the rerun never reads the caller's tensor, which
 //                                  may be final_state itself)
-//   start_1 = S^_0                (segment 0 ran from the true initial state)
+//   start_1 = S^_0                (segment 0 ran from the true initial state; the rerun
+//                                  reads it from the segment block, nothing is copied)
 //   start_{j+1} = bf(s_{j+1}),  s_{j+1} = s_j X_j + S^_j
 //
 // The product runs on the tensor cores without losing fp32: s_j = hi + mid + lo exactly,
@@ -27,7 +28,11 @@
 // 16-column tiles. A = X_j^T, read from the row-major X_j stage by ldmatrix.trans;
 // B = s_j^T, read by ldmatrix from the terms, which every warp publishes row-major
 // ([term][v][k], double buffered) after splitting its columns. X_j and the CTA's rows of
-// S^_j stream through a ring of padded stages by cp.async, `stages - 1` steps ahead.
+// S^_j stream through a ring of stages, `stages - 1` steps ahead, by four tensor copies a
+// stage that one thread issues onto the stage's mbarrier, in 128-byte swizzled halves of 64
+// columns: with cp.async, 17 copies a thread a step, the copies' issue and the registers
+// they held stalled the warps for ~30% of a step (ncu on the H200, benchmarks/NOTES.md
+// step 74; the tensor copies took the step from ~0.89 to ~0.72 us).
 #pragma once
 #ifndef FLASH_KDA_ARCH
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
@@ -42,24 +47,46 @@ constexpr int kCombineWarps = 4;  // 32 output columns each
 constexpr int kCombineThreads = 32 * kCombineWarps;
 constexpr int kCombineTerms = 3;      // hi, mid, lo
 constexpr int kCombineMaxStages = 3;  // ring depth where shared memory allows
-static_assert(kCombineMaxStages == 3, "combine_kernel's ring wait covers depths 3 and 2");
-constexpr int kStageRow = kHeadDim + 8;        // padded row (272 B): ldmatrix rows conflict-free
+static_assert(kCombineMaxStages >= 2, "a stage in flight while one is read");
+constexpr int kStageRow = kHeadDim + 8;  // a term's padded row (272 B): ldmatrix conflict-free
 constexpr int kRowPieces = kHeadDim * 2 / 16;  // 16-byte pieces of one unpadded row
+constexpr int kHalfCols = 64;                  // columns of a tensor copy's box: 128 bytes
+constexpr int kSwizzleAlign = 1024;            // a 128-byte-swizzled tile's alignment
 
-// Shared memory of the kRows-row kernel: the s_j terms, row-major ([buffer][term][value
-// row][k]), then the stages: X_j's 128 rows, then the CTA's kRows rows of S^_j.
+// Shared memory of the kRows-row kernel, from a 1024-byte aligned base: the stages'
+// mbarriers, the s_j terms, row-major ([buffer][term][value row][k]), then the stages,
+// each the two 64-column halves of X_j's 128 rows, then of the CTA's kRows rows of S^_j,
+// as the tensor copies land them (swizzled_offset).
 template <int kRows>
 struct CombineSmem {
   static_assert(kRows == 8 || kRows == 16, "one or two 8-column MMA blocks of value rows");
-  static constexpr int kStageRows = kHeadDim + kRows;
-  static constexpr int kTermBytes = 2 * kCombineTerms * kRows * kStageRow * 2;
-  static constexpr int kStageBytes = kStageRows * kStageRow * 2;
-  static constexpr int bytes(int stages) { return kTermBytes + stages * kStageBytes; }
+  static constexpr int kBarrierBytes = 128;
+  static constexpr int kTermBytes = static_cast<int>(
+      round_up(kBarrierBytes + 2 * kCombineTerms * kRows * kStageRow * 2, kSwizzleAlign) -
+      kBarrierBytes);
+  static constexpr int kXHalfBytes = kHeadDim * kHalfCols * 2;
+  static constexpr int kSHalfBytes = kRows * kHalfCols * 2;
+  static constexpr int kStageBytes = 2 * kXHalfBytes + 2 * kSHalfBytes;
+  static constexpr int bytes(int stages) {  // with the slack for aligning the base
+    return kSwizzleAlign + kBarrierBytes + kTermBytes + stages * kStageBytes;
+  }
   using Terms = uint16_t[kCombineTerms][kRows][kStageRow];
-  using Stage = uint16_t[kStageRows][kStageRow];
+  uint64_t *full;  // full[s]: stage s's copies have landed
   Terms *terms;
-  Stage *stage;
+  uint8_t *stages;
+  __device__ uint8_t *stage(int s) const { return stages + s * kStageBytes; }
 };
+static_assert(8 * kCombineMaxStages <= CombineSmem<8>::kBarrierBytes &&
+                  CombineSmem<8>::kStageBytes % kSwizzleAlign == 0 &&
+                  CombineSmem<16>::kStageBytes % kSwizzleAlign == 0,
+              "every swizzled tile stays 1024-byte aligned");
+
+// Byte offset of columns col .. col + 7 (col % 8 == 0) of row r in a stage tile of 64-column
+// halves of `half_bytes` each: the tensor copy's 128-byte swizzle puts 16-byte chunk c of
+// a 128-byte row r at chunk c ^ (r % 8), so that ldmatrix's eight rows meet in no bank.
+__device__ __forceinline__ int swizzled_offset(int r, int col, int half_bytes) {
+  return col / kHalfCols * half_bytes + 128 * r + ((col % kHalfCols / 8) ^ (r % 8)) * 16;
+}
 
 constexpr int combine_smem_bytes(int rows, int stages) {
   return rows == 8 ? CombineSmem<8>::bytes(stages) : CombineSmem<16>::bytes(stages);
@@ -76,23 +103,25 @@ __device__ __forceinline__ int piece_col() {
 template <int kRows>
 constexpr int kPieces = kRows * kRowPieces / kCombineThreads;  // per thread
 
-// One thread's share of the copies of segment block `block` into a stage: X_j (rows
-// 128..255) to stage rows 0..127, S^_j's rows v0 .. v0 + kRows - 1 after them. Every
-// source is the thread's first piece plus a constant, so each copy takes an immediate
-// offset: with a 64-bit address computed per copy the refill was ~160 instructions a
-// warp, and their registers waited on the copies before (ncu, H200).
+// One thread's tensor copies of a stage: X_j (rows 128..255 of the segment block whose
+// first row is `row0` in the [blocks x 256 rows][128] view of the segment states) and S^_j's
+// rows v0 .. v0 + kRows - 1, each as two 64-column halves, after arming `full`.
 template <int kRows>
-__device__ __forceinline__ void issue_stage(const uint16_t *block, int v0,
-                                            typename CombineSmem<kRows>::Stage &stage) {
-  constexpr int kRowStep = kCombineThreads / kRowPieces;  // rows between a thread's pieces
-  const uint16_t *first = block + piece_row(0) * kHeadDim + piece_col();
-  const uint16_t *x = first + kHeadDim * kHeadDim, *shat = first + v0 * kHeadDim;
+__device__ __forceinline__ void issue_stage(const CUtensorMap *xmap, const CUtensorMap *smap,
+                                            int32_t row0, int v0, uint8_t *stage, uint64_t *full) {
+  using Smem = CombineSmem<kRows>;
+  TxBarrier::arrive_and_expect_tx(full, Smem::kStageBytes);
 #pragma unroll
-  for (int i = 0; i < kHeadDim / kRowStep; ++i)
-    copy16_async(&stage[piece_row(i)][piece_col()], x + i * kRowStep * kHeadDim);
-#pragma unroll
-  for (int i = 0; i < kPieces<kRows>; ++i)
-    copy16_async(&stage[kHeadDim + piece_row(i)][piece_col()], shat + i * kRowStep * kHeadDim);
+  for (int h = 0; h < 2; ++h) {
+    tensor_copy_2d_g2s(stage + h * Smem::kXHalfBytes, xmap, kHalfCols * h, row0 + kHeadDim, full);
+    tensor_copy_2d_g2s(stage + 2 * Smem::kXHalfBytes + h * Smem::kSHalfBytes, smap, kHalfCols * h,
+                       row0 + v0, full);
+  }
+}
+
+// First row of segment s, head `head`'s block in the 2-D view of the segment states.
+__device__ __forceinline__ int32_t segment_row(const FwdParams &p, int64_t s, int64_t head) {
+  return static_cast<int32_t>((s * p.heads + head) * 2 * kHeadDim);
 }
 
 // The CTA's rows of s_j = the hi term of `terms` -> start_j in global memory.
@@ -119,7 +148,7 @@ __device__ __forceinline__ void split3(float x0, float x1, uint32_t (&t)[kCombin
 // k-blocks in ascending order from zero.
 template <int kRows>
 __device__ __forceinline__ void times_transition(const typename CombineSmem<kRows>::Terms &terms,
-                                                 const typename CombineSmem<kRows>::Stage &x,
+                                                 const uint8_t *x,
                                                  float (&acc)[kCombineTerms][kRows / 8][2][4]) {
   constexpr int kVTiles = kRows / 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -146,7 +175,10 @@ __device__ __forceinline__ void times_transition(const typename CombineSmem<kRow
 #pragma unroll
       for (int tile = 0; tile < 2; ++tile) {
         uint32_t a[4];  // matrix m: k-half m / 2, column half m % 2 of the 16 x 16 tile
-        ldmatrix_x4_trans(&x[16 * kb + 8 * (m / 2) + row][32 * warp + 16 * tile + 8 * (m % 2)], a);
+        ldmatrix_x4_trans(
+            x + swizzled_offset(16 * kb + 8 * (m / 2) + row, 32 * warp + 16 * tile + 8 * (m % 2),
+                                CombineSmem<kRows>::kXHalfBytes),
+            a);
 #pragma unroll
         for (int term = 0; term < kCombineTerms; ++term)
 #pragma unroll
@@ -161,13 +193,16 @@ __device__ __forceinline__ void times_transition(const typename CombineSmem<kRow
 // `next`. S^_j's elements in accumulator order come from the stage by ldmatrix.trans.
 template <int kRows>
 __device__ __forceinline__ void emit_state(const float (&acc)[kCombineTerms][kRows / 8][2][4],
-                                           const typename CombineSmem<kRows>::Stage &stage,
+                                           const uint8_t *stage,
                                            typename CombineSmem<kRows>::Terms &next) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int vt = 0; vt < kRows / 8; ++vt) {
     uint32_t shat[4];  // matrix m: S^_j rows 8 vt + (2 c, 2 c + 1), column 32 w + 8 m + g
-    ldmatrix_x4_trans(&stage[kHeadDim + 8 * vt + lane % 8][32 * warp + 8 * (lane / 8)], shat);
+    ldmatrix_x4_trans(stage + 2 * CombineSmem<kRows>::kXHalfBytes +
+                          swizzled_offset(8 * vt + lane % 8, 32 * warp + 8 * (lane / 8),
+                                          CombineSmem<kRows>::kSHalfBytes),
+                      shat);
 #pragma unroll
     for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
@@ -194,11 +229,16 @@ __device__ __forceinline__ void emit_state(const float (&acc)[kCombineTerms][kRo
 }
 
 template <int kRows>
-__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const FwdParams p, int stages) {
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel(const FwdParams p, int stages, const __grid_constant__ CUtensorMap xmap,
+                   const __grid_constant__ CUtensorMap smap) {
   using Smem = CombineSmem<kRows>;
   extern __shared__ __align__(16) unsigned char combine_smem[];
-  const Smem sm = {reinterpret_cast<typename Smem::Terms *>(combine_smem),
-                   reinterpret_cast<typename Smem::Stage *>(combine_smem + Smem::kTermBytes)};
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(combine_smem));
+  uint8_t *const aligned = combine_smem + (-base & (kSwizzleAlign - 1));
+  const Smem sm = {reinterpret_cast<uint64_t *>(aligned),
+                   reinterpret_cast<typename Smem::Terms *>(aligned + Smem::kBarrierBytes),
+                   aligned + Smem::kBarrierBytes + Smem::kTermBytes};
   constexpr int kCtasPerHead = kHeadDim / kRows;
   const int64_t pair = blockIdx.x / kCtasPerHead;
   const int64_t seq = pair / p.heads, head = pair % p.heads;
@@ -207,11 +247,12 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const FwdParam
   const int64_t count = segment_count(p, seq);
   allow_dependents();     // the rerun launches early and waits for this kernel's end
   if (count < 1) return;  // an empty sequence has no segment (CTA-uniform)
-  wait_prerequisites();   // the segment pass's blocks (design §4.1)
 
+  // start_0 = bf(initial state), design §1.4, before the wait: it reads the caller's state,
+  // which no kernel of the call writes before the rerun, and nothing reads start_0 before it.
   const StateSource init = initial_source(p, seq, head);
 #pragma unroll
-  for (int i = 0; i < kPieces<kRows>; ++i) {  // start_0 = bf(initial state), design §1.4
+  for (int i = 0; i < kPieces<kRows>; ++i) {
     const int64_t at = int64_t{v0 + piece_row(i)} * kHeadDim + piece_col();
     uint32_t w[4] = {0, 0, 0, 0};  // the piece's 8 elements as 4 pairs
 #pragma unroll
@@ -227,50 +268,60 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const FwdParam
     *reinterpret_cast<uint4 *>(segment_start_block(p, s0, head) + at) =
         make_uint4(w[0], w[1], w[2], w[3]);
   }
-  if (count < 2) return;
+  if (count < 2) return;  // one segment: its rerun reads start_0 alone
+  // The segment pass's blocks (design §4.1). Every CTA of a sequence with segments after the
+  // first waits, so that this kernel ends after the segment pass: the rerun, which waits for
+  // this kernel, reads S^_0 (start_1) from the segment pass's block.
+  wait_prerequisites();
+  if (count < 3) return;
 
-  // The ring: X_1 .. X_{stages - 1} in flight before the first step; one commit per step
-  // (possibly empty) keeps the group count uniform.
-  for (int i = 0; i < stages - 1; ++i) {
-    if (1 + i <= count - 2)
-      issue_stage<kRows>(segment_state_block(p, s0 + 1 + i, head), v0, sm.stage[i]);
-    copy_async_commit();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) TxBarrier::init(&sm.full[s], 1);
+    cutlass::arch::fence_barrier_init();
   }
+  __syncthreads();
+  // The ring: X_1 .. X_{stages - 1} in flight before the first step.
+  if (threadIdx.x == 0)
+    for (int i = 0; i < stages - 1 && 1 + i <= count - 2; ++i)
+      issue_stage<kRows>(&xmap, &smap, segment_row(p, s0 + 1 + i, head), v0, sm.stage(i),
+                         &sm.full[i]);
 #pragma unroll
-  for (int i = 0; i < kPieces<kRows>; ++i) {  // s_1 = S^_0: start_1 = S^_0, terms (S^_0, 0, 0)
+  for (int i = 0; i < kPieces<kRows>; ++i) {  // s_1 = S^_0: terms (S^_0, 0, 0)
     const int64_t at = int64_t{v0 + piece_row(i)} * kHeadDim + piece_col();
     const uint4 shat = *reinterpret_cast<const uint4 *>(segment_state_block(p, s0, head) + at);
-    *reinterpret_cast<uint4 *>(segment_start_block(p, s0 + 1, head) + at) = shat;
     const uint4 zero = make_uint4(0, 0, 0, 0);
     *reinterpret_cast<uint4 *>(&sm.terms[1][0][piece_row(i)][piece_col()]) = shat;
     *reinterpret_cast<uint4 *>(&sm.terms[1][1][piece_row(i)][piece_col()]) = zero;
     *reinterpret_cast<uint4 *>(&sm.terms[1][2][piece_row(i)][piece_col()]) = zero;
   }
 
-  int stage = 0, refill = stages - 1;  // the stage holding X_j; the stage X_{j+stages-1} goes to
+  // The stage holding X_j and its mbarrier phase; the stage X_{j+stages-1} goes to.
+  int stage = 0, refill = stages - 1;
+  uint32_t phase = 0;
   for (int64_t j = 1; j + 1 < count; ++j) {
-    if (stages == 3)
-      copy_async_wait<1>();
-    else
-      copy_async_wait<0>();
-    __syncthreads();  // X_j and s_j's terms visible; step j - 1 done with its buffers
-    if (j + stages - 1 <= count - 2)
-      issue_stage<kRows>(segment_state_block(p, s0 + j + stages - 1, head), v0, sm.stage[refill]);
-    copy_async_commit();
+    barrier_wait(&sm.full[stage], phase);
+    __syncthreads();  // s_j's terms visible; step j - 1 done with its buffers
+    if (threadIdx.x == 0 && j + stages - 1 <= count - 2) {
+      // The refilled stage was read in step j - 1, by every warp before the barrier (each
+      // read's value was used before it); the fence orders those reads before the copies.
+      fence_stage_reads();
+      issue_stage<kRows>(&xmap, &smap, segment_row(p, s0 + j + stages - 1, head), v0,
+                         sm.stage(refill), &sm.full[refill]);
+    }
     if (j > 1) store_start<kRows>(sm.terms[j % 2][0], v0, segment_start_block(p, s0 + j, head));
 
     float acc[kCombineTerms][kRows / 8][2][4];
-    times_transition<kRows>(sm.terms[j % 2], sm.stage[stage], acc);
-    emit_state<kRows>(acc, sm.stage[stage], sm.terms[(j + 1) % 2]);
-    stage = stage + 1 == stages ? 0 : stage + 1;
+    times_transition<kRows>(sm.terms[j % 2], sm.stage(stage), acc);
+    emit_state<kRows>(acc, sm.stage(stage), sm.terms[(j + 1) % 2]);
+    if (++stage == stages) {
+      stage = 0;
+      phase ^= 1;
+    }
     refill = refill + 1 == stages ? 0 : refill + 1;
   }
-  if (count > 2) {  // the last start, s_{count - 1}
-    __syncthreads();
-    store_start<kRows>(sm.terms[(count - 1) % 2][0], v0,
-                       segment_start_block(p, s0 + count - 1, head));
-  }
-  copy_async_wait<0>();  // no copy outlives the CTA
+  __syncthreads();  // the last start, s_{count - 1}
+  store_start<kRows>(sm.terms[(count - 1) % 2][0], v0,
+                     segment_start_block(p, s0 + count - 1, head));
 }
 
 }  // namespace flash_kda::FLASH_KDA_ARCH

@@ -395,6 +395,24 @@ inline LaunchStatus launch_prepare_extra(FwdParams k1, int64_t ctas, RecordOrder
   return launch_status("prepare_overlap_kernel launch (free SMs)");
 }
 
+// The segment states as a 2-D tensor [max_segments x heads x 256 rows][128 columns] for the
+// combine's tensor copies: a box is `rows` rows of one 64-column half (128 bytes), landed with
+// the 128-byte swizzle (combine.cuh swizzled_offset).
+inline cudaError_t make_segment_map(const FwdParams &p, int rows, CUtensorMap *map) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {kHeadDim,
+                              static_cast<cuuint64_t>(p.max_segments * p.heads * 2 * kHeadDim)};
+  const cuuint64_t strides[1] = {2 * kHeadDim};
+  const cuuint32_t box[2] = {kHalfCols, static_cast<cuuint32_t>(rows)};
+  const cuuint32_t unit[2] = {1, 1};
+  const CUresult res =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.segment_states, dims, strides, box, unit,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 // Phase B: config.h's rows per CTA where two stages of them fit the device's shared memory
 // per block (16 rows do not on sm_120's 99 KB: 8 there), and the ring as deep as it allows
 // (three stages on sm_90 / sm_100).
@@ -412,7 +430,11 @@ inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
   if (err != cudaSuccess) return {err, "combine_kernel shared-memory attribute"};
   const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / rows);
   FwdParams params = p;
-  void *args[] = {&params, &stages};
+  CUtensorMap xmap, smap;  // X_j's 128 rows, the CTA's rows of S^_j
+  err = make_segment_map(p, kHeadDim, &xmap);
+  if (err == cudaSuccess) err = make_segment_map(p, rows, &smap);
+  if (err != cudaSuccess) return {err, "combine_kernel tensor maps of the segment states"};
+  void *args[] = {&params, &stages, &xmap, &smap};
   err = launch_kernel(reinterpret_cast<const void *>(kernel), ctas, kCombineThreads, smem, args,
                       true, stream);  // it waits for the segment pass (wait_prerequisites)
   if (err != cudaSuccess) return {err, "combine_kernel launch"};

@@ -249,6 +249,14 @@ __device__ __forceinline__ void tensor_copy_g2s(void *smem, const void *desc, in
                                c0, c1, c2, c3, c4);
 }
 
+// One elected thread's tensor copy of the box at (c0, c1) of the 2-D tensor map `desc` (a
+// __grid_constant__ kernel parameter) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tensor_copy_2d_g2s(void *smem, const void *desc, int32_t c0,
+                                                   int32_t c1, uint64_t *bar) {
+  cute::SM90_TMA_LOAD_2D::copy(
+      desc, bar, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), smem, c0, c1);
+}
+
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
 // mbarrier wait that also orders the compiler: shared-memory reads of a stage may not move
