@@ -36,11 +36,14 @@ std::string str(int64_t x) {
 
 constexpr double kLaunchUs = 5.0;  // one more kernel launch on the stream
 constexpr double kWaveUs = 6.0;    // a segment pass's fixed cost per wave of CTAs
-// combine_kernel, one step a start (NOTES.md step 74, its tensor copies: ncu on the H200,
-// 0.72 us a step with 8-row CTAs at T = 8192 - 1M, H = 1 - 6; 1.04 with 16-row CTAs at
-// H = 12; 0.85 and 1.22 with step 35's cp.async ring).
-constexpr double kCombineStepUs = 0.72;      // 8-row CTAs, one an SM
-constexpr double kCombineWideStepUs = 1.04;  // 16-row CTAs, one an SM
+// combine_kernel, one step a start (NOTES.md step 35 with its cp.async ring: 0.85 us at
+// T = 8192 H = 6 and T = 131072 H = 4 with 8-row CTAs; 1.22 with 16-row CTAs at H = 12).
+// Its tensor copies since step 74 take 0.72 and 1.04 (ncu, H200), but with those the plan
+// cut T = 2048 H = 1-4 into segments of 8 chunks instead of 10, 3% slower there (graph
+// replays, step 74): the step stays, so that the kernel's fixed part, which the model
+// undercounts at short T, keeps those segments longer.
+constexpr double kCombineStepUs = 0.85;      // 8-row CTAs, one an SM
+constexpr double kCombineWideStepUs = 1.22;  // 16-row CTAs, one an SM
 constexpr double kCombineFixedUs = 4.0;      // combine_kernel's first two starts and its tail
 constexpr double kMargin = 0.9;              // segments only when the forward is predicted
                                              // 10% faster
