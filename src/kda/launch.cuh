@@ -414,8 +414,8 @@ inline cudaError_t make_segment_map(const FwdParams &p, int rows, CUtensorMap *m
 }
 
 // Phase B: config.h's rows per CTA where two stages of them fit the device's shared memory
-// per block (16 rows do not on sm_120's 99 KB: 8 there), and the ring as deep as it allows
-// (three stages on sm_90 / sm_100).
+// per block (else 8; 16 rows with two stages take sm_120's 99 KB exactly), and the ring as
+// deep as it allows (three stages on sm_90 / sm_100).
 inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
   DeviceFacts device;
   cudaError_t err = device_facts(device);
