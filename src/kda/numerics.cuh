@@ -217,21 +217,6 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 
 // ---------------------------------------------------------------- memory
 
-// One thread's asynchronous 16-byte copy global -> shared (cp.async, L2 only), and the
-// group bookkeeping: commit closes this thread's copies issued since the last commit;
-// wait<N> returns when at most N of its groups are still in flight.
-__device__ __forceinline__ void copy16_async(void *smem, const void *gmem) {
-  cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(
-      *static_cast<const cute::uint128_t *>(gmem), *static_cast<cute::uint128_t *>(smem));
-}
-__device__ __forceinline__ void copy_async_commit() {
-  cute::cp_async_fence();
-}
-template <int N>
-__device__ __forceinline__ void copy_async_wait() {
-  cute::cp_async_wait<N>();
-}
-
 // One elected thread's bulk copy of `bytes` (a multiple of 16, both addresses 16-byte
 // aligned) into shared memory, completing on `bar`'s transaction count.
 __device__ __forceinline__ void bulk_copy_g2s(void *smem, const void *gmem, uint32_t bytes,
