@@ -94,13 +94,19 @@ struct ChainTask {
   int64_t checkpoint0;  // first checkpoint slot of the sequence, -1 for none
 };
 
+// The pass of an instantiation whose code fixes it (every PassCode but kGeneral, which runs
+// the whole pass with checkpoints and recurrence_kernel's rerun).
+__host__ __device__ constexpr ChainPass fixed_pass(PassCode code) {
+  return code == PassCode::kStates  ? ChainPass::kSegment
+         : code == PassCode::kRerun ? ChainPass::kRerun
+                                    : ChainPass::kWhole;
+}
+
 // The pass an instantiation (config.h: PassCode) runs: fixed at compile time except in the
 // general kernel.
 template <PassCode kCode>
 __device__ __forceinline__ ChainPass pass_of(const FwdParams &p) {
-  if constexpr (kCode == PassCode::kPlain) return ChainPass::kWhole;
-  if constexpr (kCode == PassCode::kStates) return ChainPass::kSegment;
-  if constexpr (kCode == PassCode::kRerun) return ChainPass::kRerun;
+  if constexpr (kCode != PassCode::kGeneral) return fixed_pass(kCode);
   return p.pass == ChainPass::kRerun ? ChainPass::kRerun : ChainPass::kWhole;
 }
 

@@ -195,6 +195,14 @@ struct PassLaunch {
   RecordOrder records = RecordOrder::kFragments;  // the order K1 must write them in
 };
 
+// CTAs of pass `pass` at width block_v: units (sequences, or segments) x heads x column
+// slices (the segment pass has 256 columns: values and transition).
+inline int64_t pass_ctas(const FwdParams &p, ChainPass pass, int block_v) {
+  const int64_t units = pass == ChainPass::kWhole ? p.num_seqs : p.max_segments;
+  const int columns = pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
+  return units * p.heads * (columns / block_v);
+}
+
 // Pass `pass` of a kernel on recurrence.cuh's ring (recurrence_kernel, the warpgroup pass)
 // of width block_v and chunks of `blocks` 16-token blocks: the ring as deep as lets
 // `resident` CTAs share an SM (1 KB per CTA is reserved), the grid (units x heads x column
@@ -216,9 +224,7 @@ inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int 
   out.kernel = kernel;
   out.smem = recurrence_smem_bytes(block_v, out.params.stages, blocks);
   out.threads = threads;
-  const int64_t units = pass == ChainPass::kWhole ? p.num_seqs : p.max_segments;
-  const int columns = pass == ChainPass::kSegment ? 2 * kHeadDim : kHeadDim;
-  out.ctas = units * p.heads * (columns / block_v);
+  out.ctas = pass_ctas(p, pass, block_v);
   const cudaError_t attr =
       cudaFuncSetAttribute(out.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, out.smem);
   if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
@@ -287,13 +293,13 @@ inline bool warpgroup_passes(const FwdParams &p) {
 }
 
 #if FLASH_KDA_CC == 90
-// Pass `pass` on the warpgroup MMA (recurrence_wg.cuh): kGroups warpgroups of 64 value
-// columns, kResident CTAs per SM, records in tile order.
+// The pass of code kCode on the warpgroup MMA (recurrence_wg.cuh): kGroups warpgroups of 64
+// value columns, kResident CTAs per SM, records in tile order.
 template <int kGroups, int kResident, PassCode kCode>
-LaunchStatus configure_warpgroup(const FwdParams &p, ChainPass pass, PassLaunch &out) {
+LaunchStatus configure_warpgroup(const FwdParams &p, PassLaunch &out) {
   out.records = RecordOrder::kTiles;
   return configure_ring_pass(
-      p, pass, 64 * kGroups, 1, kResident,
+      p, fixed_pass(kCode), 64 * kGroups, 1, kResident,
       reinterpret_cast<const void *>(warpgroup_recurrence_kernel<kGroups, kResident, kCode>),
       warpgroup_threads(kGroups), out);
 }
@@ -304,19 +310,19 @@ LaunchStatus configure_warpgroup(const FwdParams &p, ChainPass pass, PassLaunch 
 // than fit beside the first form and no more than fit beside the second (two and four on
 // the H200).
 template <PassCode kCode>
-LaunchStatus configure_warpgroup_64(const FwdParams &p, ChainPass pass, PassLaunch &out) {
-  LaunchStatus st = configure_warpgroup<1, 1, kCode>(p, pass, out);
-  if (st.error != cudaSuccess) return st;
+LaunchStatus configure_warpgroup_64(const FwdParams &p, PassLaunch &out) {
   DeviceFacts d;
   const cudaError_t err = device_facts(d);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
-  if (out.ctas > d.sms) return configure_warpgroup<1, 2, kCode>(p, pass, out);
+  if (pass_ctas(p, fixed_pass(kCode), 64) > d.sms) return configure_warpgroup<1, 2, kCode>(p, out);
+  LaunchStatus st = configure_warpgroup<1, 1, kCode>(p, out);
+  if (st.error != cudaSuccess) return st;
   if (p.ready == nullptr || p.overlap_min_ctas < 1 || p.overlap_max_ctas < 1) return st;
   int fit = 0;
   st = k1_fit_beside(out, d, 1, fit);
   if (st.error != cudaSuccess || fit >= p.overlap_min_ctas) return st;
   PassLaunch shared;
-  st = configure_warpgroup<1, 2, kCode>(p, pass, shared);
+  st = configure_warpgroup<1, 2, kCode>(p, shared);
   if (st.error == cudaSuccess) st = k1_fit_beside(shared, d, 1, fit);
   if (st.error == cudaSuccess && fit >= p.overlap_min_ctas) out = shared;
   return st;
@@ -324,10 +330,9 @@ LaunchStatus configure_warpgroup_64(const FwdParams &p, ChainPass pass, PassLaun
 
 // The pass `kCode` at block_v 64 or 128.
 template <PassCode kCode>
-LaunchStatus configure_warpgroup_width(const FwdParams &p, ChainPass pass, int block_v,
-                                       PassLaunch &out) {
-  if (block_v == 64) return configure_warpgroup_64<kCode>(p, pass, out);
-  return configure_warpgroup<2, 1, kCode>(p, pass, out);
+LaunchStatus configure_warpgroup_width(const FwdParams &p, int block_v, PassLaunch &out) {
+  if (block_v == 64) return configure_warpgroup_64<kCode>(p, out);
+  return configure_warpgroup<2, 1, kCode>(p, out);
 }
 #endif
 
@@ -340,10 +345,10 @@ inline LaunchStatus configure_pass(const FwdParams &p, ChainPass pass, int block
 #if FLASH_KDA_CC == 90
   if (warpgroup_passes(p)) {
     if (pass == ChainPass::kSegment)
-      return configure_warpgroup_width<PassCode::kStates>(p, pass, block_v, out);
+      return configure_warpgroup_width<PassCode::kStates>(p, block_v, out);
     if (pass == ChainPass::kRerun)
-      return configure_warpgroup_width<PassCode::kRerun>(p, pass, block_v, out);
-    return configure_warpgroup_width<PassCode::kPlain>(p, pass, block_v, out);
+      return configure_warpgroup_width<PassCode::kRerun>(p, block_v, out);
+    return configure_warpgroup_width<PassCode::kPlain>(p, block_v, out);
   }
 #endif
   if (pass == ChainPass::kSegment) return configure_chunk<PassCode::kStates>(p, pass, block_v, out);
@@ -398,11 +403,14 @@ inline LaunchStatus launch_prepare_extra(FwdParams k1, int64_t ctas, RecordOrder
 // The segment states as a 2-D tensor [max_segments x heads x 256 rows][128 columns] for the
 // combine's tensor copies: a box is `rows` rows of one 64-column half (128 bytes), landed with
 // the 128-byte swizzle (combine.cuh swizzled_offset).
+// Its rows are addressed by int32 coordinates (combine.cuh segment_row): a call with 2^31 rows
+// or more (512 GB of segment states) is refused rather than addressed wrongly.
 inline cudaError_t make_segment_map(const FwdParams &p, int rows, CUtensorMap *map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
-  const cuuint64_t dims[2] = {kHeadDim,
-                              static_cast<cuuint64_t>(p.max_segments * p.heads * 2 * kHeadDim)};
+  const int64_t total_rows = p.max_segments * p.heads * 2 * kHeadDim;
+  if (total_rows > INT32_MAX) return cudaErrorInvalidValue;
+  const cuuint64_t dims[2] = {kHeadDim, static_cast<cuuint64_t>(total_rows)};
   const cuuint64_t strides[1] = {2 * kHeadDim};
   const cuuint32_t box[2] = {kHalfCols, static_cast<cuuint32_t>(rows)};
   const cuuint32_t unit[2] = {1, 1};
