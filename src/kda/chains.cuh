@@ -158,6 +158,23 @@ __device__ __forceinline__ ChainTask chain_task(const FwdParams &p) {
   return t;
 }
 
+// The prologue of every recurrence pass (recurrence_kernel and the warpgroup pass): lets the
+// next kernel launch (design §4.1: K1 on the SMs the pass leaves free, or the next kernel of
+// the call) and returns the CTA's task once what it reads is written: without ready flags
+// the pass waits for the kernel before (K1, or the combine for the rerun); with them K1 still
+// runs and the producer reads each record by its flag (§4.7). A segment-pass CTA without a
+// task waits too, so that the pass never ends before K1: where every sequence is one segment
+// no CTA of it has a task, and the rerun's records are ordered after K1 only through this
+// pass and the combine. A rerun CTA without a task has nothing to order.
+template <int kBlockV, PassCode kCode>
+__device__ __forceinline__ ChainTask begin_chain(const FwdParams &p) {
+  allow_dependents();
+  const ChainTask task = chain_task<kBlockV, kCode>(p);
+  if (task.valid ? p.ready == nullptr : pass_of<kCode>(p) == ChainPass::kSegment)
+    wait_prerequisites();
+  return task;
+}
+
 // The state slice of one warp: st[mb][nb][r] = bf16 pair S^T[16 mb + g + 8 r][col, col + 1]
 // (accumulator layout of the state-update MMA), col = warp's column 8 nb + 2 cq; and the
 // same values as B fragments of Pk / Pq: sb[kb][nb][r] = movmatrix transpose of st.

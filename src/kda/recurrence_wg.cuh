@@ -388,10 +388,8 @@ __global__ void __launch_bounds__(warpgroup_threads(kGroups), kResident)
   uint64_t *empty = full + kMaxStages;
   uint8_t *stages = smem + kBarrierBytes;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  allow_dependents();  // K1 on the SMs this pass leaves free (§4.7), or the next kernel (§4.1)
-  const ChainTask task = chain_task<kBlockV, kCode>(p);
-  if (!task.valid) return;  // CTA-uniform: the excess of the segments' upper-bound grid
-  if (p.ready == nullptr) wait_prerequisites();  // else K1 still runs: records by their flags
+  const ChainTask task = begin_chain<kBlockV, kCode>(p);
+  if (!task.valid) return;  // CTA-uniform: the excess of an upper-bound grid
 
   init_ring<kWarps>(p.stages, full, empty);
 
