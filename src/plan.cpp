@@ -121,10 +121,12 @@ double whole_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms,
 
 // A pass of `ctas` CTAs in chains of `links` links, `resident` CTAs per SM: each wave
 // costs its links plus a fixed part (the start state in, the end state out, the ring
-// filling). A last wave of at most one CTA per SM runs its links at `alone_us`.
+// filling). A last wave of at most one CTA per SM runs its links at `alone_us`, a single
+// wave of more at `wave_us`.
 double pass_us(int64_t ctas, int64_t links, int32_t num_sms, int resident, double link_us,
-               double alone_us) {
+               double alone_us, double wave_us) {
   const int64_t slots = int64_t{num_sms} * resident;
+  if (ctas > num_sms && ctas <= slots) return static_cast<double>(links) * wave_us + kWaveUs;
   const int64_t rest = ctas % slots;
   double t = static_cast<double>(ctas / slots) * (static_cast<double>(links) * link_us + kWaveUs);
   if (rest > 0) t += static_cast<double>(links) * (rest <= num_sms ? alone_us : link_us) + kWaveUs;
@@ -141,9 +143,10 @@ double best_pass_us(PassCode code, int64_t columns, int64_t links, int32_t num_s
     const bool states = code == PassCode::kStates;
     const double link_us = states ? s.states_link_us : s.rerun_link_us;
     if (link_us <= 0) continue;
-    const double t = pass_us(ceil_div(columns, s.block_v), links, num_sms,
-                             states ? s.states_resident : s.resident, link_us,
-                             states ? s.states_alone_us : s.rerun_alone_us);
+    const double t =
+        pass_us(ceil_div(columns, s.block_v), links, num_sms,
+                states ? s.states_resident : s.resident, link_us,
+                states ? s.states_alone_us : s.rerun_alone_us, states ? s.states_wave_us : link_us);
     if (best < 0 || t < best) {
       best = t;
       block_v = s.block_v;
