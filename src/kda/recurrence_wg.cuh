@@ -421,11 +421,11 @@ __global__ void __launch_bounds__(warpgroup_threads(kGroups), kResident)
       p.out_strides.token,
       task.col0 < kHeadDim};
   if constexpr (kGroups == 1) {
-    // The chain's length from lane 0 (the same in every lane) after a warpgroup fence (an
-    // .aligned instruction: the warp runs converged) let the compiler keep the ring's position
-    // and the stage and barrier addresses in uniform registers, as it does after the two-group
-    // form's setmaxnreg; without them it kept them per thread and moved them to uniform
-    // registers (R2UR) for each barrier and descriptor, 20-22 a link (NOTES.md step 78).
+    // Taking the chain's length from lane 0 (the same in every lane) after a warpgroup fence
+    // (an .aligned instruction: the warp runs converged) lets the compiler keep the ring's
+    // position and the stage and barrier addresses in uniform registers, as it does after the
+    // two-group form's setmaxnreg; without them it kept them per thread and moved them to
+    // uniform registers (R2UR) for each barrier and descriptor, 20-22 a link (NOTES.md step 78).
     wgmma_fence();
     SeqSpan span = task.span;
     span.num_chunks = __shfl_sync(0xffffffffu, span.num_chunks, 0);
