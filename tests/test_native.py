@@ -301,6 +301,24 @@ def test_auto_plan_segments_only_chain_bound_calls(lib, seqlen, heads, segmented
 
 
 @pytest.mark.parametrize(
+    "seqlen,heads,segment_block_v",
+    [(8192, 6, 64), (8192, 12, 64), (32768, 14, 64), (32768, 6, 128), (131072, 4, 128), (1048576, 1, 128)],
+)
+def test_auto_plan_runs_the_segment_pass_at_64_columns_only_in_one_wave(lib, seqlen, heads, segment_block_v):
+    """At block_v 64 the segment pass runs two CTAs an SM. The plan takes that width where the
+    pass's CTAs fit one such wave on the 132 SMs (faster there than block_v 128 on the H200) and
+    keeps block_v 128 where they would need more (slower there: T = 131072 H = 4, T = 1M;
+    benchmarks/NOTES.md step 79)."""
+    auto = lib.plan(valid_args(mode=1, batch=1, seqlen=seqlen, heads=heads, num_seqs=1))
+    assert auto.segment_block_v == segment_block_v, auto
+    chunks = -(-seqlen // 16)
+    segments = -(-chunks // auto.segment_chunks)
+    # Value columns of segments 0 .. P-2 and transition columns of 1 .. P-2, 64 a CTA.
+    ctas_at_64 = heads * 2 * ((segments - 1) + (segments - 2))
+    assert (ctas_at_64 <= 2 * 132) == (segment_block_v == 64), (ctas_at_64, auto)
+
+
+@pytest.mark.parametrize(
     "mode,batch,seqlen,heads,varlen,expect",
     [
         (0, 1, 8192, 6, False, "runs"),  # exact, few heads: K1 hides behind the 512-link chain
