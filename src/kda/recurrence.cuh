@@ -68,6 +68,18 @@ __host__ __device__ constexpr int recurrence_smem_bytes(int block_v, int stages,
   return kBarrierBytes + stages * stage_bytes(block_v, blocks);
 }
 
+// A pass's shared memory as its kernels see it: the ring's mbarriers (full, then empty),
+// and its stages after kBarrierBytes.
+struct RingSmem {
+  uint64_t *full, *empty;
+  uint8_t *stages;
+};
+
+__device__ __forceinline__ RingSmem ring_smem(uint8_t *smem) {
+  uint64_t *const full = reinterpret_cast<uint64_t *>(smem);
+  return {full, full + kMaxStages, smem + kBarrierBytes};
+}
+
 // A position in the stage ring: the stage and the parity of its current fill. Advanced
 // step by step: the ring depth is a runtime value and a division per link showed up in
 // the chain (ncu, H200).
@@ -602,9 +614,7 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
   constexpr int kBlockV = 8 * kNB * kWarps;
   static_assert(kWarps <= kMaxComputeWarps, "one release mark per compute warp");
   extern __shared__ __align__(128) uint8_t smem[];
-  uint64_t *full = reinterpret_cast<uint64_t *>(smem);
-  uint64_t *empty = full + kMaxStages;
-  uint8_t *stages = smem + kBarrierBytes;
+  const auto [full, empty, stages] = ring_smem(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const ChainTask task = begin_chain<kBlockV, kCode>(p);
   if (!task.valid) return;  // CTA-uniform: the excess of an upper-bound grid

@@ -384,9 +384,7 @@ __global__ void __launch_bounds__(warpgroup_threads(kGroups), kResident)
   static_assert(kCode != PassCode::kGeneral, "no checkpoints on the warpgroup MMA");
   constexpr int kBlockV = 64 * kGroups, kWarps = 4 * kGroups;
   extern __shared__ __align__(128) uint8_t smem[];
-  uint64_t *full = reinterpret_cast<uint64_t *>(smem);
-  uint64_t *empty = full + kMaxStages;
-  uint8_t *stages = smem + kBarrierBytes;
+  const auto [full, empty, stages] = ring_smem(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const ChainTask task = begin_chain<kBlockV, kCode>(p);
   if (!task.valid) return;  // CTA-uniform: the excess of an upper-bound grid
