@@ -143,10 +143,10 @@ double best_pass_us(PassCode code, int64_t columns, int64_t links, int32_t num_s
     const bool states = code == PassCode::kStates;
     const double link_us = states ? s.states_link_us : s.rerun_link_us;
     if (link_us <= 0) continue;
-    const double t =
-        pass_us(ceil_div(columns, s.block_v), links, num_sms,
-                states ? s.states_resident : s.resident, link_us,
-                states ? s.states_alone_us : s.rerun_alone_us, states ? s.states_wave_us : link_us);
+    const double wave_us = states && s.states_wave_us > 0 ? s.states_wave_us : link_us;
+    const double t = pass_us(ceil_div(columns, s.block_v), links, num_sms,
+                             states ? s.states_resident : s.resident, link_us,
+                             states ? s.states_alone_us : s.rerun_alone_us, wave_us);
     if (best < 0 || t < best) {
       best = t;
       block_v = s.block_v;

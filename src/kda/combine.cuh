@@ -268,9 +268,9 @@ __global__ void __launch_bounds__(kCombineThreads)
     *reinterpret_cast<uint4 *>(segment_start_block(p, s0, head) + at) =
         make_uint4(w[0], w[1], w[2], w[3]);
   }
-  // The segment pass's blocks (design §4.1). Every CTA of a non-empty sequence waits, as
-  // before start_0 moved up, so that this kernel ends after the segment pass: the rerun, which
-  // waits for this kernel, reads S^_0 (start_1) from the segment pass's block.
+  // The segment pass's blocks (design §4.1). Every CTA of a non-empty sequence waits, so that
+  // this kernel ends after the segment pass: the rerun, which waits for this kernel, reads
+  // S^_0 (start_1) from the segment pass's block.
   wait_prerequisites();
   if (count < 3) return;  // start_1 = S^_0 is where the rerun reads it
 
