@@ -51,9 +51,17 @@ constexpr double kMargin = 0.9;              // segments only when the forward i
 // 32-token forward the segments' predicted-to-measured ratio ran 0.06-0.20 high at H = 16-24
 // (H200, benchmarks/NOTES.md step 72: T = 131072 H = 16 predicted 0.886, measured 0.949; H = 20
 // 0.911 and 1.052; T = 1M H = 20 0.892 and 1.095; H = 16 0.865 and 0.982). 0.88 takes no
-// measured loss and keeps the wins at T = 262144 - 1M H = 16 and T = 2048 H = 1-4; it gives up
-// 2-5% at T = 65536 - 131072 H = 16 (the previous plan there).
+// measured loss and keeps the wins at T = 262144 - 1M H = 16 and T = 2048 H = 1-4; the 2-5% it
+// gave up at T = 65536 - 131072 H = 16 the margin below takes back.
 constexpr double kSegmentsOver32Margin = 0.88;
+// Where the 32-token forward has K1 leave the pass's SMs (H = 12-18 at 16-token-segment
+// lengths up to 512 chunks) 5% suffices: there its prediction ran 5-6% high and the segments'
+// within 2% (H200, benchmarks/NOTES.md step 84: T = 32768 H = 16 predicted 0.790 against 0.864
+// ms, measured 0.776 against 0.822; T = 8192 H = 14 segments measured 0.191 against 0.220).
+// Longer segments ran up to 9% slower than predicted (T = 131072 H = 18, 1639 chunks: 3.31
+// predicted, 3.48 measured; T = 65536 H = 18, 820 chunks, 1.68-1.81 against the 32-token 1.73).
+constexpr double kSegmentsOver32LeavingMargin = 0.95;
+constexpr int64_t kLeavingMarginMaxChunks = 512;
 constexpr int64_t kMinSegments = 3;         // two segments cost as much as one chain (§6.4)
 constexpr int64_t kMinSegmentChunks = 8;    // shortest segment considered
 constexpr int64_t kFineSegmentCounts = 64;  // every segment count up to this one is a candidate
@@ -490,7 +498,14 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
         z.checkpoint_every % 32 == 0) {
       Plan p32{};
       const double t32 = plan_chunks(z, r, kCosts32, p32);
-      const double bar = plan.segment_chunks > 0 ? t16 / kSegmentsOver32Margin : t16;
+      // Segments must beat the 32-token forward by a margin, the smaller one where that
+      // forward has K1 leave its pass's SMs (above).
+      int64_t lead = 0;
+      const bool leaving = plan.segment_chunks > 0 &&
+                           plan.segment_chunks <= kLeavingMarginMaxChunks &&
+                           k1_leaves(z, p32, r, lead);
+      const double margin = leaving ? kSegmentsOver32LeavingMargin : kSegmentsOver32Margin;
+      const double bar = plan.segment_chunks > 0 ? t16 / margin : t16;
       if (chunk32_built(p32.block_v) && t32 < bar) plan = p32;
     }
   }
