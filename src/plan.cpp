@@ -62,6 +62,14 @@ constexpr double kSegmentsOver32Margin = 0.88;
 // predicted, 3.48 measured; T = 65536 H = 18, 820 chunks, 1.68-1.81 against the 32-token 1.73).
 constexpr double kSegmentsOver32LeavingMargin = 0.95;
 constexpr int64_t kLeavingMarginMaxChunks = 512;
+// The whole-sequence pass at a wider block_v than the narrowest that fits one wave where the
+// model predicts the forward 12.5% faster: at N H = 28-33 block_v 64 (half the CTAs, K1 on the
+// SMs they leave free) against block_v 32 (K1 beside it). Its prediction ran 4-6% low (H200,
+// benchmarks/NOTES.md step 85: T = 8192 H = 32 predicted 0.291 against 0.345 ms, measured
+// 0.307 against 0.343); at T = 2048 H = 28 (predicted 0.886) block_v 64 measured 3.6% slower,
+// at T = 8192 H = 28 (0.873) 2.5% faster, at T = 2048 H = 30 (0.871) 2.4% slower, the one loss
+// this margin keeps.
+constexpr double kWiderMargin = 0.875;
 constexpr int64_t kMinSegments = 3;         // two segments cost as much as one chain (§6.4)
 constexpr int64_t kMinSegmentChunks = 8;    // shortest segment considered
 constexpr int64_t kFineSegmentCounts = 64;  // every segment count up to this one is a candidate
@@ -393,7 +401,18 @@ double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts
     // K1 runs alone before the segment passes; beside the whole-sequence pass or leaving
     // its SMs where that can run and pays (whole_forward).
     const double k1 = prepare_us(pairs * chunks, r.num_sms, cost);
-    const double whole = whole_forward(z, r, chunks, plan.block_v, cost).us;
+    double whole = whole_forward(z, r, chunks, plan.block_v, cost).us;
+    // A wider whole pass where predicted faster (kWiderMargin); not with checkpoints, which
+    // keep recurrence_kernel, whose block_v 64 link is slower than the warpgroup pass's.
+    if (r.block_v == 0 && z.checkpoint_every == 0)
+      for (const RecurrenceShape &s : kRecurrenceShapes) {
+        if (s.block_v <= plan.block_v || (cost.tokens == 32 && !chunk32_built(s.block_v))) continue;
+        const double t = whole_forward(z, r, chunks, s.block_v, cost).us;
+        if (t < kWiderMargin * whole) {
+          whole = t;
+          plan.block_v = s.block_v;
+        }
+      }
     predicted = whole;
     if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && cost.tokens == 16) {  // 32: no segments
       // Candidates: the shortest segments that give P = kMinSegments .. kFineSegmentCounts

@@ -307,6 +307,27 @@ def test_auto_plan_segments_only_chain_bound_calls(lib, seqlen, heads, segmented
 
 
 @pytest.mark.parametrize(
+    "seqlen,heads,block_v",
+    [(8192, 32, 64), (32768, 30, 64), (8192, 28, 64), (1024, 32, 64), (2048, 28, 32), (8192, 36, 64), (8192, 48, 64)],
+)
+@pytest.mark.parametrize("mode", [0, 1])
+def test_plan_takes_a_wider_whole_pass_where_predicted_faster(lib, seqlen, heads, block_v, mode):
+    """pick_block_v gives the narrowest width whose chains fit one wave (block_v 32 up to
+    33 heads on 132 SMs); the plan takes block_v 64 at 28-33 heads where its model predicts
+    the call kWiderMargin faster (K1 on the SMs the pass leaves free): on the H200 T = 8192
+    H = 32 0.343 -> 0.307 ms, T = 2048 H = 28 slower and kept at 32 (benchmarks/NOTES.md
+    step 85). Exact mode alike: every width gives the same bits."""
+    plan = lib.plan(valid_args(mode=mode, batch=1, seqlen=seqlen, heads=heads, num_seqs=1))
+    assert plan.segment_chunks == 0 and plan.block_v == block_v, plan
+    assert lib.pick_block_v(1, heads, 132) == (32 if heads <= 33 else 64)
+    # With checkpoints the pass is recurrence_kernel's (no warpgroup form): the narrowest width.
+    sizes = dict(batch=1, seqlen=seqlen, heads=heads, num_seqs=1)
+    checkpoints = dict(checkpoints=0xA000, checkpoints_dtype=1, checkpoint_slots=1 << 20, checkpoint_every=64)
+    checkpointed = lib.plan(valid_args(mode=0, **sizes, **checkpoints))
+    assert checkpointed.block_v == lib.pick_block_v(1, heads, 132), checkpointed
+
+
+@pytest.mark.parametrize(
     "seqlen,heads,segment_block_v",
     [(8192, 6, 64), (8192, 12, 64), (32768, 14, 64), (32768, 6, 128), (131072, 4, 128), (1048576, 1, 128)],
 )

@@ -224,7 +224,9 @@ FLASH_KDA_API int64_t flash_kda_record_bytes(void) FLASH_KDA_NOEXCEPT;
 FLASH_KDA_API int64_t flash_kda_workspace_size(int64_t total_tokens, int64_t heads,
                                                int64_t num_seqs) FLASH_KDA_NOEXCEPT;
 
-/* block_v the forward picks for N * H (sequence, head) pairs on num_sms multiprocessors. */
+/* The narrowest block_v whose CTAs for N * H (sequence, head) pairs fit one wave on num_sms
+   multiprocessors: where the forward's plan starts; it may take a wider whole-sequence pass
+   where its cost model predicts the call faster (flash_kda_fwd_plan gives a call's own). */
 FLASH_KDA_API int32_t flash_kda_pick_block_v(int64_t num_seqs, int64_t heads,
                                              int32_t num_sms) FLASH_KDA_NOEXCEPT;
 
