@@ -54,12 +54,13 @@ constexpr double kMargin = 0.9;              // segments only when the forward i
 // measured loss and keeps the wins at T = 262144 - 1M H = 16 and T = 2048 H = 1-4; the 2-5% it
 // gave up at T = 65536 - 131072 H = 16 the margin below takes back.
 constexpr double kSegmentsOver32Margin = 0.88;
-// Where the 32-token forward has K1 leave the pass's SMs (H = 12-18 at 16-token-segment
-// lengths up to 512 chunks) 5% suffices: there its prediction ran 5-6% high and the segments'
-// within 2% (H200, benchmarks/NOTES.md step 84: T = 32768 H = 16 predicted 0.790 against 0.864
-// ms, measured 0.776 against 0.822; T = 8192 H = 14 segments measured 0.191 against 0.220).
-// Longer segments ran up to 9% slower than predicted (T = 131072 H = 18, 1639 chunks: 3.31
-// predicted, 3.48 measured; T = 65536 H = 18, 820 chunks, 1.68-1.81 against the 32-token 1.73).
+// Where the 32-token forward has K1 leave the pass's SMs (N H = 9-18 on 132 SMs) and the
+// segments are at most 512 chunks long, 5% suffices: there the 32-token prediction ran 5-6%
+// high and the segments' within 2% (H200, benchmarks/NOTES.md step 84: T = 32768 H = 16 predicted
+// 0.790 against 0.864 ms, measured 0.776 against 0.822; T = 8192 H = 14 segments measured 0.191
+// against 0.220). Longer segments ran up to 9% slower than predicted (T = 131072 H = 18, 1639
+// chunks: 3.31 predicted, 3.48 measured; T = 65536 H = 18, 820 chunks, 1.68-1.81 against the
+// 32-token 1.73).
 constexpr double kSegmentsOver32LeavingMargin = 0.95;
 constexpr int64_t kLeavingMarginMaxChunks = 512;
 // The whole-sequence pass at a wider block_v than the narrowest that fits one wave where the

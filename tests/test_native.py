@@ -317,13 +317,13 @@ def test_plan_takes_a_wider_whole_pass_where_predicted_faster(lib, seqlen, heads
     the call kWiderMargin faster (K1 on the SMs the pass leaves free): on the H200 T = 8192
     H = 32 0.343 -> 0.307 ms, T = 2048 H = 28 slower and kept at 32 (benchmarks/NOTES.md
     step 85). Exact mode alike: every width gives the same bits."""
-    plan = lib.plan(valid_args(mode=mode, batch=1, seqlen=seqlen, heads=heads, num_seqs=1))
+    sizes = dict(batch=1, seqlen=seqlen, heads=heads, num_seqs=1)
+    plan = lib.plan(valid_args(mode=mode, **sizes))
     assert plan.segment_chunks == 0 and plan.block_v == block_v, plan
     assert lib.pick_block_v(1, heads, 132) == (32 if heads <= 33 else 64)
     # With checkpoints the pass is recurrence_kernel's (no warpgroup form): the narrowest width.
-    sizes = dict(batch=1, seqlen=seqlen, heads=heads, num_seqs=1)
     checkpoints = dict(checkpoints=0xA000, checkpoints_dtype=1, checkpoint_slots=1 << 20, checkpoint_every=64)
-    checkpointed = lib.plan(valid_args(mode=0, **sizes, **checkpoints))
+    checkpointed = lib.plan(valid_args(mode=mode, **sizes, **checkpoints))
     assert checkpointed.block_v == lib.pick_block_v(1, heads, 132), checkpointed
 
 
