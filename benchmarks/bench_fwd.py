@@ -223,6 +223,21 @@ def plan_of(p, exact):
     )
 
 
+def describe_plan(plan):
+    """A plan (plan_of's dict) in the table's words: 'L=47 bv=64/64' (segments of L chunks,
+    segment pass / rerun widths) or 'whole bv=64', 'C32 ' for 32-token chunks, and where K1 runs."""
+    plan_s = f"L={plan['segment_chunks']} bv={plan['segment_block_v']}/{plan['block_v']}"
+    if not plan["segment_chunks"]:
+        plan_s = f"whole bv={plan['block_v']}"
+    if plan.get("chunk_tokens") == 32:
+        plan_s = "C32 " + plan_s
+    if plan.get("overlap_min_ctas") and plan.get("overlap_max_ctas") == 0:
+        plan_s += f" K1 leaves the pass's SMs after {plan.get('overlap_lead', 0)} records"
+    elif plan.get("overlap_min_ctas"):
+        plan_s += f" K1 beside if >={plan['overlap_min_ctas']} fit, keeps {plan.get('overlap_max_ctas', 'all')}"
+    return plan_s
+
+
 def _plan_args(p):
     out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
     return (
@@ -391,16 +406,7 @@ def markdown(results, env, command):
         "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if sus else ""),
     ]
     for r in results:
-        plan = r["plan"]
-        plan_s = f"L={plan['segment_chunks']} bv={plan['segment_block_v']}/{plan['block_v']}"
-        if not plan["segment_chunks"]:
-            plan_s = f"whole bv={plan['block_v']}"
-        if plan.get("chunk_tokens") == 32:
-            plan_s = "C32 " + plan_s
-        if plan.get("overlap_min_ctas") and plan.get("overlap_max_ctas") == 0:
-            plan_s += f" K1 leaves the pass's SMs after {plan.get('overlap_lead', 0)} records"
-        elif plan.get("overlap_min_ctas"):
-            plan_s += f" K1 beside if >={plan['overlap_min_ctas']} fit, keeps {plan.get('overlap_max_ctas', 'all')}"
+        plan_s = describe_plan(r["plan"])
         fla = f"{r['fla_ms']:.3f}" if r.get("fla_ms") else "-"
         lines.append(
             f"| {r['shape']} | {r['heads']} | {plan_s} | {r['auto_ms']:.3f} | {r['auto_graph_ms']:.3f} | "
