@@ -211,16 +211,23 @@ def plan_of(p, exact):
     overlap_min_ctas, overlap_max_ctas, overlap_lead) for problem p."""
     from flash_kda import dispatch
 
-    plan = dispatch.plan_of(dispatch.validated(*_plan_args(p), exact=exact))
-    return dict(
-        chunk_tokens=plan.chunk_tokens,
-        block_v=plan.block_v,
-        segment_chunks=plan.segment_chunks,
-        segment_block_v=plan.segment_block_v,
-        overlap_min_ctas=plan.overlap_min_ctas,
-        overlap_max_ctas=plan.overlap_max_ctas,
-        overlap_lead=plan.overlap_lead,
-    )
+    return plan_fields(dispatch.plan_of(dispatch.validated(*_plan_args(p), exact=exact)))
+
+
+PLAN_FIELDS = (
+    "chunk_tokens",
+    "block_v",
+    "segment_chunks",
+    "segment_block_v",
+    "overlap_min_ctas",
+    "overlap_max_ctas",
+    "overlap_lead",
+)
+
+
+def plan_fields(plan):
+    """The fields of a library plan (flash_kda_fwd_plan_info) that h200.json records."""
+    return {name: getattr(plan, name) for name in PLAN_FIELDS}
 
 
 def describe_plan(plan):

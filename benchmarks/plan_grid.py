@@ -12,7 +12,7 @@ of N sequences of T tokens with H heads, N T <= 2^20; the plan's words are bench
 import argparse
 import os
 
-from bench_fwd import describe_plan
+from bench_fwd import describe_plan, plan_fields
 from flash_kda import _native
 
 TOKENS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 1048576)
@@ -28,9 +28,7 @@ def plan_of(lib, num_seqs, seqlen, heads, sms, exact):
         num_seqs=num_seqs, scale=0.088, lower_bound=-5.0, workspace=0x9000, workspace_bytes=1 << 40,
         num_sms=sms, **pointers,
     )  # fmt: skip
-    plan = lib.plan(args)
-    fields = ("chunk_tokens", "block_v", "segment_chunks", "segment_block_v", "overlap_min_ctas", "overlap_max_ctas")
-    return {name: getattr(plan, name) for name in fields + ("overlap_lead",)}
+    return plan_fields(lib.plan(args))
 
 
 def main():
