@@ -206,7 +206,11 @@ inline int64_t pass_ctas(const FwdParams &p, ChainPass pass, int block_v) {
 // Pass `pass` of a kernel on recurrence.cuh's ring (recurrence_kernel, the warpgroup pass)
 // of width block_v and chunks of `blocks` 16-token blocks: the ring as deep as lets
 // `resident` CTAs share an SM (1 KB per CTA is reserved), the grid (units x heads x column
-// slices) and the kernel's shared-memory attribute.
+// slices) and the kernel's shared-memory attribute. The CTA asks for enough shared memory
+// that no more than `resident` share an SM: a ring capped at kMaxStages (~90-110 KB) let
+// two CTAs of a one-an-SM pass share an SM, where the block scheduler put them as the SMs
+// came free while the kernel before drained, and their two chains ran at half speed while
+// other SMs stayed idle (benchmarks/NOTES.md step 88).
 inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int block_v, int blocks,
                                         int resident, const void *kernel, int threads,
                                         PassLaunch &out) {
@@ -222,7 +226,8 @@ inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int 
   if (out.params.stages < 2)
     return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
   out.kernel = kernel;
-  out.smem = recurrence_smem_bytes(block_v, out.params.stages, blocks);
+  const int exclusive = std::min(device.smem_optin, device.smem_sm / (resident + 1) - 1024 + 128);
+  out.smem = std::max(recurrence_smem_bytes(block_v, out.params.stages, blocks), exclusive);
   out.threads = threads;
   out.ctas = pass_ctas(p, pass, block_v);
   const cudaError_t attr =
