@@ -68,12 +68,6 @@ constexpr int64_t kLeavingMarginMaxChunks = 512;
 // T = 2048 H = 8 predicted 56.8 against 59.4 us, measured 48.8 against 64.5; H = 5-8 and N H =
 // 5-8 at T = 2048, T = 2560 H = 9 and T = 3072 H = 11 ran 16-32% faster segmented).
 constexpr int64_t kShortSegmentChunks = 32;
-// A 32-token forward whose K1 runs first (its overlap not planned, or planned with more K1
-// CTAs beside the pass than fit) is not taken where its pass has more CTAs than this share of
-// the SMs: K1-first 32-token passes of 92-128 CTAs ran 12-45 us slower than the model (H200,
-// step 87: T = 1024 H = 28, 112 CTAs, predicted 42.8 us, measured 80.5), those of 40-72 CTAs
-// as predicted (T = 512 H = 15: 16-token chunks 5% slower there).
-constexpr double kCrowdedShare = 0.6;
 // The whole-sequence pass at a wider block_v than the narrowest that fits one wave where the
 // model predicts the forward 12.5% faster: at N H = 28-33 block_v 64 (half the CTAs, K1 on the
 // SMs they leave free) against block_v 32 (K1 beside it). Its prediction ran 4-6% low (H200,
@@ -345,19 +339,6 @@ bool k1_leaves(const ProblemSizes &z, const Plan &plan, const PlanRequest &r, in
   return best.leaves;
 }
 
-// Whether a whole-sequence plan runs K1 first (neither leaving the pass's SMs nor beside it
-// with as many K1 CTAs as fit there, k1_beside_ctas) with a pass of more CTAs than
-// kCrowdedShare of the SMs.
-bool k1_first_crowded(const ProblemSizes &z, const Plan &plan, const PlanRequest &r) {
-  int64_t lead = 0;
-  if (k1_leaves(z, plan, r, lead)) return false;
-  const ChunkCosts &cost = costs_of(plan.chunk_tokens);
-  const int32_t k = overlap_min_ctas(z, plan, r);
-  if (k > 0 && k <= k1_beside_ctas(plan.block_v, cost)) return false;
-  const int64_t ctas = z.num_seqs * z.heads * (kHeadDim / plan.block_v);
-  return ctas > kCrowdedShare * r.num_sms;
-}
-
 // Whether the whole-sequence pass takes a varlen call's sequences longest first (design
 // §4.2): where its CTAs run in more than one wave, a long sequence started last would
 // finish alone (H200, six sequences of 271-3063 tokens, H = 96: 0.923 ms in the given
@@ -542,9 +523,8 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
         z.checkpoint_every % 32 == 0) {
       Plan p32{};
       const double t32 = plan_chunks(z, r, kCosts32, p32);
-      // Segments must beat the 32-token forward by a margin (none for short segments, the
-      // smaller one where that forward has K1 leave its pass's SMs; above), and a crowded
-      // K1-first 32-token forward is not taken.
+      // Segments must beat the 32-token forward by a margin: none for short segments, the
+      // smaller one where that forward has K1 leave its pass's SMs (above).
       int64_t lead = 0;
       const bool leaving = plan.segment_chunks > 0 &&
                            plan.segment_chunks <= kLeavingMarginMaxChunks &&
@@ -553,7 +533,7 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
                             : leaving ? kSegmentsOver32LeavingMargin
                                       : kSegmentsOver32Margin;
       const double bar = plan.segment_chunks > 0 ? t16 / margin : t16;
-      if (chunk32_built(p32.block_v) && t32 < bar && !k1_first_crowded(z, p32, r)) plan = p32;
+      if (chunk32_built(p32.block_v) && t32 < bar) plan = p32;
     }
   }
   // K1 and the pass (design §4.7): K1 leaving the pass's SMs, else K1 beside it where a K1
