@@ -100,6 +100,14 @@ def make_inputs(lens, heads, seed=0, device="cuda"):
     return p
 
 
+def fwd_args(p):
+    """flash_kda.fwd's positional arguments for problem p with a fresh out and final_state
+    (bf16 state in and out, scale 128^-0.5, lower bound -5): (args, out, final)."""
+    out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], 128**-0.5, out, p["A_log"], p["dt_bias"], -5.0)
+    return args + (p["initial_state"], final, p["cu_seqlens"]), out, final
+
+
 def runner(p, exact, **hook):
     """A closure running one forward on problem p (bf16 state in and out). Without hook
     arguments it is the public flash_kda.fwd; with them (block_v, segment_chunks) the
@@ -107,9 +115,7 @@ def runner(p, exact, **hook):
     import flash_kda
     from flash_kda import dispatch
 
-    out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
-    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], 128**-0.5, out, p["A_log"], p["dt_bias"], -5.0)
-    args += (p["initial_state"], final, p["cu_seqlens"])
+    args, _, _ = fwd_args(p)
     if not hook:
         return lambda: flash_kda.fwd(*args, exact=exact)
     call = dispatch.validated(*args, exact=exact)
@@ -211,7 +217,7 @@ def plan_of(p, exact):
     overlap_min_ctas, overlap_max_ctas, overlap_lead) for problem p."""
     from flash_kda import dispatch
 
-    return plan_fields(dispatch.plan_of(dispatch.validated(*_plan_args(p), exact=exact)))
+    return plan_fields(dispatch.plan_of(dispatch.validated(*fwd_args(p)[0], exact=exact)))
 
 
 PLAN_FIELDS = (
@@ -243,25 +249,6 @@ def describe_plan(plan):
     elif plan.get("overlap_min_ctas"):
         plan_s += f" K1 beside if >={plan['overlap_min_ctas']} fit, keeps {plan.get('overlap_max_ctas', 'all')}"
     return plan_s
-
-
-def _plan_args(p):
-    out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
-    return (
-        p["q"],
-        p["k"],
-        p["v"],
-        p["g"],
-        p["beta"],
-        128**-0.5,
-        out,
-        p["A_log"],
-        p["dt_bias"],
-        -5.0,
-        p["initial_state"],
-        final,
-        p["cu_seqlens"],
-    )
 
 
 def environment():

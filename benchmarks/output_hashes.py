@@ -17,7 +17,7 @@ import hashlib
 import json
 
 import torch
-from bench_fwd import make_inputs
+from bench_fwd import fwd_args, make_inputs
 
 LENGTHS = (
     [1], [15], [16], [17], [100], [1000], [4096], [8197], [32768], [3, 3], [2048] * 3, [512] * 8,
@@ -31,12 +31,8 @@ def case_hash(lens, heads, exact):
     """sha256 (16 hex digits) of out and final state of one forward."""
     import flash_kda
 
-    p = make_inputs(lens, heads, seed=sum(lens) + heads)
-    out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
-    flash_kda.fwd(
-        p["q"], p["k"], p["v"], p["g"], p["beta"], 128**-0.5, out, p["A_log"], p["dt_bias"], -5.0,
-        p["initial_state"], final, p["cu_seqlens"], exact=exact,
-    )  # fmt: skip
+    args, out, final = fwd_args(make_inputs(lens, heads, seed=sum(lens) + heads))
+    flash_kda.fwd(*args, exact=exact)
     digest = hashlib.sha256()
     for t in (out, final):
         digest.update(t.contiguous().view(torch.int16).cpu().numpy().tobytes())
