@@ -53,6 +53,8 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // memory (static, dynamic and the 1 KB the system reserves) and threads. On the H200
 // the exact <1, 4> pass (5 warps of 192 registers) left room for 3 K1 CTAs (4 warps of
 // 40), not the 6 that the SM's total registers suggest: with 4 its CTAs waited for K1's.
+constexpr int kReservedSmem = 1024;  // shared memory the system reserves for each CTA
+
 struct Footprint {
   int sub_partition_regs, smem, threads;
 };
@@ -63,7 +65,7 @@ inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, 
   if (err != cudaSuccess) return err;
   const int warps = (threads + 31) / 32;
   f.sub_partition_regs = (warps + 3) / 4 * 32 * ((attr.numRegs + 7) / 8 * 8);
-  f.smem = static_cast<int>(attr.sharedSizeBytes) + dynamic_smem + 1024;
+  f.smem = static_cast<int>(attr.sharedSizeBytes) + dynamic_smem + kReservedSmem;
   f.threads = warps * 32;
   return cudaSuccess;
 }
@@ -220,13 +222,14 @@ inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int 
   out.params = p;
   out.params.pass = pass;
   out.params.block_v = block_v;
-  const int per_cta = std::min(device.smem_optin, device.smem_sm / resident - 1024);
+  const int per_cta = std::min(device.smem_optin, device.smem_sm / resident - kReservedSmem);
   out.params.stages =
       std::min(kMaxStages / blocks, (per_cta - kBarrierBytes) / stage_bytes(block_v, blocks));
   if (out.params.stages < 2)
     return {cudaErrorInvalidConfiguration, "recurrence_kernel ring (too little shared memory)"};
   out.kernel = kernel;
-  const int exclusive = std::min(device.smem_optin, device.smem_sm / (resident + 1) - 1024 + 128);
+  const int exclusive =
+      std::min(device.smem_optin, device.smem_sm / (resident + 1) - kReservedSmem + 128);
   out.smem = std::max(recurrence_smem_bytes(block_v, out.params.stages, blocks), exclusive);
   out.threads = threads;
   out.ctas = pass_ctas(p, pass, block_v);
