@@ -108,17 +108,17 @@ def fwd_args(p):
     return args + (p["initial_state"], final, p["cu_seqlens"]), out, final
 
 
-def runner(p, exact, **hook):
-    """A closure running one forward on problem p (bf16 state in and out). Without hook
-    arguments it is the public flash_kda.fwd; with them (block_v, segment_chunks) the
-    library's plan is overridden through the test hook."""
+def runner(p, exact, max_seqlen=None, **hook):
+    """A closure running one forward on problem p (bf16 state in and out), with flash_kda.fwd's
+    max_seqlen hint if given. Without hook arguments it is the public flash_kda.fwd; with them
+    (block_v, segment_chunks) the library's plan is overridden through the test hook."""
     import flash_kda
     from flash_kda import dispatch
 
     args, _, _ = fwd_args(p)
     if not hook:
-        return lambda: flash_kda.fwd(*args, exact=exact)
-    call = dispatch.validated(*args, exact=exact)
+        return lambda: flash_kda.fwd(*args, exact=exact, max_seqlen=max_seqlen)
+    call = dispatch.validated(*args, exact=exact, max_seqlen=max_seqlen)
     return lambda: dispatch.run_native(call, **hook)
 
 
@@ -212,12 +212,12 @@ def time_fla(p, do_bench):
         os.environ.pop("FLA_FLASH_KDA", None)
 
 
-def plan_of(p, exact):
+def plan_of(p, exact, max_seqlen=None):
     """The library's plan (chunk_tokens, block_v, segment_chunks, segment_block_v,
     overlap_min_ctas, overlap_max_ctas, overlap_lead) for problem p."""
     from flash_kda import dispatch
 
-    return plan_fields(dispatch.plan_of(dispatch.validated(*fwd_args(p)[0], exact=exact)))
+    return plan_fields(dispatch.plan_of(dispatch.validated(*fwd_args(p)[0], exact=exact, max_seqlen=max_seqlen)))
 
 
 PLAN_FIELDS = (

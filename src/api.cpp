@@ -108,7 +108,8 @@ std::string read_args(const flash_kda_fwd_args *in, flash_kda_fwd_args &a) {
 }
 
 ProblemSizes sizes_of(const flash_kda_fwd_args &a) {
-  return {a.batch, a.seqlen, a.heads, a.num_seqs, a.cu_seqlens != nullptr, a.checkpoint_every};
+  const bool varlen = a.cu_seqlens != nullptr;
+  return {a.batch, a.seqlen, a.heads, a.num_seqs, varlen, a.checkpoint_every, a.max_seqlen};
 }
 
 PlanRequest request_of(const flash_kda_fwd_args &a) {

@@ -273,6 +273,26 @@ bool can_overlap(const ProblemSizes &z, int32_t segment_chunks, const PlanReques
          2 * pairs * ceil_div(z.seqlen, cost.tokens) < (int64_t{1} << 31);
 }
 
+// The chains the plan models a call as: `seqs` sequences of `chunks` chunks each. Batched:
+// the call itself. Varlen (the lengths live on the device; reading them would synchronise):
+// the mean length without a hint; with the caller's max_seqlen, sequences of that length,
+// as many as the call's chunks fill, rounded (at least one, at most num_seqs), so that a batch
+// whose longest sequence holds most of its tokens is planned for that sequence's chain (H200, 11
+// sequences [7000, 100 x 10] at H = 6: 0.267 ms as one whole pass planned for the mean,
+// 0.115 in segments of 47 chunks; benchmarks/NOTES.md step 90).
+struct Chains {
+  int64_t seqs, chunks;
+};
+
+Chains chains_of(const ProblemSizes &z, int32_t tokens) {
+  if (!z.varlen) return {z.num_seqs, ceil_div(z.seqlen, tokens)};
+  const int64_t all = ceil_div(z.seqlen, tokens);  // B = 1: seqlen is the packed tokens
+  const int64_t mean = ceil_div(all, z.num_seqs);
+  const int64_t longest = ceil_div(z.max_seqlen, tokens);
+  if (longest <= mean) return {z.num_seqs, mean};
+  return {std::clamp<int64_t>((all + longest / 2) / longest, 1, z.num_seqs), longest};
+}
+
 // K1 and the whole-sequence pass, the fastest of the ways to run them that the request
 // allows (design §4.7): K1 first, K1 beside the pass, or K1 leaving the pass's SMs, which
 // must be predicted kLeaveMargin faster than the better of the other two.
@@ -284,7 +304,7 @@ struct WholeForward {
 
 WholeForward whole_forward(const ProblemSizes &z, const PlanRequest &r, int64_t chunks,
                            int32_t block_v, const ChunkCosts &cost) {
-  const int64_t pairs = z.num_seqs * z.heads;
+  const int64_t pairs = chains_of(z, cost.tokens).seqs * z.heads;
   WholeForward best = {k1_and_pass_us(pairs, chunks, block_v, r.num_sms, 0, cost), false, 0};
   if (!can_overlap(z, 0, r, cost)) return best;
   // As many K1 CTAs beside the pass as the launch keeps there (make_plan).
@@ -391,15 +411,12 @@ bool lay_out(int64_t total, int64_t heads, int64_t num_seqs, Plan &plan) {
 double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts &cost,
                    Plan &plan) {
   const int64_t total = z.batch * z.seqlen;
-  const int64_t pairs = z.num_seqs * z.heads;
   const int64_t tiles = tiles_per_head(total, z.num_seqs, cost.tokens);
+  const Chains chains = chains_of(z, cost.tokens);
+  const int64_t pairs = chains.seqs * z.heads, chunks = chains.chunks;
   plan.chunk_tokens = cost.tokens;
   plan.block_v = r.block_v != 0 ? r.block_v : pick_block_v(pairs, r.num_sms);
 
-  // Chunks of a typical sequence: exact when batched, the mean in varlen mode (the
-  // lengths live on the device; reading them would synchronise).
-  const int64_t chunks = z.varlen ? ceil_div(ceil_div(total, cost.tokens), z.num_seqs)
-                                  : ceil_div(z.seqlen, cost.tokens);
   int64_t L = r.segment_chunks;
   int32_t bv_a = plan.block_v, bv_c = plan.block_v;
   double predicted = 0.0;
@@ -477,6 +494,8 @@ std::string check_sizes(const ProblemSizes &z) {
   if (z.checkpoint_every < 0 || z.checkpoint_every % kChunk != 0)
     return "checkpoint_every must be a positive multiple of 16 (or 0 for none), got " +
            str(z.checkpoint_every);
+  if (z.max_seqlen < 0 || z.max_seqlen > z.seqlen)
+    return "max_seqlen must be in [0, seqlen " + str(z.seqlen) + "], got " + str(z.max_seqlen);
   return "";
 }
 

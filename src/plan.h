@@ -20,6 +20,7 @@ struct ProblemSizes {
   int64_t batch, seqlen, heads, num_seqs;
   bool varlen;
   int32_t checkpoint_every;  // tokens, 0 = none
+  int64_t max_seqlen;        // varlen: the longest sequence's tokens, 0 = unknown
 };
 
 struct Plan {

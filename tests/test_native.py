@@ -522,3 +522,50 @@ def test_plan_info_of_abi_3_callers(lib):
     assert bytes(buf[_native.FwdPlan.chunk_tokens.offset :]) == b"\xab" * (
         len(buf) - _native.FwdPlan.chunk_tokens.offset
     )
+
+
+# ------------------------------------------------------------------ ABI 5: the longest sequence
+
+
+SKEWED = dict(batch=1, seqlen=8000, num_seqs=11, cu_seqlens=0xA000)  # [7000] + [100] * 10 tokens
+
+
+@pytest.mark.parametrize("heads", [4, 6, 8, 12])
+def test_varlen_plan_follows_the_longest_sequence_hint(lib, heads):
+    """Without max_seqlen a varlen plan sees the mean length: [7000] + [100] * 10 tokens look
+    like eleven chains of 46 chunks, so it runs one whole pass, and the 7000-token sequence is a
+    chain of 438 links (H200, H = 6: 0.267 ms). With the hint it plans for that chain and splits
+    it into segments (benchmarks/NOTES.md step 90)."""
+    mean = lib.plan(valid_args(mode=1, heads=heads, **SKEWED))
+    hinted = lib.plan(valid_args(mode=1, heads=heads, max_seqlen=7000, **SKEWED))
+    assert mean.segment_chunks == 0, mean
+    assert hinted.chunk_tokens == 16 and -(-438 // hinted.segment_chunks) >= 3, hinted
+    # varlen grids are sized from the total and the count, whatever the hint
+    assert hinted.max_segments == -(-(500 + 11) // hinted.segment_chunks) + 11, hinted
+
+
+@pytest.mark.parametrize("heads", [2, 6, 24, 96])
+def test_hint_at_the_mean_length_or_in_batched_mode_changes_nothing(lib, heads):
+    """A hint no longer than the mean (equal lengths) gives the mean's plan, and batched calls
+    ignore it."""
+    fields = [f for f, _ in _native.FwdPlan._fields_]
+    varlen = dict(batch=1, seqlen=8192, heads=heads, num_seqs=4, cu_seqlens=0xA000)
+    plan = lib.plan(valid_args(mode=1, **varlen))
+    for hint in (1, 2048):
+        other = lib.plan(valid_args(mode=1, max_seqlen=hint, **varlen))
+        assert [getattr(other, f) for f in fields] == [getattr(plan, f) for f in fields], hint
+    batched = dict(batch=4, seqlen=2048, heads=heads, num_seqs=4)
+    plan = lib.plan(valid_args(mode=1, **batched))
+    other = lib.plan(valid_args(mode=1, max_seqlen=17, **batched))
+    assert [getattr(other, f) for f in fields] == [getattr(plan, f) for f in fields]
+
+
+def test_max_seqlen_is_checked_and_absent_for_abi_4_callers(lib):
+    """max_seqlen must be in [0, seqlen]; a caller built against ABI 4 passes the struct
+    without it, which reads as 0 (unknown)."""
+    for bad in (-1, 8001):
+        with pytest.raises(RuntimeError, match=re.escape(f"max_seqlen must be in [0, seqlen 8000], got {bad}")):
+            lib.plan(valid_args(mode=1, heads=6, max_seqlen=bad, **SKEWED))
+    args = valid_args(mode=1, heads=6, max_seqlen=-1, **SKEWED)
+    assert raw_plan(lib, args, _native.FwdArgs.max_seqlen.offset) == (0, "")
+    assert raw_plan(lib, args, ctypes.sizeof(_native.FwdArgs))[0] == 1

@@ -24,7 +24,7 @@ def op_args(p, **overrides):
         q["q"], q["k"], q["v"], q["g"], q["beta"], float(q["scale"]), q["out"], q["A_log"], q["dt_bias"],
         float(q["lower_bound"]), None if in_place else q["initial_state"], q["final_state"], q["cu_seqlens"],
         q.get("ssm_state_indices"), q.get("has_initial_state"), q.get("checkpoint_every"), q.get("checkpoints"),
-        q.get("exact"), in_place,
+        q.get("exact"), q.get("max_seqlen"), in_place,
     )  # fmt: skip
 
 
@@ -33,6 +33,7 @@ def samples(device="cpu"):
     batched = make_problem(2, 20, 2, initial=bf16, final=bf16, device=device, seed=1)
     varlen = make_problem(1, 0, 2, lens=[17, 0, 23], initial=fp32, final=fp32, device=device, seed=2)
     varlen["cu_seqlens"] = varlen["cu_seqlens"].int()
+    varlen["max_seqlen"] = 23
     pool = pooled_problem(1, 0, 2, [2, -1, 0], 3, lens=[20, 5, 30], has_initial=[True, True, False],
                           in_place=True, device=device, seed=3)  # fmt: skip
     pool["state_in_place"] = True

@@ -161,6 +161,39 @@ def test_many_segments_give_the_same_bits_at_every_width(shape, segment_chunks):
     assert_bitwise(got["final_state"], base["final_state"], "final_state, more CTAs than SMs")
 
 
+def test_longest_sequence_hint_changes_the_plan_not_the_contract():
+    """A varlen batch whose longest sequence holds most of its tokens, cu_seqlens on the GPU
+    (which the plan does not read): without max_seqlen the plan sees the mean length and runs
+    one whole pass; with the hint (C ABI 5) it splits the long sequence into segments. With the
+    hint the automatic path stays deterministic and within the accuracy contract, and the exact
+    path gives the same bits with and without it (benchmarks/NOTES.md step 90)."""
+    lens = [4000] + [100] * 8
+    fp32 = torch.float32
+    p = make_problem(heads=4, initial=fp32, final=fp32, device=DEV, seed=12, batch=1, seqlen=0, lens=lens)
+
+    def call(exact, **hint):
+        q = clone_outputs(p)
+        flash_kda.fwd(*[q[name] for name in FWD_ARGS], exact=exact, **hint)
+        return q
+
+    args = [p[name] for name in FWD_ARGS]
+    validated = [dispatch.validated(*args, exact=False, **kw) for kw in ({}, {"max_seqlen": 4000})]
+    assert [c.max_seqlen for c in validated] == [0, 4000]
+    assert dispatch.plan_of(validated[0]).segment_chunks == 0
+    assert dispatch.plan_of(validated[1]).segment_chunks > 0
+    hinted, again = call(False, max_seqlen=4000), call(False, max_seqlen=4000)
+    exact, exact_hinted = call(True), call(True, max_seqlen=4000)
+    for name in ("out", "final_state"):
+        assert not torch.isnan(hinted[name]).any(), name
+        assert_bitwise(again[name], hinted[name], f"{name}, second call")
+        assert_bitwise(exact_hinted[name], exact[name], f"exact {name} with the hint")
+    gold_out, gold_state = gold_chunked(*[p[n] for n in GOLD_ARGS])
+    e_auto, e_exact = rel_err(hinted["out"], gold_out), rel_err(exact["out"], gold_out)
+    assert e_auto <= OUT_TOLERANCE and e_auto <= RATIO * e_exact + 1e-4, (e_auto, e_exact)
+    s_auto, s_exact = rel_err(hinted["final_state"], gold_state), rel_err(exact["final_state"], gold_state)
+    assert s_auto <= STATE_TOLERANCE and s_auto <= RATIO * s_exact + 1e-4, (s_auto, s_exact)
+
+
 @pytest.mark.parametrize("rows", [8, 16])
 def test_combine_start_states_match_an_fp64_chain(rows):
     """Phase B alone (design section 6.2): the bf16 start states the combine leaves in the

@@ -8,6 +8,7 @@ import flash_kda
 import pytest
 import torch
 from conftest import call, clone_outputs, make_problem, pooled_problem
+from flash_kda import _validate
 
 B, T, H = 1, 4, 2
 bf16, fp32 = torch.bfloat16, torch.float32
@@ -209,9 +210,30 @@ CASES = [
 ]
 
 
+MAX_SEQLEN_CASES = [
+    ("max-seqlen-float", dict(max_seqlen=2.0), TypeError, "max_seqlen must be an int, got float"),
+    ("max-seqlen-bool", dict(max_seqlen=True), TypeError, "max_seqlen must be an int, got bool"),
+    ("max-seqlen-negative", dict(max_seqlen=-1), ValueError, "max_seqlen must be in [0, T = 4], got -1"),
+    ("max-seqlen-beyond-T", dict(max_seqlen=5), ValueError, "max_seqlen must be in [0, T = 4], got 5"),
+]
+CASES += [(name, lambda p, o=overrides: o, exc, message) for name, overrides, exc, message in MAX_SEQLEN_CASES]
+
+
 @pytest.mark.parametrize("overrides, exc, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_rejected(p, overrides, exc, message):
     expect_rejected(p, exc, message, **overrides(p))
+
+
+def test_max_seqlen_reaches_the_plan_as_the_longest_sequence():
+    """The validated call carries the longest sequence for the plan (C ABI max_seqlen): read
+    from cu_seqlens on the CPU, whatever the hint says; the hint for a GPU cu_seqlens is
+    test_segments_gpu's; 0 in batched mode, where every sequence has T tokens."""
+    varlen = make_problem(1, 0, 2, lens=[5, 30, 0, 12], final=fp32)
+    assert call(_validate.check_fwd, varlen).max_seqlen == 30
+    assert call(_validate.check_fwd, varlen, max_seqlen=7).max_seqlen == 30
+    assert call(_validate.check_fwd, varlen, max_seqlen=47).max_seqlen == 30
+    batched = make_problem(2, 20, 2, final=fp32)
+    assert call(_validate.check_fwd, batched, max_seqlen=3).max_seqlen == 0
 
 
 def test_cu_seqlens_needs_batch_one():

@@ -12,7 +12,7 @@ import os
 import threading
 from typing import NamedTuple, Optional
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 LIBRARY_NAME = "libflash_kda.so"
 LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
 
@@ -102,6 +102,7 @@ class FwdArgs(ctypes.Structure):
         ("segment_chunks", _i32),
         ("overlap", _i32),
         ("chunk_tokens", _i32),
+        ("max_seqlen", _i32),
     ]
 
 

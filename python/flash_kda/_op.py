@@ -24,20 +24,20 @@ _LIBRARY.define(
     "fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, Tensor(a!) out, Tensor A_log, "
     "Tensor dt_bias, float lower_bound, Tensor? initial_state, Tensor(b!)? final_state, Tensor? cu_seqlens, "
     "Tensor? ssm_state_indices, Tensor? has_initial_state, int? checkpoint_every, Tensor(c!)? checkpoints, "
-    "bool? exact, bool state_in_place) -> ()"
+    "bool? exact, int? max_seqlen, bool state_in_place) -> ()"
 )
 
 
 def fwd_op(
     q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-    ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, state_in_place,
+    ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, state_in_place,
 ) -> None:  # fmt: skip
     """Validate the call completely, then run it on the path the dispatcher picks."""
     if state_in_place:
         initial_state = final_state
     call = _validate.check_fwd(
         q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-        ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact,
+        ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen,
     )  # fmt: skip
     dispatch.run(call)
 

@@ -56,6 +56,7 @@ class FwdCall(NamedTuple):
     state_dtype: Optional[torch.dtype]  # dtype of the state tensors given, None if none
     seq_bounds: Optional[list[int]]  # cu_seqlens read on the host, when it was on the CPU
     strides: tuple  # (batch, token, head) element strides of q, k, v, g, out, beta for the C ABI
+    max_seqlen: int = 0  # varlen: the longest sequence's tokens for the plan, 0 = unknown
 
     @property
     def device(self) -> torch.device:
@@ -387,7 +388,7 @@ def _check_pointers(plan: _Plan, tensors: tuple, scale: float, lower_bound: floa
 
 def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
               cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None, checkpoints=None,
-              exact=None) -> FwdCall:  # fmt: skip
+              exact=None, max_seqlen=None) -> FwdCall:  # fmt: skip
     """Validate one ``fwd`` call (arguments as :func:`flash_kda.fwd`); return it as a
     :class:`FwdCall`. Reads no device memory (index tensors on the CPU are read). Raises
     ``TypeError``, ``ValueError`` or ``RuntimeError`` (grad) before anything is written.
@@ -400,7 +401,7 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
     key = _signature(tensors, scale, lower_bound, checkpoint_every, exact)
     plan = None if key is None else _plans.get(key)
     if plan is not None and plan is not _SEEN:
-        return _check_pointers(plan, tensors, scale, lower_bound)
+        return _longest(_check_pointers(plan, tensors, scale, lower_bound), max_seqlen)
     if key is not None:
         exact = key[-1]  # the resolved mode: FLASH_KDA_EXACT is read once per call
     call, overlaps = _check_all(tensors, scale, lower_bound, checkpoint_every, exact)
@@ -410,17 +411,32 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
         # A signature gets its plan at its second call: one seen once (a new token count, say)
         # costs a marker, not a plan.
         _plans[key] = _SEEN if plan is None else _plan_of(call, tensors, overlaps)
-    return call
+    return _longest(call, max_seqlen)
 
 
 def check_all(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
               cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None, checkpoints=None,
-              exact=None) -> FwdCall:  # fmt: skip
+              exact=None, max_seqlen=None) -> FwdCall:  # fmt: skip
     """Every check of a ``fwd`` call, uncached (what :func:`check_fwd` runs on the first
     call of a signature)."""
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
                has_initial_state, checkpoints)  # fmt: skip
-    return _check_all(tensors, scale, lower_bound, checkpoint_every, exact)[0]
+    return _longest(_check_all(tensors, scale, lower_bound, checkpoint_every, exact)[0], max_seqlen)
+
+
+def _longest(call: FwdCall, max_seqlen) -> FwdCall:
+    """The call with the longest sequence its plan assumes (C ABI ``max_seqlen``): read on the
+    host where cu_seqlens was on the CPU, else the caller's hint, an int in [0, T] or None
+    (0, None: unknown; the plan then takes the mean length). Batched calls keep 0."""
+    if max_seqlen is not None:
+        max_seqlen = _scalars.as_count(_WHERE, "max_seqlen", max_seqlen)
+        if not 0 <= max_seqlen <= call.seqlen:
+            raise ValueError(f"{_WHERE}: max_seqlen must be in [0, T = {call.seqlen}], got {max_seqlen}")
+    if call.cu_seqlens is None:
+        return call
+    bounds = call.seq_bounds
+    longest = max(bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)) if bounds else max_seqlen or 0
+    return call._replace(max_seqlen=longest) if longest else call
 
 
 def _check_all(tensors: tuple, scale, lower_bound, checkpoint_every, exact) -> tuple:

@@ -202,7 +202,7 @@ def native_args(
         checkpoint_every=call.checkpoint_every if checkpoints is not None else 0,
         checkpoint_slots=checkpoints.shape[0] if checkpoints is not None else 0,
         mode=_native.MODE_EXACT if call.exact else _native.MODE_AUTO, segment_chunks=segment_chunks,
-        overlap=overlap, chunk_tokens=chunk,
+        overlap=overlap, chunk_tokens=chunk, max_seqlen=call.max_seqlen,
     )  # fmt: skip
     (q, k, v, g, out, beta) = call.strides  # (batch, token, head) of each, in the struct's order
     _STRIDES.pack_into(args, _native.FwdArgs.q_strides.offset, *q, *k, *v, *g, *out, *beta)
@@ -230,7 +230,8 @@ def _workspace_bytes(lib, args) -> int:
     """``lib.plan(args).workspace_bytes``, remembered per plan input (a plan call and its
     argument struct cost ~25 us of the ~120 us a call spends on the CPU)."""
     key = (args.batch, args.seqlen, args.heads, args.num_seqs, bool(args.cu_seqlens), args.checkpoint_every,
-           args.mode, args.block_v, args.segment_chunks, args.num_sms, args.overlap, args.chunk_tokens)  # fmt: skip
+           args.mode, args.block_v, args.segment_chunks, args.num_sms, args.overlap, args.chunk_tokens,
+           args.max_seqlen)  # fmt: skip
     size = _plans.get(key)
     if size is None:
         if len(_plans) >= 4096:

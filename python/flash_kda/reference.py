@@ -43,7 +43,7 @@ FWD_ARGS = (
     "cu_seqlens",
 )
 # The keyword-only arguments of fwd, passed by name when a problem dict has them.
-FWD_KEYWORDS = ("ssm_state_indices", "has_initial_state", "checkpoint_every", "checkpoints", "exact")
+FWD_KEYWORDS = ("ssm_state_indices", "has_initial_state", "checkpoint_every", "checkpoints", "exact", "max_seqlen")
 GOLD_ARGS = ("q", "k", "v", "g", "beta", "scale", "A_log", "dt_bias", "lower_bound", "initial_state", "cu_seqlens")
 
 
@@ -327,7 +327,8 @@ def fwd(*args, **kwargs) -> None:
 
     On a GPU whose arch table the library has, the approximate instructions run through
     the library's probes: the bitwise oracle of the native forward in exact mode (``exact``
-    is accepted and ignored: the ledger is always exact). Elsewhere it uses exact math.
+    and ``max_seqlen`` are accepted and ignored: the ledger is always exact and has no plan).
+    Elsewhere it uses exact math.
     """
     call = _validate.check_fwd(*args, **kwargs)
     run(call, Ops(call.device))

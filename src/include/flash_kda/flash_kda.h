@@ -30,7 +30,7 @@
 #define FLASH_KDA_NOEXCEPT
 #endif
 
-#define FLASH_KDA_ABI_VERSION 4
+#define FLASH_KDA_ABI_VERSION 5
 
 #ifdef __cplusplus
 extern "C" {
@@ -163,6 +163,12 @@ typedef struct flash_kda_fwd_args {
                          * (32 needs mode AUTO, no segment_chunks, block_v 32 or 64;
                          * diagnostics and tests). AUTO results with 32-token chunks are not
                          * bitwise equal to EXACT's (docs/design.md 4.8) */
+  /* ---- ABI 5: a caller may pass the ABI 4 size, without this field ---- */
+  int32_t max_seqlen; /* varlen mode: the longest sequence's tokens, a hint for the plan,
+                       * in [0, seqlen] (0 = unknown: the plan takes the mean length; the
+                       * lengths live on the device). The call is correct whatever it is;
+                       * only the plan's choices (speed, and AUTO mode's bits) follow it.
+                       * Ignored in batched mode */
 } flash_kda_fwd_args;
 
 /* What flash_kda_fwd will run for some arguments (flash_kda_fwd_plan). */
