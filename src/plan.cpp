@@ -279,7 +279,10 @@ bool can_overlap(const ProblemSizes &z, int32_t segment_chunks, const PlanReques
 // as many as the call's chunks fill, rounded (at least one, at most num_seqs), so that a batch
 // whose longest sequence holds most of its tokens is planned for that sequence's chain (H200, 11
 // sequences [7000, 100 x 10] at H = 6: 0.267 ms as one whole pass planned for the mean,
-// 0.115 in segments of 47 chunks; benchmarks/NOTES.md step 90).
+// 0.109 in segments of 40 chunks; benchmarks/NOTES.md step 90). Whole sequences, not heads:
+// chains for the short sequences' tokens overstate the segment pass, which skips every
+// sequence's last segment (step 90: rounding by heads was 4-11% slower on four of six skewed
+// batches).
 struct Chains {
   int64_t seqs, chunks;
 };
