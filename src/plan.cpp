@@ -281,8 +281,8 @@ bool can_overlap(const ProblemSizes &z, int32_t segment_chunks, const PlanReques
 // sequences [7000, 100 x 10] at H = 6: 0.267 ms as one whole pass planned for the mean,
 // 0.109 in segments of 40 chunks; benchmarks/NOTES.md step 90). Whole sequences, not heads:
 // chains for the short sequences' tokens overstate the segment pass, which skips every
-// sequence's last segment (step 90: rounding by heads was 4-11% slower on four of six skewed
-// batches).
+// sequence's last segment (step 90: rounding by heads was 7-11% slower on four of thirteen
+// skewed batches, 2-13% faster on three).
 struct Chains {
   int64_t seqs, chunks;
 };
