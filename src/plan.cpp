@@ -275,7 +275,8 @@ bool can_overlap(const ProblemSizes &z, int32_t segment_chunks, const PlanReques
 
 // The chains the plan models a call as: `seqs` sequences of `chunks` chunks each. Batched:
 // the call itself. Varlen (the lengths live on the device; reading them would synchronise):
-// the mean length without a hint; with the caller's max_seqlen, sequences of that length,
+// the mean length without a hint (and in EXACT mode, whose plan only picks widths, not
+// measured with the hint); in AUTO mode with the caller's max_seqlen, sequences of that length,
 // as many as the call's chunks fill, rounded (at least one, at most num_seqs), so that a batch
 // whose longest sequence holds most of its tokens is planned for that sequence's chain (H200, 11
 // sequences [7000, 100 x 10] at H = 6: 0.267 ms as one whole pass planned for the mean,
@@ -287,11 +288,11 @@ struct Chains {
   int64_t seqs, chunks;
 };
 
-Chains chains_of(const ProblemSizes &z, int32_t tokens) {
+Chains chains_of(const ProblemSizes &z, const PlanRequest &r, int32_t tokens) {
   if (!z.varlen) return {z.num_seqs, ceil_div(z.seqlen, tokens)};
   const int64_t all = ceil_div(z.seqlen, tokens);  // B = 1: seqlen is the packed tokens
   const int64_t mean = ceil_div(all, z.num_seqs);
-  const int64_t longest = ceil_div(z.max_seqlen, tokens);
+  const int64_t longest = r.mode == FLASH_KDA_MODE_AUTO ? ceil_div(z.max_seqlen, tokens) : 0;
   if (longest <= mean) return {z.num_seqs, mean};
   return {std::clamp<int64_t>((all + longest / 2) / longest, 1, z.num_seqs), longest};
 }
@@ -307,7 +308,7 @@ struct WholeForward {
 
 WholeForward whole_forward(const ProblemSizes &z, const PlanRequest &r, int64_t chunks,
                            int32_t block_v, const ChunkCosts &cost) {
-  const int64_t pairs = chains_of(z, cost.tokens).seqs * z.heads;
+  const int64_t pairs = chains_of(z, r, cost.tokens).seqs * z.heads;
   WholeForward best = {k1_and_pass_us(pairs, chunks, block_v, r.num_sms, 0, cost), false, 0};
   if (!can_overlap(z, 0, r, cost)) return best;
   // As many K1 CTAs beside the pass as the launch keeps there (make_plan).
@@ -415,7 +416,7 @@ double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts
                    Plan &plan) {
   const int64_t total = z.batch * z.seqlen;
   const int64_t tiles = tiles_per_head(total, z.num_seqs, cost.tokens);
-  const Chains chains = chains_of(z, cost.tokens);
+  const Chains chains = chains_of(z, r, cost.tokens);
   const int64_t pairs = chains.seqs * z.heads, chunks = chains.chunks;
   plan.chunk_tokens = cost.tokens;
   plan.block_v = r.block_v != 0 ? r.block_v : pick_block_v(pairs, r.num_sms);

@@ -542,6 +542,11 @@ def test_varlen_plan_follows_the_longest_sequence_hint(lib, heads):
     assert hinted.chunk_tokens == 16 and -(-438 // hinted.segment_chunks) >= 3, hinted
     # varlen grids are sized from the total and the count, whatever the hint
     assert hinted.max_segments == -(-(500 + 11) // hinted.segment_chunks) + 11, hinted
+    # EXACT mode's plan (widths only) is not measured with the hint and ignores it
+    fields = [f for f, _ in _native.FwdPlan._fields_]
+    exact = lib.plan(valid_args(mode=0, heads=heads, **SKEWED))
+    exact_hinted = lib.plan(valid_args(mode=0, heads=heads, max_seqlen=7000, **SKEWED))
+    assert [getattr(exact_hinted, f) for f in fields] == [getattr(exact, f) for f in fields]
 
 
 @pytest.mark.parametrize("heads", [2, 6, 24, 96])

@@ -160,8 +160,8 @@ def fwd(
         cannot read a GPU ``cu_seqlens`` without synchronising and otherwise plans for the
         mean length: a batch whose longest sequence holds most of its tokens then runs that
         sequence as one chain (H200: ``[7000] + [100] * 10`` tokens at H = 6 0.27 ms without
-        it, 0.11 with it). Any value gives correct results; only the plan's choices follow it
-        (the speed, and the bits of the automatic path). None or 0: unknown. With
+        it, 0.11 with it). Any value gives correct results; only the automatic path's plan
+        follows it (its speed and bits; the exact path ignores it). None or 0: unknown. With
         ``cu_seqlens`` on the CPU the lengths are read there and the hint is not needed.
         Ignored in batched mode.
 

@@ -167,8 +167,8 @@ typedef struct flash_kda_fwd_args {
   int32_t max_seqlen; /* varlen mode: the longest sequence's tokens, a hint for the plan,
                        * in [0, seqlen] (0 = unknown: the plan takes the mean length; the
                        * lengths live on the device). The call is correct whatever it is;
-                       * only the plan's choices (speed, and AUTO mode's bits) follow it.
-                       * Ignored in batched mode */
+                       * only AUTO mode's plan (speed and bits) follows it. Ignored in EXACT
+                       * and in batched mode */
 } flash_kda_fwd_args;
 
 /* What flash_kda_fwd will run for some arguments (flash_kda_fwd_plan). */
