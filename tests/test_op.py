@@ -60,12 +60,14 @@ def test_fwd_calls_the_custom_op(monkeypatch):
     assert _op.OP is torch.ops.flash_kda.fwd and len(seen) == 1 and seen[0].q is not None
 
 
-def compiled_step(q, k, v, g, beta, out, A_log, dt_bias, pool, cu_seqlens, indices, has_initial, checkpoints):
-    """A serving-style prefill step: varlen, an in-place state pool, checkpoints, exact."""
+def compiled_step(q, k, v, g, beta, out, A_log, dt_bias, pool, cu_seqlens, indices, has_initial, checkpoints,
+                  longest=None):  # fmt: skip
+    """A serving-style prefill step: varlen, an in-place state pool, checkpoints, exact, and the
+    longest sequence's length as the engine knows it (max_seqlen)."""
     flash_kda.fwd(
         q, k, v, g, beta, 128**-0.5, out, A_log, dt_bias, -5.0, pool, pool, cu_seqlens,
         ssm_state_indices=indices, has_initial_state=has_initial, checkpoint_every=16, checkpoints=checkpoints,
-        exact=True,
+        exact=True, max_seqlen=longest,
     )  # fmt: skip
 
 
@@ -78,9 +80,9 @@ def test_fullgraph_compile_equals_eager(backend):
     graph = {n: p[n].clone() for n in names}
     extra = (p["ssm_state_indices"], p["has_initial_state"])
     ck_eager, ck_graph = torch.full((3, 2, 128, 128), float("nan")), torch.full((3, 2, 128, 128), float("nan"))
-    compiled_step(*[eager[n] for n in names], *extra, ck_eager)
+    compiled_step(*[eager[n] for n in names], *extra, ck_eager, 33)
     step = torch.compile(compiled_step, fullgraph=True, backend=backend)
-    step(*[graph[n] for n in names], *extra, ck_graph)
+    step(*[graph[n] for n in names], *extra, ck_graph, 33)
     assert_bitwise(graph["out"], eager["out"], "out")
     assert_bitwise(graph["initial_state"], eager["initial_state"], "pool updated in place")
     assert_bitwise(ck_graph, ck_eager, "checkpoints")
