@@ -306,9 +306,9 @@ struct WholeForward {
   int64_t lead;  // its lead, in records
 };
 
-WholeForward whole_forward(const ProblemSizes &z, const PlanRequest &r, int64_t chunks,
+WholeForward whole_forward(const ProblemSizes &z, const PlanRequest &r, const Chains &chains,
                            int32_t block_v, const ChunkCosts &cost) {
-  const int64_t pairs = chains_of(z, r, cost.tokens).seqs * z.heads;
+  const int64_t pairs = chains.seqs * z.heads, chunks = chains.chunks;
   WholeForward best = {k1_and_pass_us(pairs, chunks, block_v, r.num_sms, 0, cost), false, 0};
   if (!can_overlap(z, 0, r, cost)) return best;
   // As many K1 CTAs beside the pass as the launch keeps there (make_plan).
@@ -358,7 +358,7 @@ bool k1_leaves(const ProblemSizes &z, const Plan &plan, const PlanRequest &r, in
     return true;
   }
   if (r.overlap == 1) return false;
-  const WholeForward best = whole_forward(z, r, chunks, plan.block_v, cost);
+  const WholeForward best = whole_forward(z, r, chains_of(z, r, cost.tokens), plan.block_v, cost);
   lead = best.lead;
   return best.leaves;
 }
@@ -428,13 +428,13 @@ double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts
     // K1 runs alone before the segment passes; beside the whole-sequence pass or leaving
     // its SMs where that can run and pays (whole_forward).
     const double k1 = prepare_us(pairs * chunks, r.num_sms, cost);
-    double whole = whole_forward(z, r, chunks, plan.block_v, cost).us;
+    double whole = whole_forward(z, r, chains, plan.block_v, cost).us;
     // A wider whole pass where predicted faster (kWiderMargin); not with checkpoints, which
     // keep recurrence_kernel, whose block_v 64 link is slower than the warpgroup pass's.
     if (r.block_v == 0 && z.checkpoint_every == 0)
       for (const RecurrenceShape &s : kRecurrenceShapes) {
         if (s.block_v <= plan.block_v || (cost.tokens == 32 && !chunk32_built(s.block_v))) continue;
-        const double t = whole_forward(z, r, chunks, s.block_v, cost).us;
+        const double t = whole_forward(z, r, chains, s.block_v, cost).us;
         if (t < kWiderMargin * whole) {
           whole = t;
           plan.block_v = s.block_v;
