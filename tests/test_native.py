@@ -527,6 +527,11 @@ def test_plan_info_of_abi_3_callers(lib):
 # ------------------------------------------------------------------ ABI 5: the longest sequence
 
 
+def plan_values(plan):
+    """Every field of a flash_kda_fwd_plan_info, for comparing two plans."""
+    return [getattr(plan, name) for name, _ in _native.FwdPlan._fields_]
+
+
 SKEWED = dict(batch=1, seqlen=8000, num_seqs=11, cu_seqlens=0xA000)  # [7000] + [100] * 10 tokens
 
 
@@ -543,26 +548,22 @@ def test_varlen_plan_follows_the_longest_sequence_hint(lib, heads):
     # varlen grids are sized from the total and the count, whatever the hint
     assert hinted.max_segments == -(-(500 + 11) // hinted.segment_chunks) + 11, hinted
     # EXACT mode's plan (widths only) is not measured with the hint and ignores it
-    fields = [f for f, _ in _native.FwdPlan._fields_]
     exact = lib.plan(valid_args(mode=0, heads=heads, **SKEWED))
     exact_hinted = lib.plan(valid_args(mode=0, heads=heads, max_seqlen=7000, **SKEWED))
-    assert [getattr(exact_hinted, f) for f in fields] == [getattr(exact, f) for f in fields]
+    assert plan_values(exact_hinted) == plan_values(exact)
 
 
 @pytest.mark.parametrize("heads", [2, 6, 24, 96])
 def test_hint_at_the_mean_length_or_in_batched_mode_changes_nothing(lib, heads):
     """A hint no longer than the mean (equal lengths) gives the mean's plan, and batched calls
     ignore it."""
-    fields = [f for f, _ in _native.FwdPlan._fields_]
     varlen = dict(batch=1, seqlen=8192, heads=heads, num_seqs=4, cu_seqlens=0xA000)
     plan = lib.plan(valid_args(mode=1, **varlen))
     for hint in (1, 2048):
-        other = lib.plan(valid_args(mode=1, max_seqlen=hint, **varlen))
-        assert [getattr(other, f) for f in fields] == [getattr(plan, f) for f in fields], hint
+        assert plan_values(lib.plan(valid_args(mode=1, max_seqlen=hint, **varlen))) == plan_values(plan), hint
     batched = dict(batch=4, seqlen=2048, heads=heads, num_seqs=4)
     plan = lib.plan(valid_args(mode=1, **batched))
-    other = lib.plan(valid_args(mode=1, max_seqlen=17, **batched))
-    assert [getattr(other, f) for f in fields] == [getattr(plan, f) for f in fields]
+    assert plan_values(lib.plan(valid_args(mode=1, max_seqlen=17, **batched))) == plan_values(plan)
 
 
 def test_max_seqlen_is_checked_and_absent_for_abi_4_callers(lib):
