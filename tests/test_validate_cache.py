@@ -6,6 +6,7 @@ tensors, FLASH_KDA_EXACT and the scalars still count; a hit returns the call the
 validation returns. Also the pieces of dispatch.run_native that the cache work changed
 (argument struct, stream, device switch)."""
 
+import ctypes
 import math
 import re
 import threading
@@ -415,6 +416,64 @@ def test_native_args_strides_and_fields_read_back():
     assert args.initial_state_dtype == args.final_state_dtype == _native.DTYPE_FP32
     assert (args.cu_seqlens, args.cu_seqlens_dtype, args.checkpoints, args.checkpoint_slots) == (None, 0, None, 0)
     assert (args.scale, args.lower_bound) == (c.scale, c.lower_bound)
+
+
+def keyword_args(c, num_sms, block_v=0, segment_chunks=0, overlap=0, chunk=0):
+    """flash_kda_fwd_args of validated call c built field by field through the ctypes
+    constructor: what dispatch.native_args' single pack must equal, byte for byte."""
+    ptr = lambda x: None if x is None else x.data_ptr()  # noqa: E731
+    code = lambda x: dispatch._DTYPE_CODES[None if x is None else x.dtype]  # noqa: E731
+    ckpt = c.checkpoints if c.checkpoints is not None and c.checkpoints.numel() else None
+    has_initial = None if c.has_initial_state is None else c.has_initial_state.contiguous()
+    strides = {f"{n}_strides": _native.Strides(*s) for n, s in zip(("q", "k", "v", "g", "out", "beta"), c.strides)}
+    return _native.FwdArgs(
+        struct_size=ctypes.sizeof(_native.FwdArgs), block_v=block_v, batch=c.batch, seqlen=c.seqlen, heads=c.heads,
+        head_dim=128, num_seqs=c.num_seqs, q=ptr(c.q), k=ptr(c.k), v=ptr(c.v), g=ptr(c.g), beta=ptr(c.beta),
+        out=ptr(c.out), A_log=ptr(c.A_log), dt_bias=ptr(c.dt_bias), scale=c.scale, lower_bound=c.lower_bound,
+        initial_state=ptr(c.initial_state), final_state=ptr(c.final_state),
+        initial_state_dtype=code(c.initial_state), final_state_dtype=code(c.final_state),
+        cu_seqlens=ptr(c.cu_seqlens), num_sms=num_sms, cu_seqlens_dtype=code(c.cu_seqlens),
+        state_indices=ptr(c.state_indices), state_indices_dtype=code(c.state_indices),
+        state_pool_size=c.pool_size if c.state_indices is not None else 0, has_initial_state=ptr(has_initial),
+        checkpoints=ptr(ckpt), checkpoints_dtype=code(ckpt), checkpoint_every=c.checkpoint_every if ckpt is not None
+        else 0, checkpoint_slots=ckpt.shape[0] if ckpt is not None else 0,
+        mode=_native.MODE_EXACT if c.exact else _native.MODE_AUTO, segment_chunks=segment_chunks, overlap=overlap,
+        chunk_tokens=chunk, max_seqlen=c.max_seqlen, **strides,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(samples()))
+@pytest.mark.parametrize("exact", [True, False])
+def test_native_args_pack_every_field_as_the_keyword_struct(name, exact):
+    """native_args fills the struct by one struct.pack_into (_native.flat_layout); every byte
+    equals the struct built field by field, for each kind of call (varlen with int32
+    cu_seqlens, whose longest sequence is the call's max_seqlen, pools with indices and
+    has_initial_state, checkpoints, strided views) and each override of the plan."""
+    c = check(samples()[name], exact=exact)
+    for overrides in ((132, 0, 0, 0, 0), (132, 64, 5, 1, 16), (78, 128, 0, -1, 32)):
+        args, _ = dispatch.native_args(c, *overrides)
+        assert bytes(args) == bytes(keyword_args(c, *overrides)), overrides
+
+
+def test_flat_layout_covers_every_byte_of_the_struct():
+    """The packer's fields and padding span FwdArgs exactly, each field at its ctypes offset:
+    a value packed into field f reads back from f and from no other field."""
+    packer, names = _native.flat_layout(_native.FwdArgs)
+    assert packer.size == ctypes.sizeof(_native.FwdArgs) and len(names) == len(set(names))
+    for i, name in enumerate(names):
+        values = [0] * len(names)
+        values[i] = 3
+        args = _native.FwdArgs()
+        packer.pack_into(args, 0, *values)
+        outer, _, inner = name.partition(".")
+        got = getattr(getattr(args, outer), inner) if inner else getattr(args, outer)
+        assert got == 3, name
+        field = getattr(_native.FwdArgs, outer)
+        start, size = field.offset, field.size
+        if inner:
+            start, size = start + getattr(_native.Strides, inner).offset, getattr(_native.Strides, inner).size
+        raw = bytes(args)
+        assert not any(raw[:start]) and not any(raw[start + size :]), name  # no other byte written
 
 
 def test_current_stream_falls_back_to_the_public_api(monkeypatch):

@@ -9,10 +9,10 @@ logs each (path, reason) once on the ``flash_kda`` logger, and runs the path.
 with its index tensors on the device can be captured in a CUDA graph.
 """
 
+import ctypes
 import functools
 import logging
 import os
-import struct
 from collections.abc import Sequence
 from typing import Callable, Optional, Union
 
@@ -113,6 +113,11 @@ def explain(device) -> tuple[str, str]:
     unusable = _no_cuda_reason(device)
     if unusable is not None:
         return TORCH, f"{unusable}; no CUDA path can run here"
+    return _cuda_path(device)
+
+
+def _cuda_path(device: torch.device) -> tuple[str, str]:
+    """:func:`explain` for a CUDA device this process can use."""
     lib = _native.load()
     return choose_path(
         "cuda",
@@ -147,21 +152,28 @@ _DTYPE_CODES = {
     torch.int32: _native.DTYPE_INT32,
     torch.int64: _native.DTYPE_INT64,
 }
-# The six flash_kda_strides of the struct (q, k, v, g, out, beta: the order of FwdCall.strides)
-# are consecutive, so one pack fills them (six Strides objects cost ~4 us).
-_STRIDES = struct.Struct("=18q")
-assert all(
-    getattr(_native.FwdArgs, f"{name}_strides").offset == _native.FwdArgs.q_strides.offset + 24 * i
-    for i, name in enumerate(("q", "k", "v", "g", "out", "beta"))
-)
+# flash_kda_fwd_args filled by one pack (dispatch cost ~2 us a call with the keyword
+# constructor): native_args gives the values in this order, which the import checks.
+_ARGS_PACKER, _ARGS_ORDER = _native.flat_layout(_native.FwdArgs)
+_STRIDED = ("q", "k", "v", "g", "out", "beta")  # FwdCall.strides' order
+_STRIDE_NAMES = tuple(f"{t}_strides.{d}" for t in _STRIDED for d in ("batch", "token", "head"))
+assert _ARGS_ORDER == (
+    "struct_size", "block_v", "batch", "seqlen", "heads", "head_dim", "num_seqs",
+    "q", "k", "v", "g", "beta", "out", "A_log", "dt_bias", "scale", "lower_bound",
+    "initial_state", "final_state", "initial_state_dtype", "final_state_dtype", "cu_seqlens",
+    "workspace", "workspace_bytes", "num_sms", "reserved", *_STRIDE_NAMES,
+    "cu_seqlens_dtype", "state_indices_dtype", "state_indices", "state_pool_size", "has_initial_state",
+    "checkpoints", "checkpoints_dtype", "checkpoint_every", "checkpoint_slots",
+    "mode", "segment_chunks", "overlap", "chunk_tokens", "max_seqlen",
+), _ARGS_ORDER  # fmt: skip
 
 
 def _dtype_code(x: Optional[torch.Tensor]) -> int:
     return _DTYPE_CODES[None if x is None else x.dtype]
 
 
-def _ptr(x: Optional[torch.Tensor]) -> Optional[int]:
-    return None if x is None else x.data_ptr()
+def _address(x: Optional[torch.Tensor]) -> int:
+    return 0 if x is None else x.data_ptr()
 
 
 def _word_aligned(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -188,24 +200,20 @@ def native_args(
     if checkpoints is not None and not checkpoints.numel():
         checkpoints = None
     initial, final = call.initial_state, call.final_state
-    args = _native.FwdArgs(
-        block_v=block_v, batch=call.batch, seqlen=call.seqlen, heads=call.heads, head_dim=_validate.HEAD_DIM,
-        num_seqs=call.num_seqs, q=call.q.data_ptr(), k=call.k.data_ptr(), v=call.v.data_ptr(), g=call.g.data_ptr(),
-        beta=call.beta.data_ptr(), out=call.out.data_ptr(), A_log=call.A_log.data_ptr(),
-        dt_bias=call.dt_bias.data_ptr(), scale=call.scale, lower_bound=call.lower_bound,
-        initial_state=_ptr(initial), final_state=_ptr(final),
-        initial_state_dtype=_dtype_code(initial), final_state_dtype=_dtype_code(final),
-        cu_seqlens=_ptr(cu), cu_seqlens_dtype=_dtype_code(cu), num_sms=num_sms,
-        state_indices=_ptr(indices), state_indices_dtype=_dtype_code(indices),
-        state_pool_size=call.pool_size if indices is not None else 0, has_initial_state=_ptr(has_initial),
-        checkpoints=_ptr(checkpoints), checkpoints_dtype=_dtype_code(checkpoints),
-        checkpoint_every=call.checkpoint_every if checkpoints is not None else 0,
-        checkpoint_slots=checkpoints.shape[0] if checkpoints is not None else 0,
-        mode=_native.MODE_EXACT if call.exact else _native.MODE_AUTO, segment_chunks=segment_chunks,
-        overlap=overlap, chunk_tokens=chunk, max_seqlen=call.max_seqlen,
+    (q, k, v, g, out, beta) = call.strides  # (batch, token, head) of each
+    stored = checkpoints is not None
+    args = _native.FwdArgs()
+    _ARGS_PACKER.pack_into(
+        args, 0, ctypes.sizeof(_native.FwdArgs), block_v, call.batch, call.seqlen, call.heads, _validate.HEAD_DIM,
+        call.num_seqs, call.q.data_ptr(), call.k.data_ptr(), call.v.data_ptr(), call.g.data_ptr(),
+        call.beta.data_ptr(), call.out.data_ptr(), call.A_log.data_ptr(), call.dt_bias.data_ptr(), call.scale,
+        call.lower_bound, _address(initial), _address(final), _dtype_code(initial), _dtype_code(final),
+        _address(cu), 0, 0, num_sms, 0, *q, *k, *v, *g, *out, *beta,
+        _dtype_code(cu), _dtype_code(indices), _address(indices), call.pool_size if indices is not None else 0,
+        _address(has_initial), _address(checkpoints), _dtype_code(checkpoints),
+        call.checkpoint_every if stored else 0, checkpoints.shape[0] if stored else 0,
+        _native.MODE_EXACT if call.exact else _native.MODE_AUTO, segment_chunks, overlap, chunk, call.max_seqlen,
     )  # fmt: skip
-    (q, k, v, g, out, beta) = call.strides  # (batch, token, head) of each, in the struct's order
-    _STRIDES.pack_into(args, _native.FwdArgs.q_strides.offset, *q, *k, *v, *g, *out, *beta)
     return args, (cu, indices, has_initial)
 
 
@@ -302,11 +310,14 @@ def run_native(
 
 
 def run(call: _validate.FwdCall) -> None:
-    """Run a validated call on the path :func:`explain` picks (logged once per reason)."""
-    path, reason = explain(call.device)
+    """Run a validated call on the path :func:`explain` picks (logged once per reason). Its
+    tensors live on its device, so a CUDA call skips explain's availability checks (~4 us of
+    a call's host time on the H200 machine)."""
+    device = call.device
+    path, reason = _cuda_path(device) if device.type == "cuda" else explain(device)
     if path == FLA and call.checkpoint_every:
         path, reason = TORCH, f"{reason}; {_CHECKPOINTS}"
-    _log_once(call.device, path, reason)
+    _log_once(device, path, reason)
     if path == NATIVE:
         run_native(call)
     elif path == FLA:
