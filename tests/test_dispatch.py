@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import types
 
 import flash_kda
 import pytest
@@ -271,6 +272,32 @@ def test_old_driver_takes_the_fallback_with_one_warning(simulated_gpu, caplog):
 def test_driver_of_the_runtime_major_version_runs_native(simulated_gpu, runtime, driver):
     simulated_gpu(runtime, driver)
     assert dispatch.explain("cuda") == ("native", "native kernels for sm_90")
+
+
+@pytest.mark.parametrize(
+    "runtime,driver,switch,checkpoints",
+    [(13000, 13000, None, 0), (13000, 12080, None, 0), (13000, 13000, "0", 0), (13000, 13000, "0", 16)],
+    ids=["native", "old-driver", "switch-off", "switch-off-checkpoints"],
+)
+def test_run_takes_the_path_explain_gives_for_a_cuda_call(simulated_gpu, monkeypatch, runtime, driver, switch,
+                                                          checkpoints):  # fmt: skip
+    """run() leaves out explain's availability checks for a call whose tensors are on a CUDA
+    device (NOTES.md step 94); the path and reason it runs and logs are still explain's (fla
+    turned to torch for checkpoints), for every outcome of the facts."""
+    simulated_gpu(runtime, driver)
+    if switch is not None:
+        monkeypatch.setenv(dispatch.ENV_SWITCH, switch)
+    taken, logged = [], []
+    monkeypatch.setattr(dispatch, "run_native", lambda c: taken.append(dispatch.NATIVE))
+    monkeypatch.setattr(fallback, "fla_fwd", lambda c: taken.append(dispatch.FLA))
+    monkeypatch.setattr(fallback, "torch_fwd", lambda c: taken.append(dispatch.TORCH))
+    monkeypatch.setattr(dispatch, "_log_once", lambda device, path, reason: logged.append((path, reason)))
+    cuda_call = types.SimpleNamespace(device=torch.device("cuda", 0), checkpoint_every=checkpoints)
+    dispatch.run(cuda_call)
+    path, reason = dispatch.explain("cuda:0")
+    if path == dispatch.FLA and checkpoints:
+        path, reason = dispatch.TORCH, f"{reason}; {dispatch._CHECKPOINTS}"
+    assert taken == [path] and logged == [(path, reason)]
 
 
 def test_cpu_path_never_loads_the_library():
