@@ -6,7 +6,9 @@ GPU work spends its time. Diagnostics, not a table:
     python benchmarks/bench_host.py --mock-library    (CPU machine: the Python path of a native call)
     python benchmarks/bench_host.py --distinct 100    (every call of a new shape)
 
-Each row times one layer, outermost first: the public ``flash_kda.fwd``; validation alone
+Each row times one layer, outermost first: the public ``flash_kda.fwd``; the custom op
+``torch.ops.flash_kda.fwd`` called directly (as a ``torch.compile``'d graph calls it, without
+the public function's Python wrapper); validation alone
 (``check_fwd``); the native call of a validated call (``dispatch.run_native``: argument
 struct, workspace, stream, the C library); the C entry alone (``lib.fwd``: checks, plan and
 kernel launches). Method: synchronise the device, then time ``--burst`` consecutive calls
@@ -124,7 +126,12 @@ def main():
     rows = [("check_fwd (validation)", each(lambda a: dispatch.validated(*a, exact=args.exact)))]
     if cuda or args.mock_library:
         call = dispatch.validated(*calls[0], exact=args.exact)
-        rows = [("flash_kda.fwd", each(lambda a: flash_kda.fwd(*a, exact=args.exact)))] + rows
+        op = torch.ops.flash_kda.fwd  # what a torch.compile'd graph calls: no Python wrapper
+        tail = (None, None, None, None, args.exact, None, False)  # indices .. max_seqlen, state_in_place
+        rows = [
+            ("flash_kda.fwd", each(lambda a: flash_kda.fwd(*a, exact=args.exact))),
+            ("torch.ops.flash_kda.fwd (the op)", each(lambda a: op(*a, *tail))),
+        ] + rows
         rows += [("dispatch.run_native (validated call)", lambda: dispatch.run_native(call))]
     if cuda:
         lib = _native.load()
