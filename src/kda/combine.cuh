@@ -20,19 +20,23 @@
 // s_{j+1} = ((P_lo + P_mid) + P_hi) + S^_j, each add rounded to nearest. The order is
 // fixed, so the result is deterministic; hi is bf(s_{j+1}), the stored start.
 //
-// One CTA = kRows (8 or 16) value rows of one (sequence, head), 4 warps. The product runs
-// transposed, s_{j+1}^T = X_j^T s_j^T + S^_j^T, so that the MMA's 16-row side spans
-// output columns and its 8-column side value rows: a (sequence, head) takes 128 / kRows
-// CTAs, 16 of 8 rows where they fit one per SM (half a CTA's work, twice the CTAs), else
-// 8 of 16 (config.h combine_rows). Warp w owns the output columns [32 w, 32 w + 32), two
-// 16-column tiles. A = X_j^T, read from the row-major X_j stage by ldmatrix.trans;
-// B = s_j^T, read by ldmatrix from the terms, which every warp publishes row-major
-// ([term][v][k], double buffered) after splitting its columns. X_j and the CTA's rows of
-// S^_j stream through a ring of stages, `stages - 1` steps ahead, by four tensor copies a
-// stage that one thread issues onto the stage's mbarrier, in 128-byte swizzled halves of 64
-// columns: with cp.async, 17 copies a thread a step, the copies' issue and the registers
-// they held stalled the warps for ~30% of a step (ncu on the H200, benchmarks/NOTES.md
-// step 74; the tensor copies took the step from ~0.89 to ~0.72 us).
+// One CTA = kRows (8 or 16) value rows of one (sequence, head): four compute warps and a
+// producer warp. The product runs transposed, s_{j+1}^T = X_j^T s_j^T + S^_j^T, so that
+// the MMA's 16-row side spans output columns and its 8-column side value rows: a
+// (sequence, head) takes 128 / kRows CTAs, 16 of 8 rows where they fit one per SM (half a
+// CTA's work, twice the CTAs), else 8 of 16 (config.h combine_rows). Compute warp w owns
+// the output columns [32 w, 32 w + 32), two 16-column tiles. A = X_j^T, read from the
+// row-major X_j stage by ldmatrix.trans; B = s_j^T, read by ldmatrix from the terms, which
+// every compute warp publishes row-major ([term][v][k], double buffered) after splitting
+// its columns. X_j and the CTA's rows of S^_j stream through a ring of stages by four
+// tensor copies a stage, in 128-byte swizzled halves of 64 columns, which the producer
+// warp's lane 0 issues onto the stage's mbarrier: with cp.async, 17 copies a thread a step,
+// the copies' issue and the registers they held stalled the warps for ~30% of a step (ncu
+// on the H200, benchmarks/NOTES.md step 74; the tensor copies took the step from ~0.89 to
+// ~0.72 us). A step's compute warps load all they read of its stage before the step's
+// barrier, so that the producer refills the stage as soon as every warp has passed that
+// barrier, `stages` steps ahead, and no compute warp issues copies between two barriers
+// (step 97).
 #pragma once
 #ifndef FLASH_KDA_ARCH
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
@@ -44,8 +48,11 @@
 namespace flash_kda::FLASH_KDA_ARCH {
 
 constexpr int kCombineWarps = 4;  // 32 output columns each
-constexpr int kCombineThreads = 32 * kCombineWarps;
-constexpr int kCombineTerms = 3;      // hi, mid, lo
+constexpr int kCombineComputeThreads = 32 * kCombineWarps;
+constexpr int kCombineThreads = kCombineComputeThreads + 32;  // and the producer warp
+constexpr uint32_t kStepBarrier = 1;                          // every warp, once a step
+constexpr uint32_t kComputeBarrier = 2;                       // the compute warps
+constexpr int kCombineTerms = 3;                              // hi, mid, lo
 constexpr int kCombineMaxStages = 3;  // ring depth where shared memory allows
 static_assert(kCombineMaxStages >= 2, "a stage in flight while one is read");
 constexpr int kStageRow = kHeadDim + 8;  // a term's padded row (272 B): ldmatrix conflict-free
@@ -95,13 +102,13 @@ constexpr int combine_smem_bytes(int rows, int stages) {
 // The thread's 16-byte pieces of a kRows-row block: piece i is row piece_row(i), columns
 // piece_col() .. + 7.
 __device__ __forceinline__ int piece_row(int i) {
-  return static_cast<int>(threadIdx.x) / kRowPieces + kCombineThreads / kRowPieces * i;
+  return static_cast<int>(threadIdx.x) / kRowPieces + kCombineComputeThreads / kRowPieces * i;
 }
 __device__ __forceinline__ int piece_col() {
   return 8 * (threadIdx.x % kRowPieces);
 }
 template <int kRows>
-constexpr int kPieces = kRows * kRowPieces / kCombineThreads;  // per thread
+constexpr int kPieces = kRows * kRowPieces / kCombineComputeThreads;  // per compute thread
 
 // One thread's tensor copies of a stage: X_j (rows 128..255 of the segment block whose
 // first row is `row0` in the [blocks x 256 rows][128] view of the segment states) and S^_j's
@@ -142,17 +149,57 @@ __device__ __forceinline__ void split3(float x0, float x1, uint32_t (&t)[kCombin
   t[2] = pack_bf16x2(sub_rn(m0, bf16_to_f32(lo16(t[1]))), sub_rn(m1, bf16_to_f32(hi16(t[1]))));
 }
 
+// What a step reads of its stage, which does not depend on s_j: the warp's A fragments of
+// X_j^T (k-block kb, column tile `tile`; matrix m: k-half m / 2, column half m % 2 of the
+// 16 x 16 tile) and S^_j's elements in accumulator order (matrix m: rows 8 vt + (2 c,
+// 2 c + 1), column 32 w + 8 m + g). They are loaded before the CTA barrier that publishes
+// s_j, so that their shared-memory latency overlaps the wait for the other warps.
+template <int kRows>
+struct StageFragments {
+  uint32_t a[kKBlocks][2][4];
+  uint32_t shat[kRows / 8][4];
+};
+
+template <int kRows>
+__device__ __forceinline__ void load_stage(const uint8_t *stage, StageFragments<kRows> &f) {
+  using Smem = CombineSmem<kRows>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int m = lane / 8, row = lane % 8;  // the 8x8 matrix and row this lane addresses
+#pragma unroll
+  for (int kb = 0; kb < kKBlocks; ++kb)
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+      ldmatrix_x4_trans(
+          stage + swizzled_offset(16 * kb + 8 * (m / 2) + row, 32 * warp + 16 * tile + 8 * (m % 2),
+                                  Smem::kXHalfBytes),
+          f.a[kb][tile]);
+#pragma unroll
+  for (int vt = 0; vt < kRows / 8; ++vt)
+    ldmatrix_x4_trans(stage + 2 * Smem::kXHalfBytes +
+                          swizzled_offset(8 * vt + row, 32 * warp + 8 * m, Smem::kSHalfBytes),
+                      f.shat[vt]);
+}
+
 // P_term^T = X_j^T (s_j's term)^T for the warp's two column tiles and the CTA's value
 // tiles: acc[term][vt][tile] holds output columns 32 w + 16 tile + (g, g + 8) x value rows
 // 8 vt + (2 c, 2 c + 1) (g = lane / 4, c = lane % 4), each an MMA32 chain over the
-// k-blocks in ascending order from zero.
+// k-blocks in ascending order from zero. The B fragments are all loaded before the first
+// MMA, the A fragments before the step's barrier (load_stage).
 template <int kRows>
 __device__ __forceinline__ void times_transition(const typename CombineSmem<kRows>::Terms &terms,
-                                                 const uint8_t *x,
+                                                 const uint32_t (&a)[kKBlocks][2][4],
                                                  float (&acc)[kCombineTerms][kRows / 8][2][4]) {
   constexpr int kVTiles = kRows / 8;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int m = lane / 8, row = lane % 8;  // the 8x8 matrix and row this lane addresses
+  const int lane = threadIdx.x % 32;
+  const int m = lane / 8, row = lane % 8;
+  uint32_t b[kKBlocks / 2][kCombineTerms][kVTiles][4];  // matrix m: value rows x k 32 kp + 8 m ..
+#pragma unroll
+  for (int kp = 0; kp < kKBlocks / 2; ++kp)
+#pragma unroll
+    for (int term = 0; term < kCombineTerms; ++term)
+#pragma unroll
+      for (int vt = 0; vt < kVTiles; ++vt)
+        ldmatrix_x4(&terms[term][8 * vt + row][32 * kp + 8 * m], b[kp][term][vt]);
 #pragma unroll
   for (int term = 0; term < kCombineTerms; ++term)
 #pragma unroll
@@ -162,52 +209,31 @@ __device__ __forceinline__ void times_transition(const typename CombineSmem<kRow
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[term][vt][tile][i] = 0.f;
 #pragma unroll
-  for (int kp = 0; kp < kKBlocks / 2; ++kp) {  // k-blocks 2 kp, 2 kp + 1
-    uint32_t b[kCombineTerms][kVTiles][4];     // matrix m: value rows x k columns 32 kp + 8 m ..
+  for (int kb = 0; kb < kKBlocks; ++kb)
 #pragma unroll
-    for (int term = 0; term < kCombineTerms; ++term)
+    for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
-      for (int vt = 0; vt < kVTiles; ++vt)
-        ldmatrix_x4(&terms[term][8 * vt + row][32 * kp + 8 * m], b[term][vt]);
+      for (int term = 0; term < kCombineTerms; ++term)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int kb = 2 * kp + half;
-#pragma unroll
-      for (int tile = 0; tile < 2; ++tile) {
-        uint32_t a[4];  // matrix m: k-half m / 2, column half m % 2 of the 16 x 16 tile
-        ldmatrix_x4_trans(
-            x + swizzled_offset(16 * kb + 8 * (m / 2) + row, 32 * warp + 16 * tile + 8 * (m % 2),
-                                CombineSmem<kRows>::kXHalfBytes),
-            a);
-#pragma unroll
-        for (int term = 0; term < kCombineTerms; ++term)
-#pragma unroll
-          for (int vt = 0; vt < kVTiles; ++vt)
-            mma_bf16_f32(acc[term][vt][tile], a, b[term][vt][2 * half], b[term][vt][2 * half + 1]);
-      }
-    }
-  }
+        for (int vt = 0; vt < kVTiles; ++vt)
+          mma_bf16_f32(acc[term][vt][tile], a[kb][tile], b[kb / 2][term][vt][2 * (kb % 2)],
+                       b[kb / 2][term][vt][2 * (kb % 2) + 1]);
 }
 
 // s_{j+1} = ((P_lo + P_mid) + P_hi) + S^_j, split into its three terms, row-major into
-// `next`. S^_j's elements in accumulator order come from the stage by ldmatrix.trans.
+// `next`.
 template <int kRows>
 __device__ __forceinline__ void emit_state(const float (&acc)[kCombineTerms][kRows / 8][2][4],
-                                           const uint8_t *stage,
+                                           const uint32_t (&shat)[kRows / 8][4],
                                            typename CombineSmem<kRows>::Terms &next) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int vt = 0; vt < kRows / 8; ++vt) {
-    uint32_t shat[4];  // matrix m: S^_j rows 8 vt + (2 c, 2 c + 1), column 32 w + 8 m + g
-    ldmatrix_x4_trans(stage + 2 * CombineSmem<kRows>::kXHalfBytes +
-                          swizzled_offset(8 * vt + lane % 8, 32 * warp + 8 * (lane / 8),
-                                          CombineSmem<kRows>::kSHalfBytes),
-                      shat);
 #pragma unroll
     for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // column 32 w + 16 tile + 8 h + g
-        const uint32_t s = shat[2 * tile + h];
+        const uint32_t s = shat[vt][2 * tile + h];
         float d[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -245,14 +271,25 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int v0 = static_cast<int>(blockIdx.x % kCtasPerHead) * kRows;
   const int64_t s0 = first_segment(p, seq);
   const int64_t count = segment_count(p, seq);
+  const bool producer = threadIdx.x >= kCombineComputeThreads;  // warp 4 (warp-uniform)
+  const bool leader = threadIdx.x == kCombineComputeThreads;    // its lane 0
   allow_dependents();     // the rerun launches early and waits for this kernel's end
   if (count < 1) return;  // an empty sequence has no segment (CTA-uniform)
+  // What does not read the segment pass's output is set up before the wait below: the
+  // tensor maps' descriptors fetched, the stages' barriers initialized (made visible by the
+  // CTA barrier after the wait).
+  if (count >= 3 && leader) {
+    prefetch_descriptor(&xmap);
+    prefetch_descriptor(&smap);
+    for (int s = 0; s < stages; ++s) TxBarrier::init(&sm.full[s], 1);
+    cutlass::arch::fence_barrier_init();
+  }
 
   // start_0 = bf(initial state), design §1.4, before the wait: it reads the caller's state,
   // which no kernel of the call writes before the rerun, and nothing reads start_0 before it.
   const StateSource init = initial_source(p, seq, head);
 #pragma unroll
-  for (int i = 0; i < kPieces<kRows>; ++i) {
+  for (int i = 0; i < (producer ? 0 : kPieces<kRows>); ++i) {
     const int64_t at = int64_t{v0 + piece_row(i)} * kHeadDim + piece_col();
     uint32_t w[4] = {0, 0, 0, 0};  // the piece's 8 elements as 4 pairs
 #pragma unroll
@@ -273,17 +310,32 @@ __global__ void __launch_bounds__(kCombineThreads)
   // S^_0 (start_1) from the segment pass's block.
   wait_prerequisites();
   if (count < 3) return;  // start_1 = S^_0 is where the rerun reads it
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) TxBarrier::init(&sm.full[s], 1);
-    cutlass::arch::fence_barrier_init();
-  }
   __syncthreads();
-  // The ring: X_1 .. X_{stages - 1} in flight before the first step.
-  if (threadIdx.x == 0)
-    for (int i = 0; i < stages - 1 && 1 + i <= count - 2; ++i)
-      issue_stage<kRows>(&xmap, &smap, segment_row(p, s0 + 1 + i, head), v0, sm.stage(i),
-                         &sm.full[i]);
+
+  // The producer warp keeps the ring full: X_1 .. X_stages first; then, once every warp has
+  // passed step j's barrier, X_j's stage is free (its reads come before that barrier) and
+  // takes X_{j+stages}.
+  if (producer) {
+    int64_t next = 1;  // the next X_j to copy
+    for (int s = 0; s < stages && next <= count - 2; ++s, ++next)
+      if (leader)
+        issue_stage<kRows>(&xmap, &smap, segment_row(p, s0 + next, head), v0, sm.stage(s),
+                           &sm.full[s]);
+    for (int64_t j = 1; j + 1 < count; ++j) {
+      cta_barrier(kStepBarrier, kCombineThreads);
+      if (leader && next <= count - 2) {
+        // Every warp read X_j's stage before the barrier (each read's value was used or held
+        // in registers); the fence orders those reads before the copies that overwrite it.
+        fence_stage_reads();
+        const int s = static_cast<int>((j - 1) % stages);
+        issue_stage<kRows>(&xmap, &smap, segment_row(p, s0 + next, head), v0, sm.stage(s),
+                           &sm.full[s]);
+      }
+      ++next;
+    }
+    return;
+  }
+
 #pragma unroll
   for (int i = 0; i < kPieces<kRows>; ++i) {  // s_1 = S^_0: terms (S^_0, 0, 0)
     const int64_t at = int64_t{v0 + piece_row(i)} * kHeadDim + piece_col();
@@ -294,31 +346,24 @@ __global__ void __launch_bounds__(kCombineThreads)
     *reinterpret_cast<uint4 *>(&sm.terms[1][2][piece_row(i)][piece_col()]) = zero;
   }
 
-  // The stage holding X_j and its mbarrier phase; the stage X_{j+stages-1} goes to.
-  int stage = 0, refill = stages - 1;
+  // The stage holding X_j and its mbarrier phase.
+  int stage = 0;
   uint32_t phase = 0;
   for (int64_t j = 1; j + 1 < count; ++j) {
     barrier_wait(&sm.full[stage], phase);
-    __syncthreads();  // s_j's terms visible; step j - 1 done with its buffers
-    if (threadIdx.x == 0 && j + stages - 1 <= count - 2) {
-      // The refilled stage was read in step j - 1, by every warp before the barrier (each
-      // read's value was used before it); the fence orders those reads before the copies.
-      fence_stage_reads();
-      issue_stage<kRows>(&xmap, &smap, segment_row(p, s0 + j + stages - 1, head), v0,
-                         sm.stage(refill), &sm.full[refill]);
-    }
-    if (j > 1) store_start<kRows>(sm.terms[j % 2][0], v0, segment_start_block(p, s0 + j, head));
-
+    StageFragments<kRows> frag;
+    load_stage<kRows>(sm.stage(stage), frag);
+    cta_barrier(kStepBarrier, kCombineThreads);  // s_j's terms visible; X_j's stage read
     float acc[kCombineTerms][kRows / 8][2][4];
-    times_transition<kRows>(sm.terms[j % 2], sm.stage(stage), acc);
-    emit_state<kRows>(acc, sm.stage(stage), sm.terms[(j + 1) % 2]);
+    times_transition<kRows>(sm.terms[j % 2], frag.a, acc);
+    if (j > 1) store_start<kRows>(sm.terms[j % 2][0], v0, segment_start_block(p, s0 + j, head));
+    emit_state<kRows>(acc, frag.shat, sm.terms[(j + 1) % 2]);
     if (++stage == stages) {
       stage = 0;
       phase ^= 1;
     }
-    refill = refill + 1 == stages ? 0 : refill + 1;
   }
-  __syncthreads();  // the last start, s_{count - 1}
+  cta_barrier(kComputeBarrier, kCombineComputeThreads);  // the last start, s_{count - 1}
   store_start<kRows>(sm.terms[(count - 1) % 2][0], v0,
                      segment_start_block(p, s0 + count - 1, head));
 }

@@ -242,6 +242,13 @@ __device__ __forceinline__ void tensor_copy_2d_g2s(void *smem, const void *desc,
       desc, bar, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), smem, c0, c1);
 }
 
+// Fetches a tensor map's descriptor (a __grid_constant__ kernel parameter) ahead of its
+// first copy, so that the copy does not wait for it: issued before a kernel waits for the
+// one before it (wait_prerequisites), whose output the copy reads.
+__device__ __forceinline__ void prefetch_descriptor(const void *desc) {
+  cute::prefetch_tma_descriptor(static_cast<const cute::TmaDescriptor *>(desc));
+}
+
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
 // mbarrier wait that also orders the compiler: shared-memory reads of a stage may not move
