@@ -21,22 +21,22 @@
 // fixed, so the result is deterministic; hi is bf(s_{j+1}), the stored start.
 //
 // One CTA = kRows (8 or 16) value rows of one (sequence, head): four compute warps and a
-// producer warp. The product runs transposed, s_{j+1}^T = X_j^T s_j^T + S^_j^T, so that
-// the MMA's 16-row side spans output columns and its 8-column side value rows: a
-// (sequence, head) takes 128 / kRows CTAs, 16 of 8 rows where they fit one per SM (half a
-// CTA's work, twice the CTAs), else 8 of 16 (config.h combine_rows). Compute warp w owns
-// the output columns [32 w, 32 w + 32), two 16-column tiles. A = X_j^T, read from the
-// row-major X_j stage by ldmatrix.trans; B = s_j^T, read by ldmatrix from the terms, which
-// every compute warp publishes row-major ([term][v][k], double buffered) after splitting
-// its columns. X_j and the CTA's rows of S^_j stream through a ring of stages by four
-// tensor copies a stage, in 128-byte swizzled halves of 64 columns, which the producer
-// warp's lane 0 issues onto the stage's mbarrier: with cp.async, 17 copies a thread a step,
-// the copies' issue and the registers they held stalled the warps for ~30% of a step (ncu
-// on the H200, benchmarks/NOTES.md step 74; the tensor copies took the step from ~0.89 to
-// ~0.72 us). A step's compute warps load all they read of its stage before the step's
-// barrier, so that the producer refills the stage as soon as every warp has passed that
-// barrier, `stages` steps ahead, and no compute warp issues copies between two barriers
-// (step 97).
+// producer warp. The product runs transposed, s_{j+1}^T = X_j^T s_j^T + S^_j^T, so that the
+// MMA's 16-row side spans output columns and its 8-column side value rows: a (sequence,
+// head) takes 128 / kRows CTAs, 16 of 8 rows where they fit one per SM (half a CTA's work,
+// twice the CTAs), else 8 of 16 (config.h combine_rows). Compute warp w owns the output
+// columns [32 w, 32 w + 32), two 16-column tiles. A = X_j^T, read from the row-major X_j
+// stage by ldmatrix.trans; B = s_j^T, read by ldmatrix from the terms, which every compute
+// warp publishes row-major ([term][v][k], double buffered) by stmatrix.trans after
+// splitting its columns (16-bit stores took ~20% longer a step, step 99). X_j and the CTA's
+// rows of S^_j stream through a ring of stages by four tensor copies a stage, in 128-byte
+// swizzled halves of 64 columns, which the producer warp's lane 0 issues onto the stage's
+// mbarrier: with cp.async, 17 copies a thread a step, the copies' issue and the registers
+// they held stalled the warps for ~30% of a step (ncu on the H200, benchmarks/NOTES.md step
+// 74; the tensor copies took the step from ~0.89 to ~0.72 us). A step's compute warps load
+// all they read of its stage before the step's barrier, so that the producer refills the
+// stage as soon as every warp has passed that barrier, `stages` steps ahead, and no compute
+// warp issues copies between two barriers (step 97).
 #pragma once
 #ifndef FLASH_KDA_ARCH
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
@@ -221,18 +221,22 @@ __device__ __forceinline__ void times_transition(const typename CombineSmem<kRow
 }
 
 // s_{j+1} = ((P_lo + P_mid) + P_hi) + S^_j, split into its three terms, row-major into
-// `next`.
+// `next`. The lane's pair of each (tile, h) block, value rows 8 vt + (2 c, 2 c + 1) of
+// column 32 w + 16 tile + 8 h + g, is one 8x8 matrix's element pair (row g, columns 2 c,
+// 2 c + 1) as stmatrix takes it; transposed, the block's rows are value rows.
 template <int kRows>
 __device__ __forceinline__ void emit_state(const float (&acc)[kCombineTerms][kRows / 8][2][4],
                                            const uint32_t (&shat)[kRows / 8][4],
                                            typename CombineSmem<kRows>::Terms &next) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int m = lane / 8, row = lane % 8;  // the 8x8 matrix and row this lane addresses
 #pragma unroll
   for (int vt = 0; vt < kRows / 8; ++vt) {
+    uint32_t t[2][2][kCombineTerms];  // [tile][h]: the three terms' pairs
 #pragma unroll
     for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // column 32 w + 16 tile + 8 h + g
+      for (int h = 0; h < 2; ++h) {
         const uint32_t s = shat[vt][2 * tile + h];
         float d[2];
 #pragma unroll
@@ -242,15 +246,12 @@ __device__ __forceinline__ void emit_state(const float (&acc)[kCombineTerms][kRo
               add_rn(add_rn(add_rn(acc[2][vt][tile][i], acc[1][vt][tile][i]), acc[0][vt][tile][i]),
                      bf16_to_f32(r ? hi16(s) : lo16(s)));
         }
-        uint32_t t[kCombineTerms];
-        split3(d[0], d[1], t);
-        const int col = 32 * warp + 16 * tile + 8 * h + g;
-#pragma unroll
-        for (int term = 0; term < kCombineTerms; ++term) {
-          next[term][8 * vt + 2 * c][col] = static_cast<uint16_t>(lo16(t[term]));
-          next[term][8 * vt + 2 * c + 1][col] = static_cast<uint16_t>(hi16(t[term]));
-        }
+        split3(d[0], d[1], t[tile][h]);
       }
+#pragma unroll
+    for (int term = 0; term < kCombineTerms; ++term)  // matrix m = 2 tile + h
+      stmatrix_x4_trans(&next[term][8 * vt + row][32 * warp + 16 * (m / 2) + 8 * (m % 2)],
+                        t[0][0][term], t[0][1][term], t[1][0][term], t[1][1][term]);
   }
 }
 

@@ -208,6 +208,18 @@ __device__ __forceinline__ void ldmatrix_x4_trans(const void *smem_row, uint32_t
                                 d[3]);
 }
 
+// Four 8x8 bf16 matrices to shared memory, transposed (stmatrix .x4 .trans), the inverse of
+// ldmatrix_x4_trans: lane l holds, in s[m], the elements (row l / 4; columns 2 (l % 4),
+// 2 (l % 4) + 1) of matrix m, and lanes 8 m .. 8 m + 7 give the addresses of its 16-byte
+// rows, row r receiving column r of what the lanes hold.
+__device__ __forceinline__ void stmatrix_x4_trans(void *smem_row, uint32_t s0, uint32_t s1,
+                                                  uint32_t s2, uint32_t s3) {
+  const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
+  asm volatile("stmatrix.sync.aligned.x4.trans.m8n8.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(at),
+               "r"(s0), "r"(s1), "r"(s2), "r"(s3)
+               : "memory");
+}
+
 // Transpose of an 8x8 matrix of 16-bit values held one row-pair per lane (MOVM).
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   uint32_t y;
