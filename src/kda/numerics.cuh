@@ -214,10 +214,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(const void *smem_row, uint32_t
 // rows, row r receiving column r of what the lanes hold.
 __device__ __forceinline__ void stmatrix_x4_trans(void *smem_row, uint32_t s0, uint32_t s1,
                                                   uint32_t s2, uint32_t s3) {
-  const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
-  asm volatile("stmatrix.sync.aligned.x4.trans.m8n8.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(at),
-               "r"(s0), "r"(s1), "r"(s2), "r"(s3)
-               : "memory");
+  cute::SM90_U16x8_STSM_T::copy(s0, s1, s2, s3, *static_cast<cute::uint128_t *>(smem_row));
 }
 
 // Transpose of an 8x8 matrix of 16-bit values held one row-pair per lane (MOVM).
