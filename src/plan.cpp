@@ -549,7 +549,7 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
       // Segments must beat the 32-token forward by a margin: none for short segments, the
       // smaller one where that forward has K1 leave its pass's SMs (above).
       int64_t lead = 0;
-      const bool leaving = plan.segment_chunks > 0 &&
+      const bool leaving = plan.segment_chunks > kShortSegmentChunks &&
                            plan.segment_chunks <= kLeavingMarginMaxChunks &&
                            k1_leaves(z, p32, r, lead);
       const double margin = plan.segment_chunks <= kShortSegmentChunks ? 1.0
