@@ -450,9 +450,22 @@ __device__ __forceinline__ void store_tile(uint8_t *rec, int offset, uint4 frag)
   }
 }
 
+// Lane's 16 bytes of the k-block kb tile of a row-major tile X[t][k] in tile order
+// (workspace.h RecordTiles): byte 16 lane of the tile is row n % 8 of core matrix
+// (n / 8, k half), i.e. the 8 elements of row n = 8 (lane / 16) + lane % 8 at columns
+// 16 kb + 8 (lane / 8 % 2) .. + 7, one contiguous vector of the padded row (conflict-free:
+// the 8 rows of a quarter warp start 272 bytes apart, 4 banks apart).
+__device__ __forceinline__ uint4 tile_row_vec(const uint16_t (*tile)[kRow], uint32_t kb) {
+  const uint32_t lane = threadIdx.x % 32;
+  return *reinterpret_cast<const uint4 *>(
+      &tile[8 * (lane / 16) + lane % 8][16 * kb + 8 * (lane / 8 % 2)]);
+}
+
 // The record, written straight to global memory: each warp writes one plane tile (512
 // contiguous bytes) per step, in the order K2 reads (workspace.h: Record16 for the mma.sync
-// passes, RecordTiles for the warpgroup pass).
+// passes, RecordTiles for the warpgroup pass). In tile order a Kd or Qd tile is the
+// row-major tile re-blocked in 16-byte rows, so a lane copies one vector (tile_row_vec)
+// instead of gathering its A fragment and storing four words.
 template <RecordOrder kOrder>
 __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                              const PrepareSmem &sm) {
@@ -468,8 +481,13 @@ __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, cons
     const int kd =
         kTiles ? RecordTiles::kKdQd + kb * RecordTiles::kKdQdStride : kOffKd + kb * kTileBytes;
     const int qd = kTiles ? kd + RecordTiles::kQdInBlock : kOffQd + kb * kTileBytes;
-    store_tile<kOrder>(rec, kd, a_frag(sm.x[kKd], kb));
-    store_tile<kOrder>(rec, qd, a_frag(sm.x[kQd], kb));
+    if constexpr (kTiles) {
+      reinterpret_cast<uint4 *>(rec + kd)[lane] = tile_row_vec(sm.x[kKd], kb);
+      reinterpret_cast<uint4 *>(rec + qd)[lane] = tile_row_vec(sm.x[kQd], kb);
+    } else {
+      store_tile<kOrder>(rec, kd, a_frag(sm.x[kKd], kb));
+      store_tile<kOrder>(rec, qd, a_frag(sm.x[kQd], kb));
+    }
     store_tile<kOrder>(rec, kOffKrT + kb * kTileBytes, kr_t_frag(sm, kb));
   }
   uint4 *const vec = reinterpret_cast<uint4 *>(rec);
