@@ -226,6 +226,19 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 
 // ---------------------------------------------------------------- memory
 
+// A thread's asynchronous copy of 16 bytes from global to shared memory (cp.async, L1
+// bypassed), or 16 zero bytes where `valid` is false (nothing is read; `gmem` must still be
+// an address of the tensor). Complete after wait_copies().
+__device__ __forceinline__ void copy16_or_zero(void *smem, const void *gmem, bool valid) {
+  cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
+      *static_cast<const cute::uint128_t *>(gmem), *static_cast<cute::uint128_t *>(smem), valid);
+}
+
+// Waits for the thread's own copy16_or_zero copies (a barrier then publishes them).
+__device__ __forceinline__ void wait_copies() {
+  cute::cp_async_wait<0>();
+}
+
 // One elected thread's bulk copy of `bytes` (a multiple of 16, both addresses 16-byte
 // aligned) into shared memory, completing on `bar`'s transaction count.
 __device__ __forceinline__ void bulk_copy_g2s(void *smem, const void *gmem, uint32_t bytes,

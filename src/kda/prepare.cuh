@@ -48,9 +48,10 @@ struct PrepareSmem {
 enum Tile { kQ = 0, kK = 1, kG = 2, kQd = 0, kKd = 1, kKi = 2 };
 
 // Step 0: q, k, g rows t < n (zeros beyond), beta -> b_t = sig(f(beta_t)). Thread t
-// loads 16-byte vector t % 16 of rows t / 16 + kStep r (kStep = threads / 16) of each tile
-// (one row base per tensor, then one multiply-add per row: K1 is issue-bound, ncu H200).
-// kRows = 16 or 32 (a 32-token chunk, K1 of 256 threads).
+// copies 16-byte vector t % 16 of rows t / 16 + kStep r (kStep = threads / 16) of each tile
+// (one row base per tensor, then one multiply-add per row: K1 is issue-bound, ncu H200)
+// straight into shared memory (cp.async: no registers held, no store), and computes beta
+// while the copies fly. kRows = 16 or 32 (a 32-token chunk, K1 of 256 threads).
 template <int kRows, int kThreads>
 __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                           uint16_t (*const x[3])[kRow], uint16_t *beta_bf,
@@ -69,8 +70,12 @@ __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const C
 #pragma unroll
     for (int r = 0; r < kRows / kStep; ++r) {
       const int row = row0 + kStep * r;
-      const uint4 val = row < ch.n ? __ldg(base + r * step * (kStep / 8)) : make_uint4(0, 0, 0, 0);
-      reinterpret_cast<uint4 *>(x[which][row])[vec] = val;
+      const bool valid = row < ch.n;
+      // the tensor's first vector stands in for the address of a zero-filled row
+      copy16_or_zero(
+          &x[which][row][8 * vec],
+          valid ? base + r * step * (kStep / 8) : reinterpret_cast<const uint4 *>(src[which]),
+          valid);
     }
   }
   if (threadIdx.x < kRows) {
@@ -81,6 +86,7 @@ __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const C
     beta_bf[t] = static_cast<uint16_t>(f32_to_bf16(b));
     beta_h[t] = f16_to_f32(f32_to_f16(b));
   }
+  wait_copies();
 }
 
 __device__ __forceinline__ void load_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
