@@ -457,14 +457,12 @@ __device__ __forceinline__ void store_tile(uint8_t *rec, int offset, uint4 frag)
 }
 
 // Lane's 16 bytes of the k-block kb tile of a row-major tile X[t][k] in tile order
-// (workspace.h RecordTiles): byte 16 lane of the tile is row n % 8 of core matrix
-// (n / 8, k half), i.e. the 8 elements of row n = 8 (lane / 16) + lane % 8 at columns
-// 16 kb + 8 (lane / 8 % 2) .. + 7, one contiguous vector of the padded row (conflict-free:
-// the 8 rows of a quarter warp start 272 bytes apart, 4 banks apart).
+// (workspace.h tile_vec_row / tile_vec_col): 8 elements of one row, one contiguous vector
+// of the padded row (conflict-free: the 8 rows of a quarter warp start 272 bytes apart,
+// 4 banks apart).
 __device__ __forceinline__ uint4 tile_row_vec(const uint16_t (*tile)[kRow], uint32_t kb) {
   const uint32_t lane = threadIdx.x % 32;
-  return *reinterpret_cast<const uint4 *>(
-      &tile[8 * (lane / 16) + lane % 8][16 * kb + 8 * (lane / 8 % 2)]);
+  return *reinterpret_cast<const uint4 *>(&tile[tile_vec_row(lane)][16 * kb + tile_vec_col(lane)]);
 }
 
 // The record, written straight to global memory: each warp writes one plane tile (512

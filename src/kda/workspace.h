@@ -143,6 +143,15 @@ constexpr int tile_word_offset(int r, int lane) {
   return (r % 2) * RecordTiles::kCoreRowBytes + (r / 2) * RecordTiles::kCoreKBytes + 4 * lane;
 }
 
+// Row and first column of the 16-byte vector v (v = 0..31, at byte 16 v) of a tile-order
+// tile: row n % 8 of core matrix (n / 8, column half), i.e. 8 elements of one tile row.
+constexpr uint32_t tile_vec_row(uint32_t v) {
+  return 8 * (v / 16) + v % 8;
+}
+constexpr uint32_t tile_vec_col(uint32_t v) {
+  return 8 * (v / 8 % 2);
+}
+
 // Float offset of e[k] in a tile-order decay plane. A lane of quad position cq = lane % 4
 // reads the 32 floats e[8 j + 2 cq], e[8 j + 2 cq + 1], j = 0..15 (the key columns of its
 // state-update accumulators), in that order p = 2 j + h, as eight float4: float4 m of quad
@@ -160,9 +169,9 @@ constexpr int tile_decay_key(int f) {
   return 8 * (p / 2) + 2 * cq + p % 2;
 }
 
-// The tile order checked at compile time: every fragment word lands where the core-matrix
-// layout puts its (row, column) pair, and each decay order is a permutation of the 128 keys
-// whose inverse is the one K1 stores by (prepare.cuh decay_vec).
+// The tile order checked at compile time: every fragment word and every 16-byte vector lands
+// where the core-matrix layout puts its (row, column) pair, and each decay order is a permutation
+// of the 128 keys whose inverse is the one K1 stores by (prepare.cuh decay_vec).
 constexpr bool tile_order_consistent() {
   for (int r = 0; r < 4; ++r)
     for (int lane = 0; lane < 32; ++lane) {
@@ -171,6 +180,13 @@ constexpr bool tile_order_consistent() {
           (row / 8) * RecordTiles::kCoreRowBytes + (col / 8) * RecordTiles::kCoreKBytes;
       if (tile_word_offset(r, lane) != core + 16 * (row % 8) + 2 * (col % 8)) return false;
     }
+  for (uint32_t v = 0; v < 32; ++v) {
+    const uint32_t row = tile_vec_row(v), col = tile_vec_col(v);
+    if (row >= 16 || (row / 8) * RecordTiles::kCoreRowBytes + (col / 8) * RecordTiles::kCoreKBytes +
+                             16 * (row % 8) !=
+                         16 * v)
+      return false;
+  }
   for (int f = 0; f < kHeadDim; ++f) {
     const int k = decay_key(f), t = tile_decay_key(f);
     if (k < 0 || k >= kHeadDim || decay_index(k) != f) return false;
