@@ -107,6 +107,8 @@ def main():
     from flash_kda import _native, dispatch
 
     lens, heads = SHAPES[args.shape]
+    if args.distinct < 1:
+        parser.error(f"--distinct must be at least 1, got {args.distinct}")
     if args.distinct > 1 and (len(set(lens)) != 1 or args.distinct >= lens[0]):
         parser.error("--distinct needs a batched shape (equal lengths) longer than its value")
     p = make_inputs(lens, heads, device="cuda" if cuda else "cpu")
