@@ -3,12 +3,13 @@
 naming the argument with the expected and the given value, and nothing written."""
 
 import re
+from itertools import product
 
 import flash_kda
 import pytest
 import torch
 from conftest import call, clone_outputs, make_problem, pooled_problem
-from flash_kda import _validate
+from flash_kda import _layout, _validate
 
 B, T, H = 1, 4, 2
 bf16, fp32 = torch.bfloat16, torch.float32
@@ -418,3 +419,33 @@ INDEX_CASES = [
 @pytest.mark.parametrize("overrides,exc,message", [c[1:] for c in INDEX_CASES], ids=[c[0] for c in INDEX_CASES])
 def test_index_and_state_arguments_are_checked(p, overrides, exc, message):
     expect_rejected(p, exc, message, **overrides)
+
+
+@pytest.mark.parametrize(
+    "shape, strides",
+    [
+        ((2, 3, 4), (12, 4, 1)),  # contiguous
+        ((2, 1, 4), (4, 12345, 1)),  # contiguous, an odd stride on a dimension of extent one
+        ((3, 4), (1, 3)),  # transposed
+        ((2, 3, 2, 8), (96, 16, 8, 1)),  # a sliced view (gaps between rows)
+        ((4, 2), (0, 1)),  # broadcast
+        ((0, 3), (3, 1)),  # empty
+    ],
+)
+def test_extent_is_the_span_of_the_elements_addresses(shape, strides):
+    x = torch.empty(4096, dtype=torch.bfloat16).as_strided(shape, strides)
+    offsets = [sum(i * s for i, s in zip(index, strides)) for index in product(*(range(n) for n in shape))]
+    expected = (min(offsets) * 2, (max(offsets) + 1) * 2) if offsets else None
+    assert _layout.extent(x) == expected
+
+
+def test_widen_copies_only_what_is_not_already_fp32_contiguous_and_aligned():
+    x = torch.randn(8, 128)
+    assert _validate._widen(x) is x
+    half = x.to(torch.bfloat16)
+    widened = _validate._widen(half)
+    assert widened.dtype == torch.float32 and widened.is_contiguous() and torch.equal(widened, half.float())
+    strided = torch.randn(128, 8).t()
+    assert _validate._widen(strided).is_contiguous() and torch.equal(_validate._widen(strided), strided)
+    unaligned = torch.randn(8 * 128 + 1)[1:]  # data_ptr 4 bytes past an aligned one
+    assert unaligned.data_ptr() % 16 and _validate._widen(unaligned).data_ptr() % 16 == 0

@@ -39,10 +39,8 @@ def activation_strides(name: str, x: torch.Tensor) -> tuple[int, int, int]:
     Dimensions of extent one get stride 0 (the library ignores them; all zero = contiguous).
     """
     shape, strides = x.shape, x.stride()
-    ok = strides[3] == 1
-    for n, s in zip(shape[:3], strides[:3]):
-        if n != 1 and not (0 < s < MAX_STRIDE and s % VECTOR == 0):
-            ok = False
+    (n0, n1, n2, _), (s0, s1, s2, s3) = shape, strides  # unpacked: this runs on every uncached call
+    ok = s3 == 1 and all(n == 1 or (0 < s < MAX_STRIDE and s % VECTOR == 0) for n, s in ((n0, s0), (n1, s1), (n2, s2)))
     if not ok:
         raise ValueError(
             f"{_WHERE}: {name} must have strides (batch, token, head, 1) with each stride of a dimension longer "
@@ -50,7 +48,7 @@ def activation_strides(name: str, x: torch.Tensor) -> tuple[int, int, int]:
             f"for shape {_shape(x)}"
         )
     aligned(name, x, 16)
-    return (0 if shape[0] == 1 else strides[0], 0 if shape[1] == 1 else strides[1], 0 if shape[2] == 1 else strides[2])
+    return (0 if n0 == 1 else s0, 0 if n1 == 1 else s1, 0 if n2 == 1 else s2)
 
 
 def beta_strides(x: torch.Tensor) -> tuple[int, int, int]:
@@ -66,7 +64,9 @@ def beta_strides(x: torch.Tensor) -> tuple[int, int, int]:
 
 def no_self_overlap(name: str, x: torch.Tensor) -> None:
     """Distinct elements of ``x`` at distinct addresses (sufficient test: sorted by stride,
-    each stride exceeds the span of the smaller ones)."""
+    each stride exceeds the span of the smaller ones; a contiguous view passes at once)."""
+    if x.is_contiguous():
+        return
     span = 0
     for stride, size in sorted((abs(s), n) for n, s in zip(x.shape, x.stride()) if n > 1):
         if stride <= span:
@@ -81,6 +81,8 @@ def extent(x: torch.Tensor) -> Optional[tuple[int, int]]:
     (a function of its shape, strides and dtype only); None when empty."""
     if x.numel() == 0:
         return None
+    if x.is_contiguous():  # its elements are its first nbytes bytes
+        return 0, x.nbytes
     low = high = 0
     for n, s in zip(x.shape, x.stride()):
         if s < 0:
