@@ -4,6 +4,8 @@ what a change to the plan (src/plan.cpp, src/kda/config.h) moves, before any dev
 
     python benchmarks/plan_grid.py [--sms 132] [--exact]
     python benchmarks/plan_grid.py --against /path/to/old/libflash_kda.so   (only the plans that differ)
+    python benchmarks/plan_grid.py --against old.so --moved moved.txt   (and those shapes for ab_graph.py:
+        python benchmarks/ab_graph.py --libs old.so new.so $(cat moved.txt))
 
 The library is the one flash_kda loads ($FLASH_KDA_LIBRARY or the package's). Batched calls
 of N sequences of T tokens with H heads, N T <= 2^20; the plan's words are bench_fwd.py's.
@@ -36,13 +38,16 @@ def main():
     parser.add_argument("--sms", type=int, default=132, help="multiprocessors of the GPU planned for (H200: 132)")
     parser.add_argument("--exact", action="store_true", help="exact mode (default: automatic)")
     parser.add_argument("--against", help="another libflash_kda.so: print only the plans that differ")
+    parser.add_argument("--moved", help="with --against: write the shapes whose plans differ to this file (NxTxH)")
     args = parser.parse_args()
+    if args.moved and not args.against:
+        parser.error("--moved needs --against")
     lib = _native.load()
     if lib is None:
         parser.error(_native.load_error())
     other = _native.NativeLibrary(os.path.abspath(args.against)) if args.against else None
     shapes = [(n, t, h) for t in TOKENS for h in HEADS for n in SEQUENCES if n * t <= 1 << 20]
-    moved = 0
+    moved = []
     for n, t, h in shapes:
         new = describe_plan(plan_of(lib, n, t, h, args.sms, args.exact))
         if other is None:
@@ -50,10 +55,13 @@ def main():
             continue
         old = describe_plan(plan_of(other, n, t, h, args.sms, args.exact))
         if old != new:
-            moved += 1
+            moved.append(f"{n}x{t}x{h}")
             print(f"N{n} T{t} H{h}: {old} -> {new}")
     if other is not None:
-        print(f"{moved} of {len(shapes)} plans differ ({lib.path} against {other.path})")
+        print(f"{len(moved)} of {len(shapes)} plans differ ({lib.path} against {other.path})")
+    if args.moved:
+        with open(args.moved, "w") as f:
+            f.write(" ".join(moved) + "\n")
 
 
 if __name__ == "__main__":
