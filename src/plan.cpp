@@ -349,16 +349,17 @@ int32_t overlap_min_ctas(const ProblemSizes &z, const Plan &plan, const PlanRequ
 // whole_forward picks it.
 bool k1_leaves(const ProblemSizes &z, const Plan &plan, const PlanRequest &r, int64_t &lead) {
   const ChunkCosts &cost = costs_of(plan.chunk_tokens);
-  const int64_t pairs = z.num_seqs * z.heads, chunks = ceil_div(z.seqlen, cost.tokens);
+  const Chains chains = chains_of(z, r, cost.tokens);  // the call itself: never varlen here
+  const int64_t pairs = chains.seqs * z.heads;
   lead = 0;
   if (!can_overlap(z, plan.segment_chunks, r, cost) || free_sms(pairs, plan.block_v, r.num_sms) < 1)
     return false;
   if (r.overlap == 2 || (r.overlap == 1 && k1_beside_ctas(plan.block_v, cost) == 0)) {
-    k1_leaves_us(pairs, chunks, plan.block_v, r.num_sms, cost, lead);
+    k1_leaves_us(pairs, chains.chunks, plan.block_v, r.num_sms, cost, lead);
     return true;
   }
   if (r.overlap == 1) return false;
-  const WholeForward best = whole_forward(z, r, chains_of(z, r, cost.tokens), plan.block_v, cost);
+  const WholeForward best = whole_forward(z, r, chains, plan.block_v, cost);
   lead = best.lead;
   return best.leaves;
 }
