@@ -80,7 +80,9 @@ constexpr int64_t kMinSegments = 3;         // two segments cost as much as one 
 constexpr int64_t kMinSegmentChunks = 8;    // shortest segment considered
 constexpr int64_t kFineSegmentCounts = 64;  // every segment count up to this one is a candidate
 // K1 (design §4.7), one record per K1 CTA: 11.6 us at 12 CTAs on each SM (T=8192 H=96:
-// 49,152 records in 360 us on 132 SMs), 6.2 us at 3 per SM beside a pass (H=24: 12,288
+// 49,152 records in 360 us on 132 SMs; the rate the plan's choices and margins were fitted
+// with; since step 103 K1 takes 10.3 us, 320 us there, which only the leave's lead counts,
+// ChunkCosts::k1_lead_record_us), 6.2 us at 3 per SM beside a pass (H=24: 12,288
 // records on 396 CTAs in 194 us), less for a lone K1 CTA beside a pass CTA (config.h
 // prepare_one_us). While K1 runs beside it, the pass's links take ~1.3x as
 // long (T=8192 H=96: 749 us against 590 alone, T=32768: 2.96 ms against 2.30;
@@ -99,7 +101,8 @@ constexpr double kFreeSupply = 0.4;
 // K1's measured rates above. 32-token chunks (design §4.8): whole-sequence passes only (no
 // segments), one CTA per SM (config.h resident_ctas), and a link costs chunk32_link_scale
 // 16-token links of the same width at one CTA per SM (config.h); K1's 32-token CTAs are
-// 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone and ~14
+// 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone (9.0 since
+// step 103, for the leave's lead) and ~14
 // beside the pass, where config.h's prepare32_beside fit (H200, NOTES.md steps 48, 50).
 // (Step 54 kept them off the pass's SMs: 3 to 10% of the calls at T=8192 H=24 gave a few
 // output rows other bits. The cause was a stage release without a proxy fence, which
@@ -110,10 +113,11 @@ struct ChunkCosts {
   int k1_ctas_alone;           // K1 CTAs per SM alone
   double k1_beside_record_us;  // a record per K1 CTA beside the pass
   int k1_overlap_ctas;         // prepare_overlap_kernel's CTAs per SM (its launch bounds)
+  double k1_lead_record_us;    // K1 alone as measured now: the lead's records (k1_leaves_us)
 };
-constexpr ChunkCosts kCosts16 = {16, kPrepareRecordUs, kPrepareCtasAlone, kPrepareBesideRecordUs,
-                                 12};
-constexpr ChunkCosts kCosts32 = {32, 9.4, 4, 14.0, 3};
+constexpr ChunkCosts kCosts16 = {
+    16, kPrepareRecordUs, kPrepareCtasAlone, kPrepareBesideRecordUs, 12, 10.3};
+constexpr ChunkCosts kCosts32 = {32, 9.4, 4, 14.0, 3, 9.0};
 
 // A link of width s for these chunks against config.h's 16-token link times.
 double link_scale(const RecurrenceShape &s, const ChunkCosts &cost) {
@@ -240,7 +244,11 @@ int32_t overlap_max_ctas(int64_t pairs, int32_t block_v, int32_t num_sms, const 
 // K1 leaving the pass's SMs (design §4.7): K1 on every SM for a lead of `lead` records,
 // then only on the SMs the pass leaves free, while the pass runs as it does alone. The lead
 // is what those SMs could not write while the pass reads its records (at K1's rate alone),
-// so the forward takes the lead, the pass and kLeaveUs; -1 where no SM is free.
+// so the forward takes the lead, the pass and kLeaveUs; -1 where no SM is free. The time
+// compared with the other ways counts the lead at k1_record_us, the rate the margins were
+// fitted with; the lead the launch takes is counted at k1_lead_record_us, the rate K1
+// writes records at now (NOTES.md step 107: the decisions moved by the new rate measured
+// 1-6% slower, the shorter leads alone 1-5% faster).
 constexpr double kLeaveUs = 4.0;       // K1 leaving the SMs the pass starts on, its tail
 constexpr double kLeaveMargin = 0.97;  // chosen over K1 beside the pass or first only when
                                        // predicted 3% faster (H200, NOTES.md step 53)
@@ -250,10 +258,16 @@ double k1_leaves_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_
   const int64_t free = free_sms(pairs, block_v, num_sms);
   if (free < 1) return -1.0;
   const double pass = whole_us(pairs, chunks, block_v, num_sms, cost);
-  const double per_sm = cost.k1_overlap_ctas / cost.k1_record_us;  // records a us
-  const double behind = static_cast<double>(pairs * chunks) - per_sm * free * pass;
-  lead = behind > 0 ? static_cast<int64_t>(behind) + 1 : 0;
-  return static_cast<double>(lead) / (per_sm * num_sms) + pass + kLeaveUs;
+  // Records the free SMs have not written when the pass has read them all, at `record_us`
+  // a record per CTA.
+  const auto behind = [&](double record_us) {
+    const double per_sm = cost.k1_overlap_ctas / record_us;  // records a us
+    const double left = static_cast<double>(pairs * chunks) - per_sm * free * pass;
+    return left > 0 ? static_cast<int64_t>(left) + 1 : int64_t{0};
+  };
+  lead = behind(cost.k1_lead_record_us);
+  const double per_sm = cost.k1_overlap_ctas / cost.k1_record_us;
+  return static_cast<double>(behind(cost.k1_record_us)) / (per_sm * num_sms) + pass + kLeaveUs;
 }
 
 // K1 CTAs per SM beside the whole-sequence pass that the plan counts on (config.h, H200);
