@@ -289,22 +289,24 @@ __global__ void __launch_bounds__(kCombineThreads)
   // start_0 = bf(initial state), design §1.4, before the wait: it reads the caller's state,
   // which no kernel of the call writes before the rerun, and nothing reads start_0 before it.
   const StateSource init = initial_source(p, seq, head);
+  if (!producer) {  // the compute warps' pieces (warp-uniform)
 #pragma unroll
-  for (int i = 0; i < (producer ? 0 : kPieces<kRows>); ++i) {
-    const int64_t at = int64_t{v0 + piece_row(i)} * kHeadDim + piece_col();
-    uint32_t w[4] = {0, 0, 0, 0};  // the piece's 8 elements as 4 pairs
+    for (int i = 0; i < kPieces<kRows>; ++i) {
+      const int64_t at = int64_t{v0 + piece_row(i)} * kHeadDim + piece_col();
+      uint32_t w[4] = {0, 0, 0, 0};  // the piece's 8 elements as 4 pairs
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (init.block != nullptr && init.dtype == Dtype::kBf16) {
-        w[e] =
-            reinterpret_cast<const uint32_t *>(static_cast<const uint16_t *>(init.block) + at)[e];
-      } else if (init.block != nullptr) {
-        const float *f = static_cast<const float *>(init.block) + at + 2 * e;
-        w[e] = pack_bf16x2(f[0], f[1]);
+      for (int e = 0; e < 4; ++e) {
+        if (init.block != nullptr && init.dtype == Dtype::kBf16) {
+          w[e] =
+              reinterpret_cast<const uint32_t *>(static_cast<const uint16_t *>(init.block) + at)[e];
+        } else if (init.block != nullptr) {
+          const float *f = static_cast<const float *>(init.block) + at + 2 * e;
+          w[e] = pack_bf16x2(f[0], f[1]);
+        }
       }
+      *reinterpret_cast<uint4 *>(segment_start_block(p, s0, head) + at) =
+          make_uint4(w[0], w[1], w[2], w[3]);
     }
-    *reinterpret_cast<uint4 *>(segment_start_block(p, s0, head) + at) =
-        make_uint4(w[0], w[1], w[2], w[3]);
   }
   // The segment pass's blocks (design §4.1). Every CTA of a non-empty sequence waits, so that
   // this kernel ends after the segment pass: the rerun, which waits for this kernel, reads
