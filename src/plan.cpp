@@ -113,7 +113,7 @@ struct ChunkCosts {
   int k1_ctas_alone;           // K1 CTAs per SM alone
   double k1_beside_record_us;  // a record per K1 CTA beside the pass
   int k1_overlap_ctas;         // prepare_overlap_kernel's CTAs per SM (its launch bounds)
-  double k1_lead_record_us;    // K1 alone as measured now: the lead's records (k1_leaves_us)
+  double k1_lead_record_us;    // K1 alone since step 103: the lead's records (k1_leaves_us)
 };
 constexpr ChunkCosts kCosts16 = {
     16, kPrepareRecordUs, kPrepareCtasAlone, kPrepareBesideRecordUs, 12, 10.3};
@@ -246,8 +246,8 @@ int32_t overlap_max_ctas(int64_t pairs, int32_t block_v, int32_t num_sms, const 
 // is what those SMs could not write while the pass reads its records (at K1's rate alone),
 // so the forward takes the lead, the pass and kLeaveUs; -1 where no SM is free. The time
 // compared with the other ways counts the lead at k1_record_us, the rate the margins were
-// fitted with; the lead the launch takes is counted at k1_lead_record_us, the rate K1
-// writes records at now (NOTES.md step 107: the decisions moved by the new rate measured
+// fitted with; the lead the launch takes is counted at k1_lead_record_us, K1's rate since
+// step 103 (NOTES.md step 107: the decisions moved by the new rate measured
 // 1-6% slower, the shorter leads alone 1-5% faster).
 constexpr double kLeaveUs = 4.0;       // K1 leaving the SMs the pass starts on, its tail
 constexpr double kLeaveMargin = 0.97;  // chosen over K1 beside the pass or first only when
