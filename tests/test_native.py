@@ -416,6 +416,46 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
         lib.plan(valid_args(mode=mode, overlap=3, **sizes))
 
 
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        dict(mode=1, batch=1, num_seqs=1, seqlen=8192, heads=6),  # segments
+        dict(mode=1, batch=1, num_seqs=1, seqlen=8192, heads=96),  # K1 leaving after a lead
+        dict(mode=1, batch=1, num_seqs=1, seqlen=8192, heads=24),  # 32-token chunks, K1 beside
+        dict(mode=0, batch=4, num_seqs=4, seqlen=1000, heads=8, checkpoint_every=256),
+        dict(mode=1, batch=1, num_seqs=5, seqlen=9000, heads=6, cu_seqlens=0xA000, max_seqlen=5000),
+    ],
+    ids=["segments", "leave", "chunk32", "checkpoints", "varlen"],
+)
+def test_the_plan_reads_no_field_outside_the_workspace_cache_key(lib, sizes):
+    """dispatch._workspace_bytes remembers the workspace size by dispatch.PLAN_INPUTS and
+    whether cu_seqlens is set, so no other field of the argument struct (pointers, strides,
+    dtypes, scalars, pools, checkpoints) may change the plan: a key missing a plan input would
+    hand a later call a workspace sized for another plan. Each such field is changed alone."""
+    from flash_kda import dispatch
+
+    base = valid_args(**sizes)
+    want = plan_values(lib.plan(base))
+    keyed = {*dispatch.PLAN_INPUTS, "cu_seqlens", "head_dim", "struct_size"}
+    changed = 0
+    for name, kind in _native.FwdArgs._fields_:
+        if name in keyed:
+            continue
+        args = valid_args(**sizes)
+        old = getattr(args, name)
+        if kind is _native.Strides:
+            new = _native.Strides(batch=1 << 20, token=4096, head=128)
+        elif isinstance(old, float):
+            new = old + 0.5
+        else:  # integers and pointers (None for NULL)
+            new = (old or 0) + 0x100
+        setattr(args, name, new)
+        assert plan_values(lib.plan(args)) == want, name
+        changed += 1
+    assert changed >= 30  # every pointer, stride, dtype and scalar outside the key
+    assert plan_values(lib.plan(valid_args(**{**sizes, "heads": sizes["heads"] + 40}))) != want
+
+
 @pytest.mark.parametrize("mode", [0, 1], ids=["exact", "auto"])
 def test_k1_leaves_the_pass_sms_where_the_free_sms_carry_it(lib, mode):
     """K1 leaving the pass's SMs (design section 4.7) on an H200-sized GPU: the plan takes
