@@ -159,6 +159,19 @@ double pass_us(int64_t ctas, int64_t links, int32_t num_sms, int resident, doubl
   return t;
 }
 
+// The segment pass at block_v 128 is one CTA an SM (the warpgroup pass): config.h's "two an
+// SM" for it (states_link_us = 2 x states_alone_us) are two turns of each SM, and each turn
+// pays a wave's fixed part, not one for both.
+bool takes_turns(const RecurrenceShape &s) {
+  return s.states_resident > 1 && s.states_link_us >= 0.95 * s.states_resident * s.states_alone_us;
+}
+
+// A segment pass of two CTAs an SM (block_v 64) over more than one wave runs chains of at
+// most this many links at its one-wave rate (states_wave_us), longer ones at states_link_us
+// (H200, NOTES.md step 111: L = 94 0.3044 -> 0.3003 ms at T = 32768 H = 6 against block_v 128,
+// but L = 249 and 512 2.8% slower at T = 131072 H = 4 and T = 1M).
+constexpr int64_t kShortChainLinks = 128;
+
 // The fastest width for a pass of segments (code kStates: phase A; kGeneral: the rerun)
 // that covers `columns` value columns in chains of `links` links (16-token chunks: segments
 // never run 32-token ones, design §4.8).
@@ -167,12 +180,16 @@ double best_pass_us(PassCode code, int64_t columns, int64_t links, int32_t num_s
   double best = -1.0;
   for (const RecurrenceShape &s : kRecurrenceShapes) {
     const bool states = code == PassCode::kStates;
-    const double link_us = states ? s.states_link_us : s.rerun_link_us;
+    double link_us = states ? s.states_link_us : s.rerun_link_us;
     if (link_us <= 0) continue;
     const double wave_us = states && s.states_wave_us > 0 ? s.states_wave_us : link_us;
-    const double t = pass_us(ceil_div(columns, s.block_v), links, num_sms,
-                             states ? s.states_resident : s.resident, link_us,
-                             states ? s.states_alone_us : s.rerun_alone_us, wave_us);
+    if (states && s.states_wave_us > 0 && links <= kShortChainLinks) link_us = s.states_wave_us;
+    const int64_t ctas = ceil_div(columns, s.block_v);
+    const int resident = states ? s.states_resident : s.resident;
+    double t = pass_us(ctas, links, num_sms, resident, link_us,
+                       states ? s.states_alone_us : s.rerun_alone_us, wave_us);
+    if (states && takes_turns(s) && ctas > num_sms && ctas <= int64_t{num_sms} * resident)
+      t += (resident - 1) * kWaveUs;
     if (best < 0 || t < best) {
       best = t;
       block_v = s.block_v;

@@ -46,8 +46,8 @@ struct RecurrenceShape {
   // The segment pass's link where all its CTAs fit one wave at states_resident per SM with
   // more than one on some SM; 0: states_link_us there too. Block_v 64 only: measured after
   // the one-group forms got their uniform registers (benchmarks/NOTES.md step 79); over more
-  // than one wave the two-CTA pass keeps states_link_us, as it lost to block_v 128 at
-  // T = 131072 and 1M.
+  // than one wave too for chains of at most 128 links (step 111, plan.cpp kShortChainLinks);
+  // longer chains keep states_link_us, as they lost to block_v 128 at T = 131072 and 1M.
   double states_wave_us;
   double rerun_link_us;
   double rerun_alone_us;
