@@ -161,8 +161,8 @@ double pass_us(int64_t ctas, int64_t links, int32_t num_sms, int resident, doubl
 
 // The segment pass at block_v 128 is one CTA an SM (the warpgroup pass): config.h's "two an
 // SM" for it (states_link_us = 2 x states_alone_us) are two turns of each SM, and each turn
-// pays a wave's fixed part, not one for both (counted where its CTAs fit that one "wave";
-// passes of more, which the plan's few-heads segments do not make, keep pass_us's count).
+// pays a wave's fixed part, not one for both. Counted where its CTAs fit that one "wave",
+// as measured (NOTES.md step 111); a pass of more keeps pass_us's one fixed part a wave.
 bool takes_turns(const RecurrenceShape &s) {
   return s.states_resident > 1 && s.states_link_us >= 0.95 * s.states_resident * s.states_alone_us;
 }
