@@ -170,7 +170,9 @@ bool takes_turns(const RecurrenceShape &s) {
 // A segment pass of two CTAs an SM (block_v 64) over more than one wave runs chains of at
 // most this many links at its one-wave rate (states_wave_us), longer ones at states_link_us
 // (H200, NOTES.md step 111: L = 94 0.3044 -> 0.3003 ms at T = 32768 H = 6 against block_v 128,
-// but L = 249 and 512 2.8% slower at T = 131072 H = 4 and T = 1M).
+// but L = 249 and 512 2.8% slower at T = 131072 H = 4 and T = 1M). At L = 79-128 the order
+// of the two widths follows the machine's power headroom: on a hotter instance block_v 64
+// ran up to 3% slower there (step 114), at L <= 64 level or faster on both.
 constexpr int64_t kShortChainLinks = 128;
 
 // The fastest width for a pass of segments (code kStates: phase A; kGeneral: the rerun)
