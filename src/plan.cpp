@@ -278,16 +278,15 @@ double k1_leaves_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_
   const int64_t free = free_sms(pairs, block_v, num_sms);
   if (free < 1) return -1.0;
   const double pass = whole_us(pairs, chunks, block_v, num_sms, cost);
-  // Records the free SMs have not written when the pass has read them all, at `record_us`
-  // a record per CTA.
-  const auto behind = [&](double record_us) {
-    const double per_sm = cost.k1_overlap_ctas / record_us;  // records a us
+  // Records the free SMs have not written when the pass has read them all, at `per_sm`
+  // records a us on each.
+  const auto behind = [&](double per_sm) {
     const double left = static_cast<double>(pairs * chunks) - per_sm * free * pass;
     return left > 0 ? static_cast<int64_t>(left) + 1 : int64_t{0};
   };
-  lead = behind(cost.k1_lead_record_us);
+  lead = behind(cost.k1_overlap_ctas / cost.k1_lead_record_us);
   const double per_sm = cost.k1_overlap_ctas / cost.k1_record_us;
-  return static_cast<double>(behind(cost.k1_record_us)) / (per_sm * num_sms) + pass + kLeaveUs;
+  return static_cast<double>(behind(per_sm)) / (per_sm * num_sms) + pass + kLeaveUs;
 }
 
 // K1 CTAs per SM beside the whole-sequence pass that the plan counts on (config.h, H200);

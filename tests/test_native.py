@@ -352,9 +352,10 @@ def test_auto_plan_short_segments_need_no_margin_over_32_token_chunks(lib, batch
 def test_auto_plan_runs_the_segment_pass_at_64_columns_where_it_is_faster(lib, seqlen, heads, segment_block_v):
     """At block_v 64 the segment pass runs two CTAs an SM. The plan takes that width where the
     pass's CTAs fit one such wave on the 132 SMs, or where its chains are at most 128 links
-    over more waves (T = 32768 H = 6, L = 94: 0.3044 -> 0.3003 ms on the H200), and keeps
+    over more waves (T = 32768 H = 6, L = 94: 0.3044 -> 0.3003 ms on one H200 instance, 0.305 ->
+    0.311 on a hotter one: at 79-128 links the widths' order follows the power headroom), and keeps
     block_v 128 for longer chains over more than one wave (slower at 64 there: T = 131072
-    H = 4 with L = 249, T = 1M with L = 512; benchmarks/NOTES.md steps 79 and 111)."""
+    H = 4 with L = 249, T = 1M with L = 512; benchmarks/NOTES.md steps 79, 111 and 114)."""
     auto = lib.plan(valid_args(mode=1, batch=1, seqlen=seqlen, heads=heads, num_seqs=1))
     assert auto.segment_block_v == segment_block_v, auto
     chunks = -(-seqlen // 16)
