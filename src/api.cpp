@@ -113,7 +113,7 @@ ProblemSizes sizes_of(const flash_kda_fwd_args &a) {
 }
 
 PlanRequest request_of(const flash_kda_fwd_args &a) {
-  return {a.mode, a.block_v, a.segment_chunks, a.num_sms, a.overlap, a.chunk_tokens};
+  return {a.mode, a.block_v, a.segment_chunks, a.num_sms, a.overlap, a.chunk_tokens, a.gate};
 }
 
 // The ABI 3 prefix of flash_kda_fwd_plan_info: what an older caller passes.
@@ -169,24 +169,55 @@ std::string check_index_dtype(const char *name, int32_t dtype, bool none_ok) {
 
 // Pointers, strides, states, pool, checkpoints and values (docs/api.md); fills the
 // arch-independent part of p. "" or what is wrong.
+// The gate and beta forms and their element types (flash_kda_gate, flash_kda_beta). "" or
+// what is wrong.
+std::string check_forms(const flash_kda_fwd_args &a) {
+  if (a.gate < FLASH_KDA_GATE_LOWER_BOUND || a.gate > FLASH_KDA_GATE_LOG_DECAY)
+    return "gate must be LOWER_BOUND (0), SOFTPLUS (1) or LOG_DECAY (2), got " +
+           std::to_string(a.gate);
+  const bool log_decay = a.gate == FLASH_KDA_GATE_LOG_DECAY;
+  if (a.g_dtype != FLASH_KDA_DTYPE_NONE && a.g_dtype != FLASH_KDA_DTYPE_BF16 &&
+      !(log_decay && a.g_dtype == FLASH_KDA_DTYPE_FP32))
+    return "g_dtype must be NONE or BF16 (FP32 with gate LOG_DECAY), got " +
+           std::to_string(a.g_dtype);
+  if (a.beta_form != FLASH_KDA_BETA_LOGIT && a.beta_form != FLASH_KDA_BETA_PROBABILITY)
+    return "beta_form must be LOGIT (0) or PROBABILITY (1), got " + std::to_string(a.beta_form);
+  if (a.beta_dtype != FLASH_KDA_DTYPE_NONE && a.beta_dtype != FLASH_KDA_DTYPE_BF16 &&
+      a.beta_dtype != FLASH_KDA_DTYPE_FP32)
+    return "beta_dtype must be NONE, BF16 or FP32, got " + std::to_string(a.beta_dtype);
+  if (log_decay && (a.A_log != nullptr || a.dt_bias != nullptr))
+    return "A_log and dt_bias must be NULL with gate LOG_DECAY (g is the log decay itself)";
+  if (a.gate == FLASH_KDA_GATE_LOWER_BOUND && !(a.lower_bound >= -5.0 && a.lower_bound <= 0.0))
+    return "lower_bound must be in [-5, 0], got " + std::to_string(a.lower_bound);
+  return "";
+}
+
 std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p) {
+  std::string err = check_forms(a);
+  if (!err.empty()) return err;
+  const bool gate_params = a.gate != FLASH_KDA_GATE_LOG_DECAY;
   const void *required[] = {a.q, a.k, a.v, a.g, a.out, a.A_log, a.dt_bias, a.workspace};
   const char *names[] = {"q", "k", "v", "g", "out", "A_log", "dt_bias", "workspace"};
   for (int i = 0; i < 8; ++i) {
+    if (!gate_params && (i == 5 || i == 6)) continue;  // NULL, checked above
     if (required[i] == nullptr) return std::string(names[i]) + " must not be NULL";
     if (!aligned(required[i], 16)) return std::string(names[i]) + " must be 16-byte aligned";
   }
+  const bool beta_fp32 = a.beta_dtype == FLASH_KDA_DTYPE_FP32;
   if (a.beta == nullptr) return "beta must not be NULL";
-  if (!aligned(a.beta, 2)) return "beta must be 2-byte aligned";
+  if (!aligned(a.beta, beta_fp32 ? 4 : 2))
+    return beta_fp32 ? "beta must be 4-byte aligned (fp32)" : "beta must be 2-byte aligned";
   const flash_kda_strides *in[] = {&a.q_strides, &a.k_strides, &a.v_strides, &a.g_strides,
                                    &a.out_strides};
   Strides *out[] = {&p.q_strides, &p.k_strides, &p.v_strides, &p.g_strides, &p.out_strides};
   const char *act[] = {"q", "k", "v", "g", "out"};
   for (int i = 0; i < 5; ++i) {
-    std::string err = check_strides(act[i], *in[i], a, kHeadDim, 8, *out[i]);
+    // 16-byte vectors: 8 bf16 or 4 fp32 elements (g's dtype)
+    const int64_t multiple = i == 3 && a.g_dtype == FLASH_KDA_DTYPE_FP32 ? 4 : 8;
+    err = check_strides(act[i], *in[i], a, kHeadDim, multiple, *out[i]);
     if (!err.empty()) return err;
   }
-  std::string err = check_strides("beta", a.beta_strides, a, 1, 1, p.beta_strides);
+  err = check_strides("beta", a.beta_strides, a, 1, 1, p.beta_strides);
   if (err.empty()) err = check_state("initial_state", a.initial_state, a.initial_state_dtype);
   if (err.empty()) err = check_state("final_state", a.final_state, a.final_state_dtype);
   if (err.empty()) err = check_state("checkpoints", a.checkpoints, a.checkpoints_dtype);
@@ -218,8 +249,6 @@ std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p) {
   if (!std::isfinite(a.scale) || !std::isfinite(scale) ||
       ((bf16_bits(scale) >> 7) & 0xffu) == 0xffu)
     return "scale must be finite in bfloat16 (|scale| < 3.39e38), got " + std::to_string(a.scale);
-  if (!(a.lower_bound >= -5.0 && a.lower_bound <= 0.0))
-    return "lower_bound must be in [-5, 0], got " + std::to_string(a.lower_bound);
   return "";
 }
 
@@ -282,6 +311,11 @@ void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
   p.segment_starts = reinterpret_cast<uint16_t *>(base + plan.segment_starts);
   p.gate_scale = static_cast<float>(a.lower_bound * 1.4426950408889634);  // design §3.2 step 1
   p.scale_bf16 = bf16_bits(static_cast<float>(a.scale));
+  p.gate = static_cast<Gate>(a.gate);
+  p.g_fp32 = a.g_dtype == FLASH_KDA_DTYPE_FP32;
+  p.beta_fp32 = a.beta_dtype == FLASH_KDA_DTYPE_FP32;
+  p.beta_prob = a.beta_form == FLASH_KDA_BETA_PROBABILITY;
+  p.stable_inverse = a.mode == FLASH_KDA_MODE_AUTO;
   p.chain_block_v = plan.block_v;
   p.segment_block_v = plan.segment_block_v;
 }
@@ -412,9 +446,9 @@ flash_kda_status flash_kda_probe_unary_op(int32_t compute_capability, int32_t op
     const flash_kda::ArchTable *table = nullptr;
     flash_kda_status st = flash_kda::find_table(fn, compute_capability, table);
     if (st != FLASH_KDA_OK) return st;
-    if (op < FLASH_KDA_PROBE_EX2 || op > FLASH_KDA_PROBE_RSQRT)
+    if (op < FLASH_KDA_PROBE_EX2 || op > FLASH_KDA_PROBE_LG2)
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
-                  "op must be EX2, SIGMOID or RSQRT, got " + std::to_string(op));
+                  "op must be EX2, SIGMOID, RSQRT or LG2, got " + std::to_string(op));
     if (count < 0 || count > flash_kda::kMaxTokens * 128)
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
                   "count must be in [0, 2^38), got " + std::to_string(count));

@@ -567,6 +567,13 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
            str(z.checkpoint_every);
   if (r.chunk_tokens == 32 && r.segment_chunks > 0)
     return "segment_chunks needs 16-token chunks (chunk_tokens 0 or 16), got chunk_tokens 32";
+  if (r.gate < FLASH_KDA_GATE_LOWER_BOUND || r.gate > FLASH_KDA_GATE_LOG_DECAY)
+    return "gate must be LOWER_BOUND (0), SOFTPLUS (1) or LOG_DECAY (2), got " + str(r.gate);
+  // The 32-token K1 is built for the bounded gate only; the unbounded gates (design §2.5)
+  // keep 16-token chunks.
+  const bool chunk32_gate = r.gate == FLASH_KDA_GATE_LOWER_BOUND;
+  if (r.chunk_tokens == 32 && !chunk32_gate)
+    return "chunk_tokens 32 needs gate LOWER_BOUND, got gate " + str(r.gate);
   if (r.chunk_tokens != 0) {
     plan_chunks(z, r, costs_of(r.chunk_tokens), plan);
     if (plan.chunk_tokens == 32 && !chunk32_built(plan.block_v))
@@ -577,7 +584,7 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
     // keep 16 tokens, as flash_kda.h says), among widths built for 32-token chunks.
     const double t16 = plan_chunks(z, r, kCosts16, plan);
     if (r.mode == FLASH_KDA_MODE_AUTO && r.segment_chunks == 0 && r.num_sms > 0 &&
-        z.checkpoint_every % 32 == 0) {
+        z.checkpoint_every % 32 == 0 && chunk32_gate) {
       Plan p32{};
       const double t32 = plan_chunks(z, r, kCosts32, p32);
       // Segments must beat the 32-token forward by a margin: none for short segments, the

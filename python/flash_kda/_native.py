@@ -13,7 +13,7 @@ import struct
 import threading
 from typing import NamedTuple, Optional
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 LIBRARY_NAME = "libflash_kda.so"
 LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
 
@@ -22,7 +22,9 @@ FEATURE_PROBES = 2
 
 DTYPE_NONE, DTYPE_BF16, DTYPE_FP32, DTYPE_INT32, DTYPE_INT64 = 0, 1, 2, 3, 4
 MODE_EXACT, MODE_AUTO = 0, 1
-PROBE_EX2, PROBE_SIGMOID, PROBE_RSQRT = 0, 1, 2
+PROBE_EX2, PROBE_SIGMOID, PROBE_RSQRT, PROBE_LG2 = 0, 1, 2, 3
+GATE_CODES = {"lower_bound": 0, "softplus": 1, "log_decay": 2}  # flash_kda_gate
+BETA_LOGIT, BETA_PROBABILITY = 0, 1
 PROBE_MMA_BF16_F32, PROBE_MMA_F16_F16 = 0, 1
 
 _STATUS_NAMES = {0: "OK", 1: "INVALID_ARGUMENT", 2: "UNSUPPORTED_DEVICE", 3: "CUDA_ERROR", 4: "INTERNAL"}
@@ -104,6 +106,11 @@ class FwdArgs(ctypes.Structure):
         ("overlap", _i32),
         ("chunk_tokens", _i32),
         ("max_seqlen", _i32),
+        ("reserved5", _i32),
+        ("gate", _i32),
+        ("g_dtype", _i32),
+        ("beta_form", _i32),
+        ("beta_dtype", _i32),
     ]
 
 

@@ -24,6 +24,10 @@ EXACT_ENV = "FLASH_KDA_EXACT"  # "1": bit-exact mode when fwd's exact is None
 _WHERE = "flash_kda.fwd"
 _STATE_DTYPES = (torch.bfloat16, torch.float32)
 _GATE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_BETA_DTYPES = (torch.bfloat16, torch.float32)
+# The decay gate's forms (design §2.2, §2.5): FlashKDA's bounded gate, Kimi-Linear's softplus
+# gate, and a per-channel natural-log decay computed by the caller.
+GATES = ("lower_bound", "softplus", "log_decay")
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -37,10 +41,10 @@ class FwdCall(NamedTuple):
     g: torch.Tensor
     beta: torch.Tensor
     out: torch.Tensor
-    A_log: torch.Tensor  # float32 [H], contiguous
-    dt_bias: torch.Tensor  # float32 [H, 128], contiguous
+    A_log: Optional[torch.Tensor]  # float32 [H], contiguous; None with gate "log_decay"
+    dt_bias: Optional[torch.Tensor]  # float32 [H, 128], contiguous; likewise
     scale: float
-    lower_bound: float
+    lower_bound: float  # 0.0 where the gate takes none
     initial_state: Optional[torch.Tensor]  # [S, H, 128, 128], S = N or the pool size P
     final_state: Optional[torch.Tensor]  # may be initial_state itself
     cu_seqlens: Optional[torch.Tensor]  # int32/int64 [N + 1] on q's device, or None (batched)
@@ -57,6 +61,8 @@ class FwdCall(NamedTuple):
     seq_bounds: Optional[list[int]]  # cu_seqlens read on the host, when it was on the CPU
     strides: tuple  # (batch, token, head) element strides of q, k, v, g, out, beta for the C ABI
     max_seqlen: int = 0  # varlen: the longest sequence's tokens for the plan, 0 = unknown
+    gate: str = "lower_bound"  # one of GATES
+    beta_is_logit: bool = True  # False: beta is the write strength itself (clamped to [0, 1])
 
     @property
     def device(self) -> torch.device:
@@ -111,6 +117,36 @@ def _lower_bound(x) -> float:
     if not -5.0 <= value <= 0.0:
         raise ValueError(f"{_WHERE}: lower_bound must be in [-5, 0], got {value}")
     return value
+
+
+def check_forms(gate, beta_is_logit) -> None:
+    """``gate`` one of GATES, ``beta_is_logit`` a bool."""
+    if not isinstance(gate, str) or gate not in GATES:
+        raise ValueError(f"{_WHERE}: gate must be one of {', '.join(map(repr, GATES))}, got {gate!r}")
+    if not isinstance(beta_is_logit, bool):
+        raise TypeError(f"{_WHERE}: beta_is_logit must be a bool, got {type(beta_is_logit).__name__}")
+
+
+def _gate_parameters(gate: str, A_log, dt_bias, lower_bound, H: int) -> float:
+    """The gate's parameters for its form; returns lower_bound as a float (0.0 where unused).
+    "lower_bound": A_log, dt_bias and a lower_bound in [-5, 0]; "softplus": A_log and dt_bias,
+    lower_bound None (or a number, unused); "log_decay": all three None."""
+    if gate == "log_decay":
+        for name, x in (("A_log", A_log), ("dt_bias", dt_bias), ("lower_bound", lower_bound)):
+            if x is not None:
+                raise ValueError(f"{_WHERE}: {name} must be None with gate='log_decay' (g is the log decay itself)")
+        return 0.0
+    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if x is None:
+            raise TypeError(f"{_WHERE}: {name} must be a torch.Tensor with gate={gate!r}, got None")
+    _gate_shapes(A_log, dt_bias, H)
+    if gate == "lower_bound":
+        if lower_bound is None:
+            raise TypeError(f"{_WHERE}: lower_bound must be a real number with gate='lower_bound', got None")
+        return _lower_bound(lower_bound)
+    if lower_bound is not None:
+        _finite("lower_bound", lower_bound)
+    return 0.0
 
 
 def resolve_exact(exact) -> bool:
@@ -250,7 +286,7 @@ def _checkpoints(every, checkpoints, H: int, state_dtype) -> int:
     return every
 
 
-def _activations(q, k, v, g, beta, out) -> tuple[int, int, int]:
+def _activations(q, k, v, g, beta, out, gate: str = "lower_bound") -> tuple[int, int, int]:
     tensor("q", q, (torch.bfloat16,), "bfloat16")
     if q.dim() != 4 or q.shape[-1] != HEAD_DIM:
         raise ValueError(f"{_WHERE}: q must have shape [B, T, H, {HEAD_DIM}], got {_shape(q)}")
@@ -259,9 +295,14 @@ def _activations(q, k, v, g, beta, out) -> tuple[int, int, int]:
         raise ValueError(f"{_WHERE}: q must have B, T, H >= 1, got shape {_shape(q)}")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{_WHERE}: q must be on a CUDA device or the CPU, got {q.device}")
-    for name, x in (("k", k), ("v", v), ("g", g), ("out", out)):
+    for name, x in (("k", k), ("v", v), ("out", out)):
         _expect_shape(name, tensor(name, x, (torch.bfloat16,), "bfloat16"), _shape(q), "[B, T, H, D]")
-    _expect_shape("beta", tensor("beta", beta, (torch.bfloat16,), "bfloat16"), [B, T, H], "[B, T, H]")
+    if gate == "log_decay":
+        tensor("g", g, _BETA_DTYPES, "bfloat16 or float32 with gate='log_decay'")
+    else:
+        tensor("g", g, (torch.bfloat16,), "bfloat16")
+    _expect_shape("g", g, _shape(q), "[B, T, H, D]")
+    _expect_shape("beta", tensor("beta", beta, _BETA_DTYPES, "bfloat16 or float32"), [B, T, H], "[B, T, H]")
     if B * T >= MAX_TOKENS or H > MAX_HEADS:
         raise ValueError(f"{_WHERE}: need B * T < 2**31 and H <= {MAX_HEADS}, got B * T = {B * T}, H = {H}")
     return B, T, H
@@ -310,18 +351,23 @@ class _Plan(NamedTuple):
     overlaps: tuple  # _layout.overlap_pairs, indexed by slot
     A_log_ready: bool  # float32 and contiguous: widened by itself when 16-byte aligned
     dt_bias_ready: bool  # float32, contiguous, [H, 128]: likewise
+    gate: str
+    beta_is_logit: bool
+    lower_bound: float  # as validated (0.0 where the gate takes none)
 
 
 _plans: dict = {}  # signature -> _Plan, or _SEEN after its first call
 _SEEN = object()
 
 
-def _signature(tensors: tuple, scale, lower_bound, checkpoint_every, exact):
+def _signature(tensors: tuple, scale, lower_bound, checkpoint_every, exact, gate="lower_bound", beta_is_logit=True):
     """Everything the signature-dependent checks read, as a hashable key (with the resolved
     mode last); None when the call is not cached (scalars of other types than float, int
     and bool/None, or an argument that does not look like a tensor: the full validation
     then runs and reports it)."""
-    if type(scale) is not float or type(lower_bound) is not float:
+    if type(scale) is not float or (type(lower_bound) is not float and lower_bound is not None):
+        return None
+    if gate not in GATES or type(beta_is_logit) is not bool:
         return None
     if checkpoint_every is not None and type(checkpoint_every) is not int:
         return None
@@ -339,7 +385,7 @@ def _signature(tensors: tuple, scale, lower_bound, checkpoint_every, exact):
         )
     except Exception:  # not a tensor: the full validation says what is wrong
         return None
-    return metas, scale, lower_bound, checkpoint_every, grad, written, mode
+    return metas, scale, lower_bound, checkpoint_every, grad, written, gate, beta_is_logit, mode
 
 
 def _plan_of(call: FwdCall, tensors: tuple, overlaps: tuple) -> _Plan:
@@ -352,12 +398,13 @@ def _plan_of(call: FwdCall, tensors: tuple, overlaps: tuple) -> _Plan:
         call.checkpoint_every, call.exact, q.device, present((_Q, _K, _V, _G, _OUT)),
         cu is not None and cu.device.type == "cpu", indices is not None and indices.device.type == "cpu",
         present((_INITIAL, _FINAL, _CHECKPOINTS)), overlaps,
-        A_log.dtype == torch.float32 and A_log.is_contiguous(),
-        dt_bias.dtype == torch.float32 and dt_bias.is_contiguous() and dt_bias.dim() == 2,
+        A_log is not None and A_log.dtype == torch.float32 and A_log.is_contiguous(),
+        dt_bias is not None and dt_bias.dtype == torch.float32 and dt_bias.is_contiguous() and dt_bias.dim() == 2,
+        call.gate, call.beta_is_logit, call.lower_bound,
     )  # fmt: skip
 
 
-def _check_pointers(plan: _Plan, tensors: tuple, scale: float, lower_bound: float) -> FwdCall:
+def _check_pointers(plan: _Plan, tensors: tuple, scale: float) -> FwdCall:
     """A call whose signature passed the full validation before: only the pointer- and
     content-dependent checks, in the full validation's order (so the same error for the
     same fault), then the validated call."""
@@ -376,21 +423,21 @@ def _check_pointers(plan: _Plan, tensors: tuple, scale: float, lower_bound: floa
             _layout.aligned(name, tensors[slot], 16)
     _layout.check_overlaps(plan.overlaps, pointers)
     A_log, dt_bias = tensors[_A_LOG], tensors[_DT_BIAS]
-    if not (plan.A_log_ready and pointers[_A_LOG] % 16 == 0):
+    if A_log is not None and not (plan.A_log_ready and pointers[_A_LOG] % 16 == 0):
         A_log = _widen(A_log)
-    if not (plan.dt_bias_ready and pointers[_DT_BIAS] % 16 == 0):
+    if dt_bias is not None and not (plan.dt_bias_ready and pointers[_DT_BIAS] % 16 == 0):
         dt_bias = _widen(dt_bias.reshape(plan.heads, HEAD_DIM))
     return FwdCall(
         tensors[_Q], tensors[_K], tensors[_V], tensors[_G], tensors[_BETA], tensors[_OUT], A_log, dt_bias, scale,
-        lower_bound, tensors[_INITIAL], tensors[_FINAL], cu, tensors[_INDICES], tensors[_HAS_INITIAL],
+        plan.lower_bound, tensors[_INITIAL], tensors[_FINAL], cu, tensors[_INDICES], tensors[_HAS_INITIAL],
         plan.checkpoint_every, tensors[_CHECKPOINTS], plan.exact, plan.batch, plan.seqlen, plan.heads, plan.num_seqs,
-        plan.state_dtype, bounds, plan.strides,
+        plan.state_dtype, bounds, plan.strides, 0, plan.gate, plan.beta_is_logit,
     )  # fmt: skip
 
 
 def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
               cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None, checkpoints=None,
-              exact=None, max_seqlen=None) -> FwdCall:  # fmt: skip
+              exact=None, max_seqlen=None, gate="lower_bound", beta_is_logit=True) -> FwdCall:  # fmt: skip
     """Validate one ``fwd`` call (arguments as :func:`flash_kda.fwd`); return it as a
     :class:`FwdCall`. Reads no device memory (index tensors on the CPU are read). Raises
     ``TypeError``, ``ValueError`` or ``RuntimeError`` (grad) before anything is written.
@@ -400,13 +447,13 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
     tensors on the host), which is all that can differ between them."""
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
                has_initial_state, checkpoints)  # fmt: skip
-    key = _signature(tensors, scale, lower_bound, checkpoint_every, exact)
+    key = _signature(tensors, scale, lower_bound, checkpoint_every, exact, gate, beta_is_logit)
     plan = None if key is None else _plans.get(key)
     if plan is not None and plan is not _SEEN:
-        return _longest(_check_pointers(plan, tensors, scale, lower_bound), max_seqlen)
+        return _longest(_check_pointers(plan, tensors, scale), max_seqlen)
     if key is not None:
         exact = key[-1]  # the resolved mode: FLASH_KDA_EXACT is read once per call
-    call, overlaps = _check_all(tensors, scale, lower_bound, checkpoint_every, exact)
+    call, overlaps = _check_all(tensors, scale, lower_bound, checkpoint_every, exact, gate, beta_is_logit)
     if key is not None:
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.clear()
@@ -418,12 +465,13 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
 
 def check_all(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
               cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None, checkpoints=None,
-              exact=None, max_seqlen=None) -> FwdCall:  # fmt: skip
+              exact=None, max_seqlen=None, gate="lower_bound", beta_is_logit=True) -> FwdCall:  # fmt: skip
     """Every check of a ``fwd`` call, uncached (what :func:`check_fwd` runs on the first
     call of a signature)."""
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
                has_initial_state, checkpoints)  # fmt: skip
-    return _longest(_check_all(tensors, scale, lower_bound, checkpoint_every, exact)[0], max_seqlen)
+    call = _check_all(tensors, scale, lower_bound, checkpoint_every, exact, gate, beta_is_logit)[0]
+    return _longest(call, max_seqlen)
 
 
 def _longest(call: FwdCall, max_seqlen) -> FwdCall:
@@ -441,13 +489,15 @@ def _longest(call: FwdCall, max_seqlen) -> FwdCall:
     return call._replace(max_seqlen=longest) if longest else call
 
 
-def _check_all(tensors: tuple, scale, lower_bound, checkpoint_every, exact) -> tuple:
+def _check_all(tensors: tuple, scale, lower_bound, checkpoint_every, exact, gate="lower_bound",
+               beta_is_logit=True) -> tuple:  # fmt: skip
     """:func:`check_all` on the tensor arguments in slot order (``_TENSORS``), returning
     ``(call, the overlap pairs it tested)``."""
     (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
      has_initial_state, checkpoints) = tensors  # fmt: skip
-    B, T, H = _activations(q, k, v, g, beta, out)
-    _gate_shapes(A_log, dt_bias, H)
+    check_forms(gate, beta_is_logit)
+    B, T, H = _activations(q, k, v, g, beta, out, gate)
+    lower_bound = _gate_parameters(gate, A_log, dt_bias, lower_bound, H)
     optional = dict(initial_state=initial_state, final_state=final_state, checkpoints=checkpoints)
     for name, x in optional.items():
         if x is not None:
@@ -462,7 +512,7 @@ def _check_all(tensors: tuple, scale, lower_bound, checkpoint_every, exact) -> t
     arguments = dict(inputs, **outputs)
     refuse_grad(arguments)
     _same_device(arguments, q.device)
-    scale, lower_bound = _scale(scale), _lower_bound(lower_bound)
+    scale = _scale(scale)
     mode = resolve_exact(exact)
     strides = tuple(
         _layout.activation_strides(name, x) for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("out", out))
@@ -479,9 +529,11 @@ def _check_all(tensors: tuple, scale, lower_bound, checkpoint_every, exact) -> t
     # _layout.no_aliasing, with the pairs kept for the signature cache
     overlaps = _layout.overlap_pairs(outputs, dict(inputs, cu_seqlens=cu_seqlens), _SLOT)
     _layout.check_overlaps(overlaps, _layout.pointers(tensors))
+    A_log = None if A_log is None else _widen(A_log)
+    dt_bias = None if dt_bias is None else _widen(dt_bias.reshape(H, HEAD_DIM))
     call = FwdCall(
-        q, k, v, g, beta, out, _widen(A_log), _widen(dt_bias.reshape(H, HEAD_DIM)), scale, lower_bound,
-        initial_state, final_state, device_cu, ssm_state_indices, has_initial_state, every, checkpoints, mode,
-        B, T, H, N, state_dtype, bounds, strides,
+        q, k, v, g, beta, out, A_log, dt_bias, scale, lower_bound, initial_state, final_state, device_cu,
+        ssm_state_indices, has_initial_state, every, checkpoints, mode, B, T, H, N, state_dtype, bounds, strides,
+        0, gate, beta_is_logit,
     )  # fmt: skip
     return call, overlaps

@@ -166,6 +166,7 @@ assert _ARGS_ORDER == (
     "cu_seqlens_dtype", "state_indices_dtype", "state_indices", "state_pool_size", "has_initial_state",
     "checkpoints", "checkpoints_dtype", "checkpoint_every", "checkpoint_slots",
     "mode", "segment_chunks", "overlap", "chunk_tokens", "max_seqlen",
+    "reserved5", "gate", "g_dtype", "beta_form", "beta_dtype",
 ), _ARGS_ORDER  # fmt: skip
 
 
@@ -207,13 +208,15 @@ def native_args(
     _ARGS_PACKER.pack_into(
         args, 0, ctypes.sizeof(_native.FwdArgs), block_v, call.batch, call.seqlen, call.heads, _validate.HEAD_DIM,
         call.num_seqs, call.q.data_ptr(), call.k.data_ptr(), call.v.data_ptr(), call.g.data_ptr(),
-        call.beta.data_ptr(), call.out.data_ptr(), call.A_log.data_ptr(), call.dt_bias.data_ptr(), call.scale,
+        call.beta.data_ptr(), call.out.data_ptr(), _address(call.A_log), _address(call.dt_bias), call.scale,
         call.lower_bound, _address(initial), _address(final), _dtype_code(initial), _dtype_code(final),
         _address(cu), 0, 0, num_sms, 0, *q, *k, *v, *g, *out, *beta,
         _dtype_code(cu), _dtype_code(indices), _address(indices), call.pool_size if indices is not None else 0,
         _address(has_initial), _address(checkpoints), _dtype_code(checkpoints),
         call.checkpoint_every if stored else 0, checkpoints.shape[0] if stored else 0,
         _native.MODE_EXACT if call.exact else _native.MODE_AUTO, segment_chunks, overlap, chunk, call.max_seqlen,
+        0, _native.GATE_CODES[call.gate], _dtype_code(call.g),
+        _native.BETA_LOGIT if call.beta_is_logit else _native.BETA_PROBABILITY, _dtype_code(call.beta),
     )  # fmt: skip
     return args, (cu, indices, has_initial)
 
@@ -238,7 +241,7 @@ _plans = {}  # plan inputs -> workspace bytes: the plan is a pure function of th
 # 128 here) and whether cu_seqlens is set (api.cpp sizes_of, request_of). Every other field
 # leaves the plan as it is (tests/test_native.py changes each one), so these key it.
 PLAN_INPUTS = ("batch", "seqlen", "heads", "num_seqs", "checkpoint_every", "max_seqlen", "mode", "block_v",
-               "segment_chunks", "num_sms", "overlap", "chunk_tokens")  # fmt: skip
+               "segment_chunks", "num_sms", "overlap", "chunk_tokens", "gate")  # fmt: skip
 _plan_inputs = operator.attrgetter(*PLAN_INPUTS)
 
 

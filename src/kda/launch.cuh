@@ -74,37 +74,50 @@ inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, 
 // footprint (a property of the module) for 16- and 32-token records. Queried once per
 // device and remembered (they do not change while the process runs): ~10 runtime queries
 // fewer a call. The 32-token K1's dynamic shared-memory limit is raised here, once.
+// The K1 kernels a call can run: 16-token records of the bounded gate, 32-token records, and
+// 16-token records of the unbounded gates (design §2.5).
+enum K1Kind { kK1Bounded16 = 0, kK1Bounded32 = 1, kK1Unbounded16 = 2, kK1Kinds = 3 };
+
 struct DeviceFacts {
   int sms, regs_sm, smem_optin, smem_sm, threads_sm;
-  int k1_alone[2];  // prepare_overlap_kernel<blocks> CTAs per SM by itself, blocks = 1, 2
-  Footprint k1[2];  // what one of them holds
+  int k1_alone[kK1Kinds];  // prepare_overlap_kernel CTAs per SM by itself, by K1Kind
+  Footprint k1[kK1Kinds];  // what one of them holds
 };
 
-// K1 for chunks of `blocks` 16-token blocks: its kernels, threads and dynamic shared memory.
+// K1 of a kind: its kernels, threads and dynamic shared memory.
 struct K1Launch {
   const void *kernel, *overlap;
   int threads, smem;
 };
 
-inline K1Launch k1_launch(int blocks, RecordOrder order = RecordOrder::kFragments) {
-  if (blocks == 2)
-    return {reinterpret_cast<const void *>(prepare_kernel<2>),
-            reinterpret_cast<const void *>(prepare_overlap_kernel<2>), K1Shape<2>::kThreads,
-            K1Shape<2>::kDynamicSmem};
+template <int kBlocks, RecordOrder kOrder, bool kUnbounded>
+K1Launch k1_kernels() {
+  return {reinterpret_cast<const void *>(prepare_kernel<kBlocks, kOrder, kUnbounded>),
+          reinterpret_cast<const void *>(prepare_overlap_kernel<kBlocks, kOrder, kUnbounded>),
+          K1Shape<kBlocks>::kThreads, K1Shape<kBlocks>::kDynamicSmem};
+}
+
+inline K1Launch k1_launch(int kind, RecordOrder order = RecordOrder::kFragments) {
+  constexpr RecordOrder kFrags = RecordOrder::kFragments;
+  if (kind == kK1Bounded32) return k1_kernels<2, kFrags, false>();
+  const bool unbounded = kind == kK1Unbounded16;
 #if FLASH_KDA_CC == 90
   if (order == RecordOrder::kTiles)
-    return {reinterpret_cast<const void *>(prepare_kernel<1, RecordOrder::kTiles>),
-            reinterpret_cast<const void *>(prepare_overlap_kernel<1, RecordOrder::kTiles>),
-            K1Shape<1>::kThreads, K1Shape<1>::kDynamicSmem};
+    return unbounded ? k1_kernels<1, RecordOrder::kTiles, true>()
+                     : k1_kernels<1, RecordOrder::kTiles, false>();
 #endif
-  return {reinterpret_cast<const void *>(prepare_kernel<1>),
-          reinterpret_cast<const void *>(prepare_overlap_kernel<1>), K1Shape<1>::kThreads,
-          K1Shape<1>::kDynamicSmem};
+  return unbounded ? k1_kernels<1, kFrags, true>() : k1_kernels<1, kFrags, false>();
 }
 
 // Chunks of the call, in 16-token blocks (1 or 2).
 inline int chunk_blocks(const FwdParams &p) {
   return p.chunk_shift == 5 ? 2 : 1;
+}
+
+// The K1 kind of a call.
+inline int k1_kind(const FwdParams &p) {
+  if (chunk_blocks(p) == 2) return kK1Bounded32;
+  return p.gate == Gate::kLowerBound ? kK1Bounded16 : kK1Unbounded16;
 }
 
 inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
@@ -118,18 +131,18 @@ inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
     const cudaError_t err = cudaDeviceGetAttribute(value, attr, device);
     if (err != cudaSuccess) return err;
   }
-  for (int blocks = 1; blocks <= 2; ++blocks) {
-    const K1Launch k1 = k1_launch(blocks);
+  for (int kind = 0; kind < kK1Kinds; ++kind) {
+    const K1Launch k1 = k1_launch(kind);
     for (const void *kernel : {k1.kernel, k1.overlap}) {
       if (k1.smem == 0) continue;
       const cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k1.smem);
       if (err != cudaSuccess) return err;
     }
-    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &f.k1_alone[blocks - 1], k1.overlap, k1.threads, k1.smem);
+    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.k1_alone[kind], k1.overlap,
+                                                                    k1.threads, k1.smem);
     if (err != cudaSuccess) return err;
-    err = footprint(k1.overlap, k1.threads, k1.smem, f.k1[blocks - 1]);
+    err = footprint(k1.overlap, k1.threads, k1.smem, f.k1[kind]);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -279,13 +292,13 @@ LaunchStatus configure_chunk(const FwdParams &p, ChainPass pass, int block_v, Pa
 // K1 CTAs (prepare_overlap_kernel) that fit on an SM beside one CTA of `pass`: by the
 // registers of the fullest sub-partition, shared memory and threads, at most as many as K1
 // runs by itself.
-inline LaunchStatus k1_fit_beside(const PassLaunch &pass, const DeviceFacts &d, int blocks,
+inline LaunchStatus k1_fit_beside(const PassLaunch &pass, const DeviceFacts &d, int kind,
                                   int &fit) {
-  const Footprint &k1 = d.k1[blocks - 1];
+  const Footprint &k1 = d.k1[kind];
   Footprint k2;
   const cudaError_t err = footprint(pass.kernel, pass.threads, pass.smem, k2);
   if (err != cudaSuccess) return {err, "recurrence_kernel attributes"};
-  fit = std::min({d.k1_alone[blocks - 1],
+  fit = std::min({d.k1_alone[kind],
                   (d.regs_sm / 4 - k2.sub_partition_regs) / k1.sub_partition_regs,
                   (d.smem_sm - k2.smem) / k1.smem, (d.threads_sm - k2.threads) / k1.threads});
   return {cudaSuccess, nullptr};
@@ -327,11 +340,11 @@ LaunchStatus configure_warpgroup_64(const FwdParams &p, PassLaunch &out) {
   if (st.error != cudaSuccess) return st;
   if (p.ready == nullptr || p.overlap_min_ctas < 1 || p.overlap_max_ctas < 1) return st;
   int fit = 0;
-  st = k1_fit_beside(out, d, 1, fit);
+  st = k1_fit_beside(out, d, k1_kind(p), fit);
   if (st.error != cudaSuccess || fit >= p.overlap_min_ctas) return st;
   PassLaunch shared;
   st = configure_warpgroup<1, 2, kCode>(p, shared);
-  if (st.error == cudaSuccess) st = k1_fit_beside(shared, d, 1, fit);
+  if (st.error == cudaSuccess) st = k1_fit_beside(shared, d, k1_kind(p), fit);
   if (st.error == cudaSuccess && fit >= p.overlap_min_ctas) out = shared;
   return st;
 }
@@ -401,7 +414,7 @@ inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_
 inline LaunchStatus launch_prepare_extra(FwdParams k1, int64_t ctas, RecordOrder order,
                                          cudaStream_t stream) {
   void *args[] = {&k1};
-  const K1Launch shape = k1_launch(chunk_blocks(k1), order);
+  const K1Launch shape = k1_launch(k1_kind(k1), order);
   const cudaError_t launch =
       launch_kernel(shape.overlap, ctas, shape.threads, shape.smem, args, true, stream);
   if (launch != cudaSuccess) return {launch, "prepare_overlap_kernel launch (free SMs)"};
@@ -477,10 +490,10 @@ inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms
   cudaError_t err = device_facts(d);
   if (err != cudaSuccess) return {err, "prepare_kernel device query"};
   sms = d.sms;
-  const int blocks = chunk_blocks(p);
-  alone = d.k1_alone[blocks - 1];
+  const int kind = k1_kind(p);
+  alone = d.k1_alone[kind];
   int beside = 0;
-  const LaunchStatus st = k1_fit_beside(first, d, blocks, beside);
+  const LaunchStatus st = k1_fit_beside(first, d, kind, beside);
   if (st.error != cudaSuccess) return st;
   if (p.overlap_max_ctas == 0 && first.ctas < sms) {
     keep = alone;
@@ -516,7 +529,7 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   const bool overlap = keep > 0;
   FwdParams k1 = p;
   k1.leave_sms = leave_sms;
-  const K1Launch shape = k1_launch(chunk_blocks(p), first.records);
+  const K1Launch shape = k1_launch(k1_kind(p), first.records);
   void *args[] = {&k1};
   cudaError_t launch = cudaSuccess;
   if (overlap) {

@@ -28,8 +28,13 @@ enum class ChainPass : int32_t {
   kRerun = 2,    // §6 phase C: each segment from its combined start state, with output
 };
 
+// The decay gate's form (flash_kda_gate): FlashKDA's bounded gate, or one of the two
+// unbounded forms, which K1 takes through the split of design §2.5.
+enum class Gate : int32_t { kLowerBound = 0, kSoftplus = 1, kLogDecay = 2 };
+
 struct FwdParams {
-  // Activations [B, T, H, 128] bf16 (bit patterns) with their element strides.
+  // Activations [B, T, H, 128] bf16 (bit patterns) with their element strides; g is fp32
+  // where g_fp32 (the log-decay gate), beta where beta_fp32.
   const uint16_t *q;
   const uint16_t *k;
   const uint16_t *v;
@@ -37,8 +42,8 @@ struct FwdParams {
   const uint16_t *beta;  // [B, T, H]
   uint16_t *out;
   Strides q_strides, k_strides, v_strides, g_strides, beta_strides, out_strides;
-  const float *A_log;    // [heads]
-  const float *dt_bias;  // [heads, 128]
+  const float *A_log;    // [heads]; nullptr with Gate::kLogDecay
+  const float *dt_bias;  // [heads, 128]; likewise
 
   // States [S, heads, 128 (V), 128 (K)], S = num_seqs, or pool_size with state_indices.
   const void *initial_state;
@@ -107,6 +112,13 @@ struct FwdParams {
 
   float gate_scale;     // c = fp32(lower_bound * log2 e), design §3.2 step 1
   uint32_t scale_bf16;  // sb = bf(fp32(scale)), design §3.2 step 6
+  Gate gate;
+  int32_t g_fp32;     // g holds fp32 (Gate::kLogDecay only)
+  int32_t beta_fp32;  // beta holds fp32
+  int32_t beta_prob;  // beta is the write strength itself (clamped to [0, 1]), not a logit
+  // AUTO mode: K1 checks each chunk's Neumann inverse and recomputes the unsound ones in fp32
+  // (design §2.6); exact mode keeps FlashKDA's inverse everywhere.
+  int32_t stable_inverse;
 
   int32_t chain_block_v;    // plan: width of the whole-sequence or rerun pass
   int32_t segment_block_v;  // plan: width of the segment pass

@@ -19,7 +19,10 @@ __global__ void __launch_bounds__(kProbeThreads)
   for (int64_t i = blockIdx.x * int64_t{kProbeThreads} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * kProbeThreads) {
     const float xi = x[i];
-    y[i] = op == 0 ? ex2_approx(xi) : op == 1 ? sigmoid_tanh(xi) : rsqrt_approx(xi);
+    y[i] = op == 0   ? ex2_approx(xi)
+           : op == 1 ? sigmoid_tanh(xi)
+           : op == 2 ? rsqrt_approx(xi)
+                     : lg2_approx(xi);
   }
 }
 

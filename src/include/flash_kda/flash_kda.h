@@ -30,7 +30,7 @@
 #define FLASH_KDA_NOEXCEPT
 #endif
 
-#define FLASH_KDA_ABI_VERSION 5
+#define FLASH_KDA_ABI_VERSION 6
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,6 +64,24 @@ typedef enum flash_kda_mode {
   FLASH_KDA_MODE_AUTO = 1
 } flash_kda_mode;
 
+/* The decay gate's form (flash_kda_fwd_args.gate, append-only; docs/design.md §2.2, §2.5). */
+typedef enum flash_kda_gate {
+  /* lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), lower_bound in [-5, 0]: FlashKDA's
+   * bounded gate, the ABI 5 behaviour */
+  FLASH_KDA_GATE_LOWER_BOUND = 0,
+  /* -exp(A_log) * softplus(g + dt_bias): Kimi-Linear's unbounded gate; lower_bound unused */
+  FLASH_KDA_GATE_SOFTPLUS = 1,
+  /* g is the per-channel natural-log decay itself (<= 0; a larger value or NaN counts as 0,
+   * -inf decays fully); A_log and dt_bias must be NULL, lower_bound unused */
+  FLASH_KDA_GATE_LOG_DECAY = 2
+} flash_kda_gate;
+
+/* What beta holds (flash_kda_fwd_args.beta_form, append-only). */
+typedef enum flash_kda_beta {
+  FLASH_KDA_BETA_LOGIT = 0,      /* raw logits, sigmoid applied inside (the ABI 5 behaviour) */
+  FLASH_KDA_BETA_PROBABILITY = 1 /* the write strength itself, clamped to [0, 1] (NaN: 0) */
+} flash_kda_beta;
+
 /* Bits of flash_kda_arch_desc.features. */
 #define FLASH_KDA_FEATURE_FWD 1u    /* the KDA forward (prepare + recurrence) */
 #define FLASH_KDA_FEATURE_PROBES 2u /* single-instruction probes for the reference */
@@ -85,11 +103,12 @@ typedef struct flash_kda_strides {
 
 /*
  * Arguments of one forward call (docs/api.md). Activations q, k, v, g, out are bf16
- * [B, T, H, 128] with the strides below; beta bf16 [B, T, H]; A_log fp32 [H]; dt_bias
- * fp32 [H, 128] contiguous. States are contiguous bf16 or fp32 [S, H, 128 (V), 128 (K)]
+ * [B, T, H, 128] with the strides below (g may be fp32, see g_dtype); beta bf16 or fp32
+ * [B, T, H]; A_log fp32 [H]; dt_bias fp32 [H, 128] contiguous (both NULL with
+ * GATE_LOG_DECAY). States are contiguous bf16 or fp32 [S, H, 128 (V), 128 (K)]
  * (V-first) with S = num_seqs, or S = state_pool_size when state_indices is given.
  * cu_seqlens [N + 1] (int64 or int32, on the device) or NULL for batched mode (N = B).
- * Every tensor pointer must be 16-byte aligned (beta: 2-byte).
+ * Every tensor pointer must be 16-byte aligned (beta: 2-byte, 4-byte when fp32).
  *
  * Fields after `reserved` are ABI 2. A caller built against an older header passes a
  * smaller struct_size: the library reads only that prefix and takes the later fields
@@ -113,7 +132,7 @@ typedef struct flash_kda_fwd_args {
   const float *A_log;
   const float *dt_bias;
   double scale;
-  double lower_bound; /* in [-5, 0] */
+  double lower_bound; /* in [-5, 0] with GATE_LOWER_BOUND; unused by the other gates */
   const void *initial_state;
   void *final_state;           /* may be initial_state itself (in place) */
   int32_t initial_state_dtype; /* flash_kda_dtype: NONE, BF16 or FP32 */
@@ -169,6 +188,14 @@ typedef struct flash_kda_fwd_args {
                        * lengths live on the device). The call is correct whatever it is;
                        * only AUTO mode's plan (speed and bits) follows it. Ignored in EXACT
                        * and in batched mode */
+  /* ---- ABI 6: a caller may pass the ABI 5 size, without these fields (lower_bound gate,
+   * bf16 g, bf16 beta logits) ---- */
+  int32_t reserved5;  /* ABI 5's tail padding: ignored */
+  int32_t gate;       /* flash_kda_gate; the plan reads it (unbounded gates: 16-token chunks) */
+  int32_t g_dtype;    /* NONE (= BF16) or BF16; FP32 with GATE_LOG_DECAY. g's strides are in its
+                       * elements and must be multiples of 16 bytes */
+  int32_t beta_form;  /* flash_kda_beta */
+  int32_t beta_dtype; /* NONE (= BF16), BF16 or FP32 (4-byte aligned); either beta_form */
 } flash_kda_fwd_args;
 
 /* What flash_kda_fwd will run for some arguments (flash_kda_fwd_plan). */
@@ -199,7 +226,8 @@ typedef struct flash_kda_fwd_plan_info {
 typedef enum flash_kda_probe_unary {
   FLASH_KDA_PROBE_EX2 = 0,     /* ex2.approx.ftz.f32 */
   FLASH_KDA_PROBE_SIGMOID = 1, /* fma(tanh.approx(x * 0.5), 0.5, 0.5), FTZ */
-  FLASH_KDA_PROBE_RSQRT = 2    /* rsqrt.approx.ftz.f32 */
+  FLASH_KDA_PROBE_RSQRT = 2,   /* rsqrt.approx.ftz.f32 */
+  FLASH_KDA_PROBE_LG2 = 3      /* lg2.approx.ftz.f32 (ABI 6) */
 } flash_kda_probe_unary;
 
 typedef enum flash_kda_probe_mma {
@@ -237,7 +265,7 @@ FLASH_KDA_API int32_t flash_kda_pick_block_v(int64_t num_seqs, int64_t heads,
                                              int32_t num_sms) FLASH_KDA_NOEXCEPT;
 
 /* The plan of flash_kda_fwd for these arguments: only sizes, mode, block_v, num_sms,
- * checkpoint_every, segment_chunks and whether cu_seqlens is NULL are read (no memory
+ * checkpoint_every, segment_chunks, gate and whether cu_seqlens is NULL are read (no memory
  * behind a pointer), so a caller can size the workspace first. Pure; the same arguments
  * always give the same plan. */
 FLASH_KDA_API flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
