@@ -131,7 +131,7 @@ def test_short_args_struct_is_rejected(lib):
 
 def test_probe_arguments_are_checked(lib):
     cc = lib.archs[0].compute_capability
-    with pytest.raises(RuntimeError, match="op must be EX2, SIGMOID or RSQRT, got 9"):
+    with pytest.raises(RuntimeError, match="op must be EX2, SIGMOID, RSQRT or LG2, got 9"):
         lib.probe_unary(cc, 9, 0x1000, 0x2000, 4, 0)
     with pytest.raises(RuntimeError, match="multiples of 16, 8, 16; got 1, 16, 12, 16"):
         lib.probe_mma(cc, _native.PROBE_MMA_BF16_F32, 0x1000, 0x2000, 0x3000, 1, 16, 12, 16, 0)

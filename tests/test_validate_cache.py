@@ -438,7 +438,9 @@ def keyword_args(c, num_sms, block_v=0, segment_chunks=0, overlap=0, chunk=0):
         checkpoints=ptr(ckpt), checkpoints_dtype=code(ckpt), checkpoint_every=c.checkpoint_every if ckpt is not None
         else 0, checkpoint_slots=ckpt.shape[0] if ckpt is not None else 0,
         mode=_native.MODE_EXACT if c.exact else _native.MODE_AUTO, segment_chunks=segment_chunks, overlap=overlap,
-        chunk_tokens=chunk, max_seqlen=c.max_seqlen, **strides,
+        chunk_tokens=chunk, max_seqlen=c.max_seqlen, gate=_native.GATE_CODES[c.gate], g_dtype=code(c.g),
+        beta_form=_native.BETA_LOGIT if c.beta_is_logit else _native.BETA_PROBABILITY, beta_dtype=code(c.beta),
+        **strides,
     )  # fmt: skip
 
 

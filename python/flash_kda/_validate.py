@@ -353,7 +353,6 @@ class _Plan(NamedTuple):
     dt_bias_ready: bool  # float32, contiguous, [H, 128]: likewise
     gate: str
     beta_is_logit: bool
-    lower_bound: float  # as validated (0.0 where the gate takes none)
 
 
 _plans: dict = {}  # signature -> _Plan, or _SEEN after its first call
@@ -400,11 +399,11 @@ def _plan_of(call: FwdCall, tensors: tuple, overlaps: tuple) -> _Plan:
         present((_INITIAL, _FINAL, _CHECKPOINTS)), overlaps,
         A_log is not None and A_log.dtype == torch.float32 and A_log.is_contiguous(),
         dt_bias is not None and dt_bias.dtype == torch.float32 and dt_bias.is_contiguous() and dt_bias.dim() == 2,
-        call.gate, call.beta_is_logit, call.lower_bound,
+        call.gate, call.beta_is_logit,
     )  # fmt: skip
 
 
-def _check_pointers(plan: _Plan, tensors: tuple, scale: float) -> FwdCall:
+def _check_pointers(plan: _Plan, tensors: tuple, scale: float, lower_bound) -> FwdCall:
     """A call whose signature passed the full validation before: only the pointer- and
     content-dependent checks, in the full validation's order (so the same error for the
     same fault), then the validated call."""
@@ -429,7 +428,8 @@ def _check_pointers(plan: _Plan, tensors: tuple, scale: float) -> FwdCall:
         dt_bias = _widen(dt_bias.reshape(plan.heads, HEAD_DIM))
     return FwdCall(
         tensors[_Q], tensors[_K], tensors[_V], tensors[_G], tensors[_BETA], tensors[_OUT], A_log, dt_bias, scale,
-        plan.lower_bound, tensors[_INITIAL], tensors[_FINAL], cu, tensors[_INDICES], tensors[_HAS_INITIAL],
+        lower_bound if plan.gate == "lower_bound" else 0.0, tensors[_INITIAL], tensors[_FINAL], cu, tensors[_INDICES],
+        tensors[_HAS_INITIAL],
         plan.checkpoint_every, tensors[_CHECKPOINTS], plan.exact, plan.batch, plan.seqlen, plan.heads, plan.num_seqs,
         plan.state_dtype, bounds, plan.strides, 0, plan.gate, plan.beta_is_logit,
     )  # fmt: skip
@@ -450,7 +450,7 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
     key = _signature(tensors, scale, lower_bound, checkpoint_every, exact, gate, beta_is_logit)
     plan = None if key is None else _plans.get(key)
     if plan is not None and plan is not _SEEN:
-        return _longest(_check_pointers(plan, tensors, scale), max_seqlen)
+        return _longest(_check_pointers(plan, tensors, scale, lower_bound), max_seqlen)
     if key is not None:
         exact = key[-1]  # the resolved mode: FLASH_KDA_EXACT is read once per call
     call, overlaps = _check_all(tensors, scale, lower_bound, checkpoint_every, exact, gate, beta_is_logit)
