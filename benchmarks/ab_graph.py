@@ -10,9 +10,12 @@ vL1,L2,...xH for varlen lengths (v700,324x12). A library named LIB:hint runs LIB
 flash_kda.fwd's max_seqlen hint (the longest sequence) on varlen shapes, so that
 ``--libs new.so new.so:hint`` compares the plan without and with it. flash_kda loads one library a process
 ($FLASH_KDA_LIBRARY), so each library's round runs in a process of its own; rounds alternate
-between the libraries. Prints a markdown table: each library's plan (bench_fwd.describe_plan)
-and its milliseconds a round (the lowest of three medians of triton.testing.do_bench over
-graph replays, bf16 state in and out, the automatic path unless --exact).
+between the libraries. LIB:gate=softplus (or log_decay) runs that gate form (bench_fwd.with_gate),
+and LIB:py=DIR imports flash_kda from DIR (another tree's package, for a library of another C
+ABI); options combine (LIB:hint:gate=softplus). Prints a markdown table: each library's plan
+(bench_fwd.describe_plan) and its milliseconds a round (the lowest of three medians of
+triton.testing.do_bench over graph replays, bf16 state in and out, the automatic path unless
+--exact).
 """
 
 import argparse
@@ -35,15 +38,15 @@ def parse_shape(shape):
     return [int(seqlen)] * int(num_seqs), int(heads)
 
 
-def measure(shapes, exact, hint):
+def measure(shapes, exact, hint, gate):
     """One JSON line per shape for the library this process loaded: its plan and graph ms."""
     import torch
-    from bench_fwd import describe_plan, graphed, make_inputs, plan_of, runner, time_ms
+    from bench_fwd import describe_plan, graphed, make_inputs, plan_of, runner, time_ms, with_gate
     from triton.testing import do_bench
 
     for shape in shapes:
         lens, heads = parse_shape(shape)
-        p = make_inputs(lens, heads)
+        p = with_gate(make_inputs(lens, heads), gate)
         max_seqlen = max(lens) if hint and p["cu_seqlens"] is not None else None
         replay = graphed(runner(p, exact, max_seqlen=max_seqlen))
         ms = min(time_ms(do_bench, replay) for _ in range(3))
@@ -54,10 +57,16 @@ def measure(shapes, exact, hint):
 
 
 def run_round(lib, shapes, exact):
-    """{shape: (plan, ms)} of one round of `lib` (LIB or LIB:hint), measured in a child process."""
-    path, _, hint = lib.partition(":")
+    """{shape: (plan, ms)} of one round of `lib` (LIB[:hint][:gate=G][:py=DIR]), measured in a
+    child process."""
+    path, *opts = lib.split(":")
     env = dict(os.environ, FLASH_KDA_LIBRARY=os.path.abspath(path))
-    options = (["--exact"] if exact else []) + (["--hint"] if hint == "hint" else [])
+    options = (["--exact"] if exact else []) + (["--hint"] if "hint" in opts else [])
+    for opt in opts:
+        if opt.startswith("gate="):
+            options += ["--gate", opt[5:]]
+        if opt.startswith("py="):
+            env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(opt[3:]), env.get("PYTHONPATH", "")])
     command = [sys.executable, __file__, "--worker", *options, *shapes]
     out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
@@ -72,9 +81,10 @@ def main():
     parser.add_argument("--exact", action="store_true", help="the exact path (default: automatic)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--hint", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--gate", default="lower_bound", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return measure(args.shapes, args.exact, args.hint)
+        return measure(args.shapes, args.exact, args.hint, args.gate)
     if not args.libs:
         parser.error("--libs is required")
     results = {lib: [] for lib in args.libs}

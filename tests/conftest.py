@@ -269,7 +269,7 @@ def degenerate_problem(kind, gate, beta, *, batch=1, seqlen=256, heads=2, device
     if kind == "repeated":
         k = k0.expand(batch, seqlen, heads, 128)
     elif kind == "alternating":
-        k = k0 * ((-1.0) ** torch.arange(seqlen).float()).reshape(1, -1, 1, 1)
+        k = k0 * ((-1.0) ** torch.arange(seqlen).float()).reshape(1, -1, 1, 1).expand(batch, seqlen, 1, 1)
     else:
         d = torch.randn(3, heads, 128, generator=gen)
         k = d[torch.randint(0, 3, (batch, seqlen), generator=gen)]
@@ -282,3 +282,31 @@ def degenerate_problem(kind, gate, beta, *, batch=1, seqlen=256, heads=2, device
     else:
         p.update(g=torch.zeros_like(p["g"]), A_log=None, dt_bias=None, lower_bound=None)
     return p
+
+
+def chunk_l(call, ops) -> torch.Tensor:
+    """Step 8's fp16 L of every chunk of a validated call (16-token chunks), as the reference
+    forms it for the call's gate and beta forms (with `ops`: exact math or the GPU's probes)."""
+    from flash_kda import reference
+
+    chunks = reference.chunk_table(call.batch, call.seqlen, call.seq_bounds, call.q.device)
+    q_hat = reference.l2_normalize(ops, reference.gather_chunks(call.q, chunks))
+    k_hat = reference.l2_normalize(ops, reference.gather_chunks(call.k, chunks))
+    g = reference.gather_chunks(call.g, chunks)
+    if call.gate == "lower_bound":
+        G = reference.gate_cumsum(ops, g, chunks.valid, call.A_log, call.dt_bias, call.lower_bound)
+        operands = reference.apply_decays(ops, q_hat, k_hat, G, call.scale)[1:4]
+    else:
+        gamma = reference.unbounded_gamma(ops, g, chunks.valid, call.A_log, call.dt_bias, call.gate)
+        operands = reference.unbounded_decays(ops, q_hat, k_hat, gamma, call.scale)[4:]
+    b = reference.write_strength(ops, reference.gather_chunks(call.beta, chunks), call.beta_is_logit)
+    return reference.chunk_scores(ops, *operands, b)[0]
+
+
+def unsound_chunks(call, ops) -> int:
+    """How many (chunk, head) inverses of a call the stable inverse recomputes (design section
+    2.6)."""
+    from flash_kda import reference
+
+    L = chunk_l(call, ops)
+    return int((~reference.within_tolerance(reference.residual(ops, L, reference.neumann_product(ops, L)))).sum())

@@ -14,6 +14,7 @@ from conftest import (
     FWD_ARGS,
     GOLD_ARGS,
     STATE_VARIANTS,
+    chunk_l,
     degenerate_problem,
     forms,
     make_problem,
@@ -146,23 +147,6 @@ def test_probability_betas_are_the_logits_sigmoid():
 # ------------------------------------------------------------------ the stable inverse
 
 
-def chunk_l(call) -> torch.Tensor:
-    """Step 8's fp16 L of every chunk of a validated batched call, as the reference forms it."""
-    chunks = reference.chunk_table(call.batch, call.seqlen, None, "cpu")
-    q_hat = reference.l2_normalize(CPU, reference.gather_chunks(call.q, chunks))
-    k_hat = reference.l2_normalize(CPU, reference.gather_chunks(call.k, chunks))
-    g = reference.gather_chunks(call.g, chunks)
-    if call.gate == "lower_bound":
-        G = reference.gate_cumsum(CPU, g, chunks.valid, call.A_log, call.dt_bias, call.lower_bound)
-        _, *operands = reference.apply_decays(CPU, q_hat, k_hat, G, call.scale)
-        operands = operands[:3]
-    else:
-        gamma = reference.unbounded_gamma(CPU, g, chunks.valid, call.A_log, call.dt_bias, call.gate)
-        operands = reference.unbounded_decays(CPU, q_hat, k_hat, gamma, call.scale)[4:]
-    b = reference.write_strength(CPU, reference.gather_chunks(call.beta, chunks), call.beta_is_logit)
-    return reference.chunk_scores(CPU, *operands, b)[0]
-
-
 KINDS = ("repeated", "alternating", "few")
 
 
@@ -219,7 +203,7 @@ def test_the_residual_test_catches_the_degenerate_chunks_only():
 
     def worst(p):
         call = _validate.check_fwd(*[p[n] for n in FWD_ARGS], exact=True, **forms(p))
-        L = chunk_l(call)
+        L = chunk_l(call, CPU)
         return float(reference.residual(CPU, L, reference.neumann_product(CPU, L)).abs().amax())
 
     healthy = []
