@@ -31,8 +31,7 @@ std::string str(int64_t x) {
 
 // ---------------------------------------------------------------- cost model
 // Microseconds on the H200 (config.h; fitted to per-kernel profiles at forced segment
-// lengths, benchmarks/results/h200-kernels.txt). Only the ratio of the two paths matters:
-// both run the same K1, which is left out.
+// lengths, benchmarks/profile_kernels.py), K1 included (prepare_us and the overlap models below).
 
 constexpr double kLaunchUs = 5.0;  // one more kernel launch on the stream
 constexpr double kWaveUs = 6.0;    // a segment pass's fixed cost per wave of CTAs
