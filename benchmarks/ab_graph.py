@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Graph-replay medians of two or more libraries side by side, in interleaved rounds: what a
-change to the plan or to the launches moves (benchmarks/NOTES.md steps 87-88). Diagnostics
+change to the plan or to the launches moves. Diagnostics
 for a change, not the table:
 
     python benchmarks/ab_graph.py --libs OLD.so NEW.so [--rounds 2] [--exact] SHAPE ...
@@ -13,7 +13,7 @@ flash_kda.fwd's max_seqlen hint (the longest sequence) on varlen shapes, so that
 between the libraries. LIB:gate=softplus (or log_decay) runs that gate form (bench_fwd.with_gate),
 and LIB:py=DIR imports flash_kda from DIR (another tree's package, for a library of another C
 ABI); options combine (LIB:hint:gate=softplus). Prints a markdown table: each library's plan
-(bench_fwd.describe_plan) and its milliseconds a round (the lowest of three medians of
+(report.describe_plan) and its milliseconds a round (the lowest of three medians of
 triton.testing.do_bench over graph replays, bf16 state in and out, the automatic path unless
 --exact).
 """
@@ -41,7 +41,8 @@ def parse_shape(shape):
 def measure(shapes, exact, hint, gate):
     """One JSON line per shape for the library this process loaded: its plan and graph ms."""
     import torch
-    from bench_fwd import describe_plan, graphed, make_inputs, plan_of, runner, time_ms, with_gate
+    from bench_fwd import graphed, make_inputs, plan_of, runner, time_ms, with_gate
+    from report import describe_plan
     from triton.testing import do_bench
 
     for shape in shapes:

@@ -154,7 +154,7 @@ def l2_normalize(ops: Ops, x: torch.Tensor) -> torch.Tensor:
 
 
 def gate_values(ops: Ops, g, valid, A_log, dt_bias, lower_bound) -> torch.Tensor:
-    """Steps 1, 3: a = EX2(A_log * LOG2E_F); gamma = c * sig((g + dt) * a) for valid rows,
+    """design §3.2 steps 1, 3: a = EX2(A_log * LOG2E_F); gamma = c * sig((g + dt) * a) for valid rows,
     0 beyond."""
     a = ops.ex2(mul_ftz(A_log.float(), torch.full_like(A_log.float(), LOG2E_F)))
     c = torch.tensor(lower_bound * LOG2E, dtype=torch.float32, device=g.device)
@@ -164,7 +164,7 @@ def gate_values(ops: Ops, g, valid, A_log, dt_bias, lower_bound) -> torch.Tensor
 
 
 def cumulative_gates(gamma: torch.Tensor, restart: int = C) -> torch.Tensor:
-    """Step 4: the sequential fp32 sum of gamma over a chunk's rows (dim 2), 0 (+) gamma_0
+    """design §3.2 step 4: the sequential fp32 sum of gamma over a chunk's rows (dim 2), 0 (+) gamma_0
     first, restarted every ``restart`` rows (the chunk model's 16-row blocks)."""
     G = torch.empty_like(gamma)
     acc = torch.zeros_like(gamma[:, :, 0])
@@ -177,12 +177,12 @@ def cumulative_gates(gamma: torch.Tensor, restart: int = C) -> torch.Tensor:
 
 
 def gate_cumsum(ops: Ops, g, valid, A_log, dt_bias, lower_bound) -> torch.Tensor:
-    """Steps 1, 3, 4: G = sequential fp32 cumulative sum of gamma over the chunk's 16 rows."""
+    """design §3.2 steps 1, 3, 4: G = sequential fp32 cumulative sum of gamma over the chunk's 16 rows."""
     return cumulative_gates(gate_values(ops, g, valid, A_log, dt_bias, lower_bound))
 
 
 def unbounded_gamma(ops: Ops, g, valid, A_log, dt_bias, gate: str) -> torch.Tensor:
-    """Step U1 (design §2.5), the log2 decay of the unbounded gates, in [-inf, 0]:
+    """design §3.2 step U1 (§2.5), the log2 decay of the unbounded gates, in [-inf, 0]:
     softplus: a = EX2(A_log * LOG2E_F), y = (g + dt) * LOG2E_F, gamma = min(-a * (max(y, 0) +
     LG2(1 + EX2(-|y|))), 0); log_decay: gamma = min(g * LOG2E_F, 0); min and max return the
     other operand for a NaN. 0 beyond the valid rows."""
@@ -209,7 +209,7 @@ def _chain(gamma: torch.Tensor, rows, start=None) -> list:
 
 
 def unbounded_decays(ops: Ops, q_hat, k_hat, gamma, scale: float):
-    """Steps U2, U3 (design §2.5): every factor EX2 of a sum that never subtracts. With the
+    """design §3.2 steps U2, U3 (§2.5): every factor EX2 of a sum that never subtracts. With the
     halves H0 = rows 0-7 and H1 = rows 8-15: G_t (H0 forward; in H1 G_7 + F_t, F forward from
     row 8), D_t = sum_{s>t} gamma_s (H1 backward, T = D_7 its total; in H0 B_t + T, B backward
     to row 7), e = EX2(G_7 + T); Kd = k (*) E(G), Qd = (q (*) E(G)) (*) sb, Kr = k (*) E(D) with
@@ -254,7 +254,7 @@ def unbounded_decays(ops: Ops, q_hat, k_hat, gamma, scale: float):
 
 
 def apply_decays(ops: Ops, q_hat, k_hat, G, scale: float):
-    """Steps 5, 6: e = EX2(G[15]); Qd = (q (*) E+) (*) sb, Kd = k (*) E+, Ki = k (*) E-,
+    """design §3.2 steps 5, 6: e = EX2(G[15]); Qd = (q (*) E+) (*) sb, Kd = k (*) E+, Ki = k (*) E-,
     Kr = Ki (*) bf(e), with E+ = bf(EX2(G)), E- = bf(EX2(-G)), sb = bf(fp32(scale))."""
     e = ops.ex2(G[:, :, C - 1])
     e_plus, e_minus = bf(ops.ex2(G)), bf(ops.ex2(-G))
@@ -267,7 +267,7 @@ def apply_decays(ops: Ops, q_hat, k_hat, G, scale: float):
 
 
 def chunk_scores(ops: Ops, Qd, Kd, Ki, b):
-    """Steps 7, 8: L = hf(hf(Kd Ki^T) * hf(b_i)) strictly below the diagonal, Mqk =
+    """design §3.2 steps 7, 8: L = hf(hf(Kd Ki^T) * hf(b_i)) strictly below the diagonal, Mqk =
     bf(Qd Ki^T) on and below it (MMA32)."""
     i = torch.arange(C, device=Kd.device)
     lower, lower_diag = i[:, None] > i[None, :], i[:, None] >= i[None, :]
@@ -279,7 +279,7 @@ def chunk_scores(ops: Ops, Qd, Kd, Ki, b):
 
 
 def neumann_product(ops: Ops, L) -> torch.Tensor:
-    """Step 9 before its rounding: N3 = (I - L)(I + L^2)(I + L^4)(I + L^8) in fp16, by
+    """design §3.2 step 9 before its rounding: N3 = (I - L)(I + L^2)(I + L^4)(I + L^8) in fp16, by
     N_{m+1} = N_m (+h) MMA16(N_m, P), P = L^2, L^4, L^8 (fp16 products, fp16 accumulation)."""
     eye = torch.eye(C, dtype=torch.bool, device=L.device)
     n = torch.where(eye, torch.ones_like(L), -L)
@@ -320,7 +320,7 @@ def forward_substitution(L) -> torch.Tensor:
 
 
 def neumann_inverse(ops: Ops, L, stable: bool = False) -> torch.Tensor:
-    """Step 9: INV = bf(f(N3)); with ``stable`` (AUTO mode, design §2.6), bf of the fp32
+    """design §3.2 step 9: INV = bf(f(N3)); with ``stable`` (AUTO mode, design §2.6), bf of the fp32
     forward substitution where N3's residual is out of tolerance."""
     N = neumann_product(ops, L)
     INV = bf(N.float())
@@ -333,7 +333,7 @@ def neumann_inverse(ops: Ops, L, stable: bool = False) -> torch.Tensor:
 
 
 def write_strength(ops: Ops, beta, beta_is_logit: bool = True) -> torch.Tensor:
-    """Step 8's b in fp32: sig(f(beta)) of a logit, else min(max(f(beta), 0), 1) (NaN: 0)."""
+    """design §3.2 step 8's b in fp32: sig(f(beta)) of a logit, else min(max(f(beta), 0), 1) (NaN: 0)."""
     x = beta.float()
     if beta_is_logit:
         return ops.sigmoid(x)
