@@ -32,9 +32,7 @@ from ._numerics import Ops, add_ftz, bf, bmul, hf, mul_ftz
 BLOCK = reference.C  # rows of the ledger's chunk: the model's blocks
 
 
-def prepare(
-    ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr=False, stable=False
-) -> dict:
+def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr=False, stable=False) -> dict:
     """The record of every chunk and head (C = 16 or 32 rows): tensors [chunks, H, ...]."""
     C = chunks.valid.shape[1]
     if C not in (16, 32) or (ledger_kr and C != 16):

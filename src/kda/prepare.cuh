@@ -41,7 +41,10 @@ struct PrepareSmem {
   alignas(16) uint16_t mqk[kTileElems];       // Mqk in A-fragment order
   alignas(16) uint16_t lmat[kChunk][kChunk];  // L (fp16 bits), row-major
   alignas(8) float decay[kHeadDim];           // G[7][k] (hand-off), then e[k] = EX2(G[15][k])
-  float beta_h[kChunk];                       // f(hf(b_t)) for L, §3.2 step 8
+  union {
+    float beta_h[kChunk];  // f(hf(b_t)) for L, §3.2 step 8
+    int unsound;           // then (AUTO mode): whether N3 failed the residual test (design §2.6)
+  };
   alignas(16) uint16_t beta_bf[kChunk];       // bf(b_t) for K2
 };
 
@@ -426,9 +429,10 @@ __device__ __forceinline__ bool residual_sound(const Tile16 &a, const Tile16 &b,
   return __all_sync(0xffffffffu, ok);
 }
 
-// N + MMA16(L, N) - I within tolerance (a diagonal block).
-__device__ __forceinline__ bool neumann_sound(const Tile16 &l, const Tile16 &n) {
-  return residual_sound(n, mma16(l, n), true);
+// N + MMA16(L, N) - I within tolerance (a diagonal block; L reloaded from its row-major block
+// rather than kept live through the Neumann product: the 40-register K1 spilled otherwise).
+__device__ __forceinline__ bool neumann_sound(const uint16_t (*lmat)[kChunk], const Tile16 &n) {
+  return residual_sound(n, mma16(load_tile16(lmat), n), true);
 }
 
 // (f(x) - f(y)) - f(e) within tolerance (the cross block of a 32-token chunk, cross_inverse32).
@@ -456,53 +460,49 @@ __device__ __forceinline__ float l_entry(const uint16_t (*lmat)[kChunk][kChunk],
   return f16_to_f32(lmat[block_pair(i / kChunk, s / kChunk)][i % kChunk][s % kChunk]);
 }
 
-// (I + L)^-1 in fp32 by forward substitution, lane j computing column j (lanes past the
-// chunk's rows idle): X_jj = 1, X_ij = 0 above, and for i > j X_ij = -acc_i with acc_i the FMA
-// chain acc = fma(L(i, s), X_sj, acc) over s = 0 .. i - 1 in order from +0 (the zeros X_sj,
-// s < j, add nothing). Required (design §2.6). Fills x[] with the lane's column.
+// (I + L)^-1 in fp32 by forward substitution (one warp), in `scratch`, kN x kN floats of shared
+// memory that nothing else reads at the time: lane j computes column j (lanes past the chunk's
+// rows idle): X_jj = 1, X_ij = 0 above, and for i > j X_ij = -acc with acc the FMA chain
+// acc = fma(L(i, s), X_sj, acc) over s = 0 .. i - 1 in order from +0 (the zeros X_sj, s < j,
+// add nothing). Required (design §2.6). Then bf(X) into the chunk's INV tiles (block_pair
+// order). It runs for unsound chunks only: loops, not unrolled, keep its registers and code
+// small (with the column in registers the 40-register K1 spilled).
 template <int kBlocks>
-__device__ __forceinline__ void forward_substitution(const uint16_t (*lmat)[kChunk][kChunk],
-                                                     float (&x)[kBlocks * kChunk]) {
+__device__ __forceinline__ void fp32_inverse(const uint16_t (*lmat)[kChunk][kChunk],
+                                             float *scratch, uint16_t (*inv)[kTileElems]) {
   constexpr int kN = kBlocks * kChunk;
   const int j = threadIdx.x % 32;
-#pragma unroll
-  for (int i = 0; i < kN; ++i) {
-    float acc = 0.f;
-#pragma unroll
-    for (int s = 0; s < i; ++s) acc = fma_ftz(l_entry<kBlocks>(lmat, i, s), x[s], acc);
-    x[i] = i == j ? 1.f : i < j ? 0.f : -acc;
+  if (j < kN) {
+    float (*x)[kN] = reinterpret_cast<float (*)[kN]>(scratch);
+#pragma unroll 1
+    for (int i = 0; i < kN; ++i) {
+      float acc = 0.f;
+#pragma unroll 1
+      for (int s = 0; s < i; ++s)
+        acc = fma_ftz(l_entry<kBlocks>(lmat, i, s), x[s][j], acc);
+      x[i][j] = i == j ? 1.f : i < j ? 0.f : -acc;
+    }
+#pragma unroll 1
+    for (int i = j / kChunk * kChunk; i < kN; ++i)  // the blocks (I, J), J <= I, of column j
+      inv[block_pair(i / kChunk, j / kChunk)][frag_a_index(i % kChunk, j % kChunk)] =
+          static_cast<uint16_t>(f32_to_bf16(x[i][j]));
   }
-}
-
-// bf(X) of block (I, J) of the lane's column, rows 16 I .. 16 I + 15, into an A-fragment tile
-// (the lanes of columns 16 J .. 16 J + 15 write it).
-template <int kBlocks>
-__device__ __forceinline__ void store_inverse_column(const float (&x)[kBlocks * kChunk], int bi,
-                                                     uint16_t *frag) {
-  const int j = threadIdx.x % 32 % kChunk;
-#pragma unroll
-  for (int i = 0; i < kChunk; ++i)
-    frag[frag_a_index(i, j)] = static_cast<uint16_t>(f32_to_bf16(x[kChunk * bi + i]));
-}
-
-// INV of a 16-token chunk from the fp32 forward substitution (one warp). Not inlined: it runs
-// only for unsound chunks, and inlined its registers made the 40-register K1 spill.
-__device__ __noinline__ void fp32_inverse16(const uint16_t (*lmat)[kChunk][kChunk], uint16_t *inv) {
-  float x[kChunk];
-  forward_substitution<1>(lmat, x);
-  if (threadIdx.x % 32 < kChunk) store_inverse_column<1>(x, 0, inv);
   __syncwarp();
 }
 
-// §3.2 step 9 (one warp): INV = bf(N3); in AUTO mode, where N3 is unsound, bf of the fp32
-// inverse.
-__device__ __forceinline__ void neumann_inverse(const FwdParams &p, PrepareSmem &sm) {
-  const Tile16 l = load_tile16(sm.lmat);
-  const Tile16 n = neumann_product(l);
-  if (p.stable_inverse && !neumann_sound(l, n))  // warp-uniform
-    fp32_inverse16(&sm.lmat, sm.inv);
-  else
-    store_bf16_frag(n, false, sm.inv);
+// §3.2 step 9 (one warp): INV = bf(N3) into sm.inv; in AUTO mode also whether N3 is sound
+// (returned to every lane: a vote).
+__device__ __forceinline__ bool neumann_inverse(const FwdParams &p, PrepareSmem &sm) {
+  const Tile16 n = neumann_product(load_tile16(sm.lmat));
+  store_bf16_frag(n, false, sm.inv);
+  return !p.stable_inverse || neumann_sound(sm.lmat, n);
+}
+
+// The stable inverse's fp32 INV of an unsound 16-token chunk (warp 0), over sm.inv, with the
+// q tile (no longer read) as scratch.
+__device__ __forceinline__ void fp32_inverse16(PrepareSmem &sm) {
+  fp32_inverse<1>(&sm.lmat, reinterpret_cast<float *>(sm.x[kQ]),
+                  reinterpret_cast<uint16_t (*)[kTileElems]>(sm.inv));
 }
 
 // Lane's A fragment of key block mb of X^T (rows k = 16 mb + i, columns t) from a
@@ -631,9 +631,22 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   __syncthreads();
   chunk_scores(sm);
   __syncthreads();
-  if (threadIdx.x < 32) neumann_inverse(p, sm);
+  if (threadIdx.x < 32) {
+    const bool sound = neumann_inverse(p, sm);
+    if (threadIdx.x == 0) sm.unsound = !sound;
+  }
   __syncthreads();
   store_record<kOrder>(p, h, ch, sm);
+  // AUTO mode, an unsound chunk (CTA-uniform, rare): once every tile is stored, warp 0 forms
+  // the fp32 inverse and writes the INV plane again.
+  if (p.stable_inverse && sm.unsound) {
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      fp32_inverse16(sm);
+      uint8_t *rec = p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes;
+      store_tile<kOrder>(rec, kOffInv, reinterpret_cast<const uint4 *>(sm.inv)[threadIdx.x]);
+    }
+  }
 }
 
 // ---------------------------------------------------------------- unbounded gates
@@ -703,20 +716,6 @@ __device__ __forceinline__ void gate_values_unbounded(const FwdParams &p, int64_
     if (8 * th + j >= ch.n) gamma[j] = make_float2(0.f, 0.f);
 }
 
-// Byte offset in a 16-token record of the word (row t, columns 2 cp, 2 cp + 1) of the Kd plane
-// (or the Qd plane), in kOrder (workspace.h: frag_a_index, RecordTiles).
-template <RecordOrder kOrder>
-__device__ __forceinline__ int plane_word(bool qd, int t, int cp) {
-  const int kb = cp / 8, c = cp % 8;  // k-block; pair within it
-  if constexpr (kOrder == RecordOrder::kFragments)
-    return (qd ? kOffQd : kOffKd) + kb * kTileBytes +
-           4 * (((t % 8) * 4 + c % 4) * 4 + t / 8 + 2 * (c / 4));
-  else
-    return RecordTiles::kKdQd + kb * RecordTiles::kKdQdStride +
-           (qd ? RecordTiles::kQdInBlock : 0) + (t / 8) * RecordTiles::kCoreRowBytes +
-           (c / 4) * RecordTiles::kCoreKBytes + 16 * (t % 8) + 4 * (c % 4);
-}
-
 __device__ __forceinline__ float2 add_pair(float2 a, float2 b) {
   return make_float2(add_ftz(a.x, b.x), add_ftz(a.y, b.y));
 }
@@ -743,9 +742,10 @@ __device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, 
   auto kd_qd = [&](int t, float2 G) {  // Kd, Qd of row t to the record
     const uint32_t e = ex2_pair(G.x, G.y);
     const uint32_t q_hat = *pair_word(sm.x[kQ], t, cp), k_hat = *pair_word(sm.x[kK], t, cp);
-    *reinterpret_cast<uint32_t *>(rec + plane_word<kOrder>(false, t, cp)) = bf16x2_mul(k_hat, e);
-    *reinterpret_cast<uint32_t *>(rec + plane_word<kOrder>(true, t, cp)) =
-        bf16x2_mul(bf16x2_mul(q_hat, e), sb);
+    auto *const kd = reinterpret_cast<uint32_t *>(rec + plane_word_offset(kOrder, false, t, cp));
+    auto *const qd = reinterpret_cast<uint32_t *>(rec + plane_word_offset(kOrder, true, t, cp));
+    *kd = bf16x2_mul(k_hat, e);
+    *qd = bf16x2_mul(bf16x2_mul(q_hat, e), sb);
   };
   auto operands = [&](int t, float2 a) {  // A_q, A, B of row t, in place
     uint32_t *const q = pair_word(sm.x[kQ], t, cp);
@@ -841,8 +841,8 @@ __device__ __forceinline__ void prepare_chunk_unbounded(const FwdParams &p, int6
     for (int j = 0; j < kChunk / 2; ++j) *pair_word(sm.x[kK], 8 * th + j, cp) = kr[j];
   }
   __syncthreads();
-  if (threadIdx.x < 32) {
-    neumann_inverse(p, sm);
+  if (threadIdx.x < 32) {  // the q tile (A_q) is free: the fp32 inverse's scratch
+    if (!neumann_inverse(p, sm)) fp32_inverse16(sm);
     __syncwarp();
     store_tile<kOrder>(rec, kOffInv, reinterpret_cast<const uint4 *>(sm.inv)[threadIdx.x]);
   } else {
@@ -877,7 +877,6 @@ struct PrepareSmem32 {
   alignas(16) uint16_t lmat[Record32::kPairs][kChunk][kChunk];
   alignas(16) uint16_t nprod[2][kChunk][kChunk];
   alignas(16) float handoff[4][kHeadDim];  // G_7, G_15, G_23 and G^1_23, by channel
-  int sound[2];                            // AUTO mode: N00, N11 sound (design §2.6)
   alignas(16) float g_end[kHeadDim];       // G_31
   alignas(16) float decay[kHeadDim];       // e = EX2(G_31)
   float beta_h[2 * kChunk];
@@ -1044,50 +1043,49 @@ static_assert(Record32::kPairs * (kTileBytes / 16) + 32 +
                   32 * kStoreWarps32,
               "one vector a thread for the small planes");
 
-// §3.2 step 9 on 32 rows, warps 0 and 1: the diagonal blocks' Neumann products (kept in fp16
-// for the cross block) and their INV; in AUTO mode also whether each is sound (design §2.6).
-__device__ __forceinline__ void neumann_diagonal32(const FwdParams &p, PrepareSmem32 &sm) {
+// §3.2 step 9 on 32 rows, warps 0 and 1: the diagonal blocks' Neumann products (kept in fp16 for
+// the cross block) and their INV.
+__device__ __forceinline__ void neumann_diagonal32(PrepareSmem32 &sm) {
   const int warp = threadIdx.x / 32, pair = block_pair(warp, warp);
-  const Tile16 l = load_tile16(sm.lmat[pair]);
-  const Tile16 n = neumann_product(l);
+  const Tile16 n = neumann_product(load_tile16(sm.lmat[pair]));
   store_tile16(n, sm.nprod[warp]);
   store_bf16_frag(n, false, sm.inv[pair]);
-  if (p.stable_inverse) {
-    const bool sound = neumann_sound(l, n);
-    if (threadIdx.x % 32 == 0) sm.sound[warp] = sound;
-  }
 }
 
-// Warp 0, after the diagonal blocks: INV10 = bf(-MMA16(N11, MMA16(L10, N00))), then the INV
-// plane (three tiles) to the record. In AUTO mode the chunk's inverse is sound where both
-// diagonal blocks are and the cross block's residual, block 10 of (I + L) N =
-// L10 N00 + (I + L11) N10 with N10 = -y: ((f(x) - f(y)) - f(MMA16(L11, y))), x = MMA16(L10,
-// N00), is within tolerance; else all three blocks are the fp32 forward substitution's.
-__device__ __forceinline__ void cross_inverse32(const FwdParams &p, uint4 *rec, PrepareSmem32 &sm) {
-  const Tile16 x = mma16(load_tile16(sm.lmat[block_pair(1, 0)]), load_tile16(sm.nprod[0]));
-  const Tile16 y = mma16(load_tile16(sm.nprod[1]), x);
-  bool sound = true;
-  if (p.stable_inverse) {
-    const Tile16 e = mma16(load_tile16(sm.lmat[block_pair(1, 1)]), y);
-    sound = sm.sound[0] && sm.sound[1] && cross_sound(x, y, e);  // warp-uniform
-  }
-  if (sound) {
-    store_bf16_frag(y, true, sm.inv[block_pair(1, 0)]);
-  } else {
-    float col[2 * kChunk];
-    forward_substitution<2>(sm.lmat, col);
-    if (threadIdx.x % 32 < kChunk) {
-      store_inverse_column<2>(col, 0, sm.inv[block_pair(0, 0)]);
-      store_inverse_column<2>(col, 1, sm.inv[block_pair(1, 0)]);
-    } else {
-      store_inverse_column<2>(col, 1, sm.inv[block_pair(1, 1)]);
-    }
-  }
-  __syncwarp();
+// The INV plane's three tiles to the record (warp 0).
+__device__ __forceinline__ void store_inv_plane32(uint4 *rec, const PrepareSmem32 &sm) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int i = 0; i < Record32::kPairs; ++i)
     rec[Record32::kOffInv / 16 + 32 * i + lane] = reinterpret_cast<const uint4 *>(sm.inv[i])[lane];
+}
+
+// Warp 0, after the diagonal blocks: INV10 = bf(-MMA16(N11, MMA16(L10, N00))), then the INV
+// plane (three tiles) to the record.
+__device__ __forceinline__ void cross_inverse32(uint4 *rec, PrepareSmem32 &sm) {
+  const Tile16 x = mma16(load_tile16(sm.lmat[block_pair(1, 0)]), load_tile16(sm.nprod[0]));
+  store_bf16_frag(mma16(load_tile16(sm.nprod[1]), x), true, sm.inv[block_pair(1, 0)]);
+  __syncwarp();
+  store_inv_plane32(rec, sm);
+}
+
+// AUTO mode, warp 0 once the INV plane is stored: the 32-token record's residual test (design
+// §2.6) from the blocks' fp16 L and N in shared memory. Sound where both diagonal blocks are and
+// the cross block's residual, block 10 of (I + L) N = L10 N00 + (I + L11) N10 with N10 = -y,
+// taken as (f(x) - f(y)) - f(MMA16(L11, y)) with x = MMA16(L10, N00), y = MMA16(N11, x), is
+// within tolerance; else the INV plane is stored again from the fp32 forward substitution of
+// the 32 rows, with the blocks' own tiles (no longer read) as scratch. A stage of its own:
+// inside step 9, or inlined, its registers made the 80-register K1 spill more on sm_100 and
+// later.
+__device__ __noinline__ void stable_inverse32(uint4 *rec, PrepareSmem32 &sm) {
+  const bool diagonal = neumann_sound(sm.lmat[block_pair(0, 0)], load_tile16(sm.nprod[0])) &&
+                        neumann_sound(sm.lmat[block_pair(1, 1)], load_tile16(sm.nprod[1]));
+  const Tile16 x = mma16(load_tile16(sm.lmat[block_pair(1, 0)]), load_tile16(sm.nprod[0]));
+  const Tile16 y = mma16(load_tile16(sm.nprod[1]), x);
+  const Tile16 e = mma16(load_tile16(sm.lmat[block_pair(1, 1)]), y);
+  if (diagonal && cross_sound(x, y, e)) return;  // warp-uniform
+  fp32_inverse<2>(sm.lmat, reinterpret_cast<float *>(sm.own), sm.inv);
+  store_inv_plane32(rec, sm);
 }
 
 // One 32-token record: chunk `ch` of head h (fragment order only).
@@ -1119,11 +1117,14 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   chunk_scores32(sm);
   __syncthreads();
   if (threadIdx.x < 64)
-    neumann_diagonal32(p, sm);
+    neumann_diagonal32(sm);
   else
     store_operands32(rec, sm);
   __syncthreads();
-  if (threadIdx.x < 32) cross_inverse32(p, rec, sm);
+  if (threadIdx.x < 32) {
+    cross_inverse32(rec, sm);
+    if (p.stable_inverse) stable_inverse32(rec, sm);
+  }
 }
 
 // ---------------------------------------------------------------- the K1 kernels
