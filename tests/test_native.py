@@ -108,6 +108,20 @@ BAD_ARGS = [
     (dict(num_sms=0), "num_sms must be >= 1"),
     (dict(workspace_bytes=100), "workspace must hold"),
     (dict(batch=1 << 20, seqlen=1 << 12, num_seqs=1 << 20), "batch * seqlen must be at most 2^31 - 1"),
+    (dict(gate=3), "gate must be LOWER_BOUND (0), SOFTPLUS (1) or LOG_DECAY (2), got 3"),
+    (dict(gate=2), "A_log and dt_bias must be NULL with gate LOG_DECAY"),
+    (dict(gate=2, A_log=None), "A_log and dt_bias must be NULL with gate LOG_DECAY"),
+    (dict(gate=1, A_log=None), "A_log must not be NULL"),
+    (dict(g_dtype=2), "g_dtype must be NONE or BF16 (FP32 with gate LOG_DECAY), got 2"),
+    (dict(gate=1, g_dtype=2), "g_dtype must be NONE or BF16 (FP32 with gate LOG_DECAY), got 2"),
+    (dict(beta_form=2), "beta_form must be LOGIT (0) or PROBABILITY (1), got 2"),
+    (dict(beta_dtype=4), "beta_dtype must be NONE, BF16 or FP32, got 4"),
+    (dict(beta_dtype=2, beta=0x5002), "beta must be 4-byte aligned (fp32)"),
+    (
+        dict(gate=2, A_log=None, dt_bias=None, g_dtype=2, g_strides=_native.Strides(0, 4 * 128 + 2, 128)),
+        "g strides must be positive multiples of 4",
+    ),
+    (dict(g_strides=_native.Strides(0, 4 * 128 + 4, 128)), "g strides must be positive multiples of 8"),
 ]
 
 
@@ -539,6 +553,20 @@ def test_chunk_length_rules(lib):
         args = valid_args(**dict(sizes, **overrides))
         with pytest.raises(RuntimeError, match=re.escape(reason)):
             lib.plan(args)
+
+
+def test_unbounded_gates_keep_16_token_chunks(lib):
+    """The 32-token K1 is built for the bounded gate only (design section 2.5): AUTO mode picks
+    16-token chunks for the unbounded gates where it picks 32 for the bounded one, and refuses
+    to be forced to 32; the plan otherwise is the bounded gate's."""
+    sizes = dict(mode=1, batch=1, seqlen=8192, heads=24, num_seqs=1)
+    assert lib.plan(valid_args(**sizes)).chunk_tokens == 32
+    for gate in (1, 2):
+        assert lib.plan(valid_args(gate=gate, **sizes)).chunk_tokens == 16
+        with pytest.raises(RuntimeError, match=re.escape(f"chunk_tokens 32 needs gate LOWER_BOUND, got gate {gate}")):
+            lib.plan(valid_args(gate=gate, chunk_tokens=32, **sizes))
+    forced = dict(sizes, chunk_tokens=16)
+    assert plan_values(lib.plan(valid_args(gate=1, **forced))) == plan_values(lib.plan(valid_args(**forced)))
 
 
 def test_32_token_workspace_holds_its_records(lib):
