@@ -1,0 +1,45 @@
+# SPDX-License-Identifier: MIT
+"""One rank of the context-parallel cases (tests/cp_cases.py), launched by torchrun:
+
+    python -m torch.distributed.run --standalone --nproc-per-node 4 tests/cp_worker.py OUT [--device cuda]
+
+Every rank joins a gloo group (several processes may share one GPU), runs each case it
+takes part in twice with fresh outputs, and saves what it wrote to OUT/<case>-<rank>.pt.
+"""
+
+import argparse
+
+import cp_cases
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--exact-case", action="store_true", help="also run cp_cases.EXACT")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    me = dist.get_rank()
+    cases = cp_cases.CASES + ([cp_cases.EXACT] if args.exact_case else [])
+    groups = {}
+    for case in cases:  # every process creates every group, in the same order
+        if case.ranks not in groups:
+            groups[case.ranks] = (
+                None if case.ranks == tuple(range(dist.get_world_size())) else dist.new_group(list(case.ranks))
+            )
+    with torch.inference_mode():
+        for case in cases:
+            if me not in case.ranks:
+                continue
+            rank = case.ranks.index(me)
+            p = cp_cases.problem(case, args.device)
+            runs = [cp_cases.run_rank(case, p, rank, groups[case.ranks]) for _ in range(2)]
+            torch.save(runs, f"{args.out}/{case.name}-{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
