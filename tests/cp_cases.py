@@ -7,6 +7,7 @@ import types
 from typing import NamedTuple, Optional
 
 import torch
+from chunked_gold import gold_chunked
 from flash_kda import reference
 
 NAN = float("nan")
@@ -60,10 +61,23 @@ CASES = [
     # fla's chunk_kda with a cp_context: equal slices of 100 tokens
     Case("fla-context", (150, 170, 80), (0, 100, 200, 300, 400), states=(FP32, FP32), fla=True, seed=11),
 ]
-# exact mode, one crossing 160 tokens (10 chunks) into the sequence: the rank after the
-# boundary reruns from the exact state, so every bit equals the one-process call (GPU only:
-# the CPU path computes in exact arithmetic and has no exact mode to compare with)
+# On the GPU also: exact mode with one crossing 160 tokens (10 chunks) into the sequence, so
+# that the rank after the boundary reruns from the exact state and every bit equals the
+# one-process call (the CPU path has no exact mode to compare with); and slices long enough
+# for the automatic path's segments inside each flash_kda.fwd call.
 EXACT = Case("exact-one-crossing", (320, 100), (0, 160, 420), ranks=(0, 1), exact=True, seed=12)
+GPU_CASES = [
+    EXACT,
+    Case(
+        "long-slices",
+        (16384, 3000),
+        (0, 4000, 8200, 12300, 19384),
+        heads=4,
+        states=(FP32, FP32),
+        long_memory=True,
+        seed=15,
+    ),  # fmt: skip
+]
 
 
 def bounds_of(case: Case) -> list:
@@ -130,6 +144,9 @@ def owner(case: Case, row: int) -> int:
 def fla_context(case: Case, rank: int, group, device):
     """The fla context of a rank: fla's own (fla.ops.cp) where fla imports, else an object
     with the same fields computed by fla's rule for the contiguous layout."""
+    import torch.distributed as dist
+
+    group = dist.group.WORLD if group is None else group
     cu = torch.tensor(bounds_of(case), dtype=torch.int64)
     try:
         from fla.ops.cp.context import get_cp_cu_seqlens
@@ -190,15 +207,17 @@ def run_rank(case: Case, p: dict, rank: int, group) -> dict:
 
 
 def gold(case: Case, p: dict, upto: Optional[list] = None):
-    """reference.gold of the case (out, final state per sequence); ``upto`` truncates each
-    sequence to its first upto[i] tokens for the final states (fla's per-rank rows)."""
+    """The fp64 gold of the case (out, final state per sequence): reference.gold, or its
+    64-token chunked form for long problems; ``upto`` truncates each sequence to its first
+    upto[i] tokens for the final states (fla's per-rank rows)."""
+    fp64 = reference.gold if sum(case.lens) <= 4096 else gold_chunked
     bounds = bounds_of(case)
     args = {n: p[n] for n in reference.GOLD_ARGS}
     args.update(cu_seqlens=p["cu_seqlens"], initial_state=start_states(case, p))
     for n in ("q", "k", "v", "g", "beta"):
         args[n] = p[n][:, : bounds[-1]]
     if upto is None:
-        return reference.gold(*args.values())
+        return fp64(*args.values())
     cut = [0]
     pieces = {n: [] for n in ("q", "k", "v", "g", "beta")}
     for i, n in enumerate(upto):
@@ -206,4 +225,4 @@ def gold(case: Case, p: dict, upto: Optional[list] = None):
             pieces[name].append(args[name][:, bounds[i] : bounds[i] + n])
         cut.append(cut[-1] + n)
     args.update({n: torch.cat(x, dim=1) for n, x in pieces.items()}, cu_seqlens=torch.tensor(cut))
-    return reference.gold(*args.values())
+    return fp64(*args.values())

@@ -18,11 +18,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--exact-case", action="store_true", help="also run cp_cases.EXACT")
+    parser.add_argument("--gpu-cases", action="store_true", help="also run cp_cases.GPU_CASES")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     me = dist.get_rank()
-    cases = cp_cases.CASES + ([cp_cases.EXACT] if args.exact_case else [])
+    cases = cp_cases.CASES + (cp_cases.GPU_CASES if args.gpu_cases else [])
     groups = {}
     for case in cases:  # every process creates every group, in the same order
         if case.ranks not in groups:

@@ -176,7 +176,7 @@ def run_workers(out_dir, device: str, *extra) -> dict:
     )
     if done.returncode:
         pytest.fail(f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
-    cases = cp_cases.CASES + ([cp_cases.EXACT] if "--exact-case" in extra else [])
+    cases = cp_cases.CASES + (cp_cases.GPU_CASES if "--gpu-cases" in extra else [])
     return {c.name: [torch.load(out_dir / f"{c.name}-{r}.pt") for r in range(len(c.ranks))] for c in cases}
 
 
@@ -213,11 +213,11 @@ def check_case(case, runs, device):
     total = cp_cases.bounds_of(case)[-1]
     out = torch.cat([run[0]["out"] for run in runs], dim=1)
     assert torch.isnan(out[:, total:]).all(), "rows past the last sequence must not be written"
-    single_out, single_final = one_process(case, p)
-    gold_out, gold_final = cp_cases.gold(case, p)
+    single_out, single_final = (None if x is None else x.cpu() for x in one_process(case, p))
+    gold_out, gold_final = (x.cpu() for x in cp_cases.gold(case, p))
     if total:
         assert torch.isfinite(out[:, :total]).all()
-        err, base = rel_err(out[:, :total], gold_out.cpu()), rel_err(single_out[:, :total].cpu(), gold_out)
+        err, base = rel_err(out[:, :total], gold_out), rel_err(single_out[:, :total], gold_out)
         assert err <= out_bound and err <= RATIO * base + 1e-4, (err, base)
     if case.fla or runs[0][0]["final"] is None:
         return out, single_out
@@ -230,9 +230,9 @@ def check_case(case, runs, device):
         written.add(slot)
         mine = cp_cases.owner(case, row)
         got = runs[mine][0]["final"][slot]
-        err, base = rel_err(got, gold_final[row].cpu()), rel_err(single_final[slot].cpu(), gold_final[row].cpu())
+        err, base = rel_err(got, gold_final[row]), rel_err(single_final[slot], gold_final[row])
         if gold_final[row].norm() == 0 or case.lens[row] == 0:  # nothing ran: the start state, rounded
-            assert_bitwise(got, single_final[slot].cpu(), f"final state of empty sequence {row}")
+            assert_bitwise(got, single_final[slot], f"final state of empty sequence {row}")
         else:
             assert err <= state_bound and err <= RATIO * base + 1e-4, (row, err, base)
         for r, run in enumerate(runs):
