@@ -5,6 +5,9 @@ against flash_kda.fwd over the whole sequence on one GPU.
     torchrun --standalone --nproc-per-node R benchmarks/bench_cp.py --out benchmarks/results/cp-h200.json
     torchrun --standalone --nproc-per-node 2 benchmarks/bench_cp.py --T 262144 --H 4 --out smoke.json
 
+(On a machine that does not resolve its own host name: ``--master_addr 127.0.0.1
+--master_port P`` instead of ``--standalone``, and ``GLOO_SOCKET_IFNAME=lo`` for gloo.)
+
 Each rank takes GPU ``LOCAL_RANK % device_count``. With one rank per GPU the group is NCCL;
 with more ranks than GPUs (a smoke run of several processes on one GPU) it is gloo and the
 JSON says ``shared_gpu``: such times measure nothing about multi-GPU speed.
@@ -20,6 +23,7 @@ assert correctness; tests/test_distributed*.py do.
 
 import argparse
 import datetime
+import faulthandler
 import json
 import os
 import statistics
@@ -152,7 +156,9 @@ def main():
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--out", required=True)
     parser.add_argument("--cpu", action="store_true", help="CPU tensors and gloo: checks the script only")
+    parser.add_argument("--seconds", type=float, default=1800.0, help="watchdog: stacks and exit after")
     args = parser.parse_args()
+    faulthandler.dump_traceback_later(args.seconds, exit=True)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     shared = args.cpu or int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
     backend = "gloo" if shared else "nccl"
@@ -160,7 +166,7 @@ def main():
     if not args.cpu:
         torch.cuda.set_device(local % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.seconds))
     rank, size = dist.get_rank(), dist.get_world_size()
     rows = []
     with torch.inference_mode():
@@ -178,6 +184,7 @@ def main():
         with open(args.out, "w") as f:
             json.dump(dict(result, rows=rows), f, indent=1)
     dist.destroy_process_group()
+    faulthandler.cancel_dump_traceback_later()
 
 
 if __name__ == "__main__":

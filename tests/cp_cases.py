@@ -142,18 +142,9 @@ def owner(case: Case, row: int) -> int:
 
 
 def fla_context(case: Case, rank: int, group, device):
-    """The fla context of a rank: fla's own (fla.ops.cp) where fla imports, else an object
-    with the same fields computed by fla's rule for the contiguous layout."""
-    import torch.distributed as dist
-
-    group = dist.group.WORLD if group is None else group
-    cu = torch.tensor(bounds_of(case), dtype=torch.int64)
-    try:
-        from fla.ops.cp.context import get_cp_cu_seqlens
-    except Exception:  # no fla (or no triton) here
-        get_cp_cu_seqlens = None
-    if get_cp_cu_seqlens is not None:
-        return get_cp_cu_seqlens(cu.to(device), cu_seqlens_cpu=cu, group=group)
+    """A rank's fla context: an object with FLACPContext's fields for the contiguous layout,
+    computed by fla's rule (fla.ops.cp.context; test_distributed_gpu.py compares the two
+    where fla imports)."""
     part = case.split[1]
     lo, hi = rank * part, (rank + 1) * part
     bounds = bounds_of(case)

@@ -4,6 +4,8 @@ checks, and the cases of cp_cases.py run by gloo groups of 2-4 processes under t
 against the one-process call and the fp64 gold (design section 3.6)."""
 
 import os
+import signal
+import socket
 import subprocess
 import sys
 
@@ -164,18 +166,36 @@ def test_bad_arguments_raise_before_anything_is_written(solo_group, over, error,
 # ------------------------------------------------------------------ gloo groups under torchrun
 
 
-def run_workers(out_dir, device: str, *extra) -> dict:
-    """tests/cp_worker.py on cp_cases.WORLD processes: case name -> [rank] -> [run] -> dict."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cp_cases.WORLD}"]
-    done = subprocess.run(
-        [*command, WORKER, str(out_dir), "--device", device, *extra],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if done.returncode:
-        pytest.fail(f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_workers(out_dir, device: str, *extra, seconds: int = 150) -> dict:
+    """tests/cp_worker.py on cp_cases.WORLD processes: case name -> [rank] -> [run] -> dict.
+
+    torchrun with a static rendezvous on the loopback address and gloo bound to the loopback
+    interface (an isolated machine may not resolve its own host name), in a session of its
+    own that is killed whole if it outlives the workers' watchdog."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={cp_cases.WORLD}",
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+        WORKER, str(out_dir), "--device", device, "--seconds", str(seconds), *extra,
+    ]  # fmt: skip
+    env = dict(os.environ)
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    ) as launch:
+        try:
+            output, _ = launch.communicate(timeout=seconds + 30)
+        except subprocess.TimeoutExpired:
+            os.killpg(launch.pid, signal.SIGKILL)
+            output, _ = launch.communicate()
+            pytest.fail(f"torchrun ran past {seconds + 30} s and was killed:\n{output[-8000:]}")
+    if launch.returncode:
+        pytest.fail(f"torchrun failed ({launch.returncode}):\n{output[-8000:]}")
     cases = cp_cases.CASES + (cp_cases.GPU_CASES if "--gpu-cases" in extra else [])
     return {c.name: [torch.load(out_dir / f"{c.name}-{r}.pt") for r in range(len(c.ranks))] for c in cases}
 

@@ -38,3 +38,16 @@ def test_exact_mode_one_crossing_at_a_chunk_boundary_is_bitwise(results):
     for row in range(len(EXACT.lens)):
         got = runs[owner(EXACT, row)][0]["final"][slot_of(EXACT, row)]
         assert_bitwise(got, single_final[row].cpu(), f"final state {row}")
+
+
+def test_the_fla_contexts_are_fla_s():
+    """The workers' fla contexts have the fields fla's own builder gives (fla imports here)."""
+    context = pytest.importorskip("fla.ops.cp.context")
+    case = next(c for c in CASES if c.fla)
+    cu = torch.tensor(bounds_of(case))
+    for rank in range(len(case.ranks)):
+        ours = cp_cases.fla_context(case, rank, None, "cpu")
+        theirs = context.get_cp_cu_seqlens(cu, cu_seqlens_cpu=cu, world_size=len(case.ranks), rank=rank)
+        assert theirs.cu_seqlens_cpu.tolist() == ours.cu_seqlens_cpu.tolist(), rank
+        assert (theirs.pre_num_ranks, theirs.post_num_ranks) == (ours.pre_num_ranks, ours.post_num_ranks), rank
+        assert theirs.layout == ours.layout

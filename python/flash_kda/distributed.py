@@ -73,34 +73,25 @@ class Timings:
 
 
 class _Call(NamedTuple):
-    """The arguments every phase passes to flash_kda.fwd unchanged, and the local slice."""
+    """What every phase passes to flash_kda.fwd: slices of the local token tensors, and the
+    arguments it passes unchanged."""
 
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
-    out: torch.Tensor
-    scale: object
-    A_log: object
-    dt_bias: object
-    lower_bound: object
+    tokens: tuple  # q, k, v, g, beta, out: [1, T_local, ...]
+    params: tuple  # scale, A_log, dt_bias, lower_bound
     exact: Optional[bool]
 
     def fwd(self, piece, *, v=None, **kw) -> None:
         """flash_kda.fwd over the local tokens [piece.start, piece.end) as one sequence (B = 1),
-        or over a Local's sequences (varlen, bounds read on the host); v replaces the piece's values."""
+        or over a Local's sequences (varlen, bounds on the host); ``v`` replaces the values."""
         if isinstance(piece, _cp_plan.Local):
             start, end = piece.bounds[0], piece.bounds[-1]
             kw["cu_seqlens"] = torch.tensor([b - start for b in piece.bounds], dtype=torch.int64)
         else:
             start, end = piece.start, piece.end
-        s = slice(start, end)
-        v = self.v[:, s] if v is None else v
-        _kda_fwd(
-            self.q[:, s], self.k[:, s], v, self.g[:, s], self.beta[:, s], self.scale, self.out[:, s], self.A_log,
-            self.dt_bias, self.lower_bound, exact=self.exact, **kw,
-        )  # fmt: skip
+        q, k, v_piece, g, beta, out = (x[:, start:end] for x in self.tokens)
+        scale, A_log, dt_bias, lower_bound = self.params
+        v = v_piece if v is None else v
+        _kda_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, exact=self.exact, **kw)
 
 
 # ------------------------------------------------------------------ the exchange
@@ -140,14 +131,15 @@ def _compose(recv: torch.Tensor, chain: tuple) -> torch.Tensor:
 
 
 def _run(plan: _cp_plan.RankPlan, call: _Call, states: _cp_states.States, group, timings) -> None:
-    device, heads = call.q.device, call.q.shape[2]
+    q, v = call.tokens[0], call.tokens[2]
+    device, heads = q.device, q.shape[2]
     if timings is not None:
         timings._restart(device)
     send = torch.empty(2, 1, heads, D, D, dtype=torch.float32, device=device) if plan.exchange else None
     last = plan.last
     if last is not None and last is plan.first:  # inside one sequence: S^ from zero, X from the identity
         identity = torch.eye(D, dtype=torch.float32, device=device).expand(1, heads, D, D).contiguous()
-        zeros = torch.zeros_like(call.v[:, last.start : last.end])
+        zeros = torch.zeros_like(v[:, last.start : last.end])
         call.fwd(last, v=zeros, initial_state=identity, final_state=send[1])
         call.fwd(last, final_state=send[0])  # its out rows are rewritten by the rerun
     elif last is not None:  # starts here: S^ is its true end state
@@ -184,13 +176,13 @@ def _mark(timings, device) -> None:
 # ------------------------------------------------------------------ the public entry
 
 
-def _member(group) -> tuple:
+def _member(where: str, group) -> tuple:
     """(this process's rank in group, the group's size)."""
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(f"{_WHERE}: torch.distributed is not initialized (call init_process_group first)")
+        raise RuntimeError(f"{where}: torch.distributed is not initialized (call init_process_group first)")
     rank = dist.get_rank(group)
     if rank < 0:
-        raise ValueError(f"{_WHERE}: this process is not a member of group")
+        raise ValueError(f"{where}: this process is not a member of group")
     return rank, dist.get_world_size(group)
 
 
@@ -306,7 +298,7 @@ def fwd(
         torch.distributed is not initialized. Ranks that disagree on the global arguments
         get wrong results: they are not compared.
     """
-    rank, size = _member(group)
+    rank, size = _member(_WHERE, group)
     tokens, heads = _local_slice(_WHERE, q, k, v, g, beta, out)
     split = _split(split, tokens, rank, size)
     bounds = [0, split[-1]]
@@ -318,7 +310,8 @@ def fwd(
         _WHERE, initial_state, final_state, ssm_state_indices, has_initial_state, len(bounds) - 1, heads, out
     )
     plan = _cp_plan.from_split(bounds, split, rank)
-    _run(plan, _Call(q, k, v, g, beta, out, scale, A_log, dt_bias, lower_bound, exact), states, group, timings)
+    call = _Call((q, k, v, g, beta, out), (scale, A_log, dt_bias, lower_bound), exact)
+    _run(plan, call, states, group, timings)
 
 
 # ------------------------------------------------------------------ fla's chunk_kda with a cp_context
@@ -357,9 +350,10 @@ def fla_chunk_kda(
     if why is not None:
         raise ValueError(f"{_FLA}: {why}")
     group = getattr(cp_context, "group", None)  # None: the default group, as fla's collectives read it
-    rank, _ = _member(group)
+    rank, _ = _member(_FLA, group)
     tokens, heads = _local_slice(_FLA, q, k, v, g, beta, v)
-    cu = cp_context.cu_seqlens_cpu if cp_context.cu_seqlens_cpu is not None else cp_context.cu_seqlens.cpu()
+    cu = getattr(cp_context, "cu_seqlens_cpu", None)
+    cu = cp_context.cu_seqlens.cpu() if cu is None else cu  # a device tensor: one synchronisation
     bounds = [int(b) for b in cu.tolist()]
     if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != tokens or any(b < a for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"{_FLA}: cp_context.cu_seqlens must tile the local T = {tokens} tokens, got {bounds[:8]}")
@@ -370,5 +364,5 @@ def fla_chunk_kda(
     states = _cp_states.States(_FLA, initial_state, final, None, None, len(bounds) - 1, heads, out)
     plan = _cp_plan.from_fla(bounds, cp_context.pre_num_ranks, cp_context.post_num_ranks, rank)
     scale = D**-0.5 if scale is None else scale
-    _run(plan, _Call(q, k, v, g, beta, out, scale, A_log, dt_bias, lower_bound, exact), states, group, None)
+    _run(plan, _Call((q, k, v, g, beta, out), (scale, A_log, dt_bias, lower_bound), exact), states, group, None)
     return out, final
