@@ -3,11 +3,12 @@
 checks, and the cases of cp_cases.py run by gloo groups of 2-4 processes under torchrun,
 against the one-process call and the fp64 gold (design section 3.6)."""
 
+import contextlib
 import os
 import signal
 import socket
-import subprocess
 import sys
+import time
 
 import cp_cases
 import flash_kda
@@ -172,12 +173,53 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def descendants(pid: int) -> list:
+    """The processes below ``pid`` (from /proc; torchrun starts each worker in a group of its own)."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def launch(command: list, env: dict, log, limit: float):
+    """Run ``command`` as the leader of a new process group, stdout and stderr to ``log``;
+    past ``limit`` seconds kill it and every process below it. Returns (exit code or None,
+    the log)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    out = [(os.POSIX_SPAWN_OPEN, 1, str(log), flags, 0o644), (os.POSIX_SPAWN_DUP2, 1, 2)]
+    pid = os.posix_spawn(command[0], command, env, file_actions=out, setsid=True)
+    deadline = time.monotonic() + limit
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status), log.read_text()
+        if time.monotonic() > deadline:
+            for below in descendants(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(below, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None, log.read_text()
+        time.sleep(0.2)
+
+
 def run_workers(out_dir, device: str, *extra, seconds: int = 150) -> dict:
     """tests/cp_worker.py on cp_cases.WORLD processes: case name -> [rank] -> [run] -> dict.
 
     torchrun with a static rendezvous on the loopback address and gloo bound to the loopback
-    interface (an isolated machine may not resolve its own host name), in a session of its
-    own that is killed whole if it outlives the workers' watchdog."""
+    interface (an isolated machine may not resolve its own host name), in a process group of
+    its own that is killed whole if it outlives the workers' watchdog."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={cp_cases.WORLD}",
         "--master_addr=127.0.0.1", f"--master_port={free_port()}",
@@ -185,24 +227,18 @@ def run_workers(out_dir, device: str, *extra, seconds: int = 150) -> dict:
     ]  # fmt: skip
     env = dict(os.environ)
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-    ) as launch:
-        try:
-            output, _ = launch.communicate(timeout=seconds + 30)
-        except subprocess.TimeoutExpired:
-            os.killpg(launch.pid, signal.SIGKILL)
-            output, _ = launch.communicate()
-            pytest.fail(f"torchrun ran past {seconds + 30} s and was killed:\n{output[-8000:]}")
-    if launch.returncode:
-        pytest.fail(f"torchrun failed ({launch.returncode}):\n{output[-8000:]}")
+    code, output = launch(command, env, out_dir / "torchrun.log", seconds + 30)
+    if code is None:
+        pytest.fail(f"torchrun ran past {seconds + 30} s and was killed:\n{output[-8000:]}")
+    if code:
+        pytest.fail(f"torchrun failed ({code}):\n{output[-8000:]}")
     cases = cp_cases.CASES + (cp_cases.GPU_CASES if "--gpu-cases" in extra else [])
     return {c.name: [torch.load(out_dir / f"{c.name}-{r}.pt") for r in range(len(c.ranks))] for c in cases}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_workers(tmp_path_factory.mktemp("cp"), "cpu")
+    return run_workers(tmp_path_factory.mktemp("cp"), "cpu", seconds=300)  # a busy CI machine
 
 
 def one_process(case, p):
