@@ -662,7 +662,16 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
 // B = k^ (*) bf(EX2(-a_t)), a_t = -B~_t in H0 and F~_t in H1, so that A_i B_j =
 // 2^(sum_{s=j+1..i} gamma~_s) for i >= j in every block. The three tiles hold these operands,
 // so Kd and Qd go to the record straight from registers and Kr waits in registers for a tile
-// the scores leave free.
+// the scores leave free. The bounds (tests/test_gates.py checks them against fp64):
+// - range: H1 sums 8 terms, H0 7, so |a_t| <= 8 C = 120: no EX2 flush, no bf16 overflow;
+// - clamp: where no token s in (j, i] has gamma_s < -C the factor is exact to rounding; else the
+//   true factor is below 2^gamma_s < 2^-C and the computed one at most 2^-C, so |dL_ij| <=
+//   beta_i sum_k |k^_ik k^_jk| 2^-C <= 2^-15 (unit keys) and |dMqk_ij| <= |scale| 2^-15;
+// - underflow: an operand below bf16's 2^-133 is lost against a partner of at most 2^7C (B of
+//   j <= 14 in H1, A of i >= 1 in H0 below 2^6C): under 2^-28 a channel, 2^-21 an entry.
+// One reference is what one MMA needs (the cross block must come from the diagonal blocks'
+// operands) and it spans 15 steps, so 8 C <= 126 bounds C. The state's factors are never
+// clamped: they are all <= 1, so one that underflows stands for a true one below 2^-126.
 constexpr float kClampLog2 = 15.f;  // C: |a_t| <= 8 C = 120, within EX2's normal range
 
 // §3.2 step U1, softplus: gamma = min(-a * log2(1 + 2^y), 0) with y = (g + dt) log2 e, the
