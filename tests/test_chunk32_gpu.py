@@ -2,7 +2,7 @@
 """The automatic path's 32-token chunks (design section 4.8) on a GPU.
 
 The native forward with 32-token chunks is bit for bit the chunk model's arithmetic
-(python/flash_kda/_chunk_model.py, its approximate instructions and tensor-core products
+(tests/chunk_model.py, its approximate instructions and tensor-core products
 run through the library's probes): for both widths built for them (block_v 32, 64),
 batched and varlen with empty, one-token and partial last chunks, every state variant, with
 K1 before the pass, beside it on its SMs or leaving them, the same bits run to run. Its
@@ -10,6 +10,7 @@ checkpoints are the model's states after those tokens; it stays within the accur
 contract; graph replay equals eager. (Segments keep 16-token chunks: test_native.py checks
 that the plan refuses them with 32.)"""
 
+import chunk_model
 import pytest
 import torch
 from conftest import (
@@ -27,7 +28,7 @@ from conftest import (
     sequence_spans,
     state_id,
 )
-from flash_kda import _chunk_model, dispatch
+from flash_kda import dispatch
 from flash_kda._numerics import Ops
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
@@ -44,7 +45,7 @@ def run(p, *, chunk=32, exact=False, **native):
 def model(p):
     """(out, final state as bf16) of the chunk model on problem p."""
     args = [p[name] for name in GOLD_ARGS]
-    return _chunk_model.fwd(*args, chunk=32, ops=Ops(torch.device(DEV)))
+    return chunk_model.fwd(*args, chunk=32, ops=Ops(torch.device(DEV)))
 
 
 def assert_model_bits(p, got):

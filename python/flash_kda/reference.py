@@ -105,7 +105,7 @@ class Chunks(NamedTuple):
 
 def chunk_table(batch: int, seqlen: int, bounds: Optional[list[int]], device, size: int = C) -> Chunks:
     """Chunk c of sequence i covers tokens [bos_i + 16 c, min(bos_i + 16 c + 16, eos_i));
-    ``size`` other than 16 is for the chunk-length model (_chunk_model.py)."""
+    ``size`` other than 16 is for the chunk-length model (tests/chunk_model.py)."""
     spans = (
         [(i * seqlen, seqlen) for i in range(batch)]
         if bounds is None
@@ -235,7 +235,7 @@ def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks:
 def recurrence_step(ops: Ops, S, V, rec: dict):
     """design §3.3 for one chunk of a batch of (sequence, head) pairs. S: bf16 state
     [.., 128 (v), 128 (k)]; V: [.., 16, 128]. Returns (O, S'). Chunks of 16 m rows (the
-    chunk model, _chunk_model.py) go by 16-row blocks: block i's U and output rows take
+    chunk model, tests/chunk_model.py) go by 16-row blocks: block i's U and output rows take
     blocks 0..i as one k-sum, in order; with 16 rows that is the ledger's one block."""
     Pk, Pq = bf(ops.mma32(rec["Kd"], S)), bf(ops.mma32(rec["Qd"], S))
     u = bmul(bf(V.float() - Pk.float()), rec["beta"][..., None].expand_as(V))
