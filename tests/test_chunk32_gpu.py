@@ -28,8 +28,8 @@ from conftest import (
     sequence_spans,
     state_id,
 )
-from flash_kda import dispatch
-from flash_kda._numerics import Ops
+from flash_kda import testing
+from flash_kda.testing import Ops
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
 DEV = "cuda"
@@ -38,8 +38,8 @@ DEV = "cuda"
 def run(p, *, chunk=32, exact=False, **native):
     """The native forward on problem p (in place), AUTO mode with `chunk`-token chunks."""
     keywords = {name: p[name] for name in ("checkpoint_every", "checkpoints") if name in p}
-    call = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=exact, **keywords)
-    dispatch.run_native(call, chunk=chunk, **native)
+    call = testing.validated(*[p[name] for name in FWD_ARGS], exact=exact, **keywords)
+    testing.run_native(call, chunk_tokens=chunk, **native)
 
 
 def model(p):
@@ -97,8 +97,8 @@ def test_k1_overlapping_the_pass_gives_the_same_bits_run_to_run(overlap):
     H200 before the stage releases carried a proxy fence (benchmarks/NOTES.md steps 54, 56,
     58)."""
     p = make_problem(1, 8192, 24, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=16)
-    call = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=False)
-    plan = dispatch.plan_of(call, chunk=32, overlap=overlap, block_v=32)
+    call = testing.validated(*[p[name] for name in FWD_ARGS], exact=False)
+    plan = testing.plan_of(call, chunk_tokens=32, overlap=overlap, block_v=32)
     if overlap == 1:
         assert plan.overlap_min_ctas > 0 and plan.overlap_max_ctas > 0
     else:
@@ -138,12 +138,12 @@ def test_checkpoints_every_48_tokens_keep_16_token_chunks():
     p = make_problem(1, 4096, 2, initial=None, final=torch.bfloat16, device=DEV, seed=15)
     p["checkpoint_every"] = 48
     p["checkpoints"] = torch.zeros((4096 // 48, 2, 128, 128), dtype=torch.bfloat16, device=DEV)
-    call = dispatch.validated(
+    call = testing.validated(
         *[p[name] for name in FWD_ARGS], exact=False, checkpoint_every=48, checkpoints=p["checkpoints"]
     )
-    assert dispatch.plan_of(call).chunk_tokens == 16
+    assert testing.plan_of(call).chunk_tokens == 16
     with pytest.raises(RuntimeError, match="chunk_tokens 32 needs checkpoint_every a multiple of 32"):
-        dispatch.run_native(call, chunk=32)
+        testing.run_native(call, chunk_tokens=32)
 
 
 @pytest.mark.parametrize("lower_bound", (-5.0, -0.25), ids=("short-memory", "long-memory"))

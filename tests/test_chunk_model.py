@@ -8,7 +8,7 @@ import chunk_model
 import pytest
 import torch
 from flash_kda import reference
-from flash_kda._numerics import Ops
+from flash_kda.testing import Ops
 
 PROBLEMS = {
     "batched-fp32": dict(batch=2, seqlen=96, heads=2, initial=torch.float32, final=torch.float32),

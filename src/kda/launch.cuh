@@ -22,6 +22,7 @@
 #include "kda/probes.cuh"
 #include "kda/combine.cuh"
 #include "kda/config.h"
+#include "kda/empty.cuh"
 #include "kda/recurrence.cuh"
 #include "kda/recurrence_wg.cuh"
 
@@ -59,13 +60,81 @@ struct Footprint {
   int sub_partition_regs, smem, threads;
 };
 
+// What the runtime says about a kernel on a device, asked once (a call reads it for every
+// pass it configures): its registers a thread and static shared memory, and the largest
+// dynamic shared memory it has been allowed so far (cudaFuncAttributeMaxDynamicSharedMemorySize
+// is a limit, so a kernel keeps the largest any launch asked for; setting it costs a
+// runtime call of ~1-2 us on every launch otherwise).
+struct KernelFacts {
+  int device;
+  const void *kernel;
+  int num_regs, static_smem, smem_allowed;
+};
+
+class KernelFactsTable {
+ public:
+  // The facts of `kernel` on the current device, with at least `smem` bytes of dynamic
+  // shared memory allowed (0: no change).
+  cudaError_t get(const void *kernel, int smem, KernelFacts &out) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    const std::lock_guard<std::mutex> lock(lock_);
+    KernelFacts *entry = find(device, kernel);
+    KernelFacts fresh{device, kernel, 0, 0, 0};
+    KernelFacts &facts = entry != nullptr ? *entry : fresh;
+    if (entry == nullptr || facts.kernel == nullptr) {
+      cudaFuncAttributes attr;
+      err = cudaFuncGetAttributes(&attr, kernel);
+      if (err != cudaSuccess) return err;
+      facts = {device, kernel, attr.numRegs, static_cast<int>(attr.sharedSizeBytes), 0};
+    }
+    if (smem > facts.smem_allowed) {
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+      facts.smem_allowed = smem;
+    }
+    out = facts;
+    return cudaSuccess;
+  }
+
+ private:
+  static constexpr int kSlots = 1024;  // kernels x devices; a full table asks every call
+  // The slot of (device, kernel), claimed when free; nullptr when the table is full.
+  KernelFacts *find(int device, const void *kernel) {
+    const uintptr_t h = reinterpret_cast<uintptr_t>(kernel) / 16 + static_cast<uintptr_t>(device);
+    for (int i = 0; i < kSlots; ++i) {
+      KernelFacts &slot = slots_[(h + i) % kSlots];
+      if (slot.kernel == kernel && slot.device == device) return &slot;
+      if (slot.kernel == nullptr) {
+        slot.device = device;
+        return &slot;  // facts.kernel == nullptr: get() fills it
+      }
+    }
+    return nullptr;
+  }
+  std::mutex lock_;
+  KernelFacts slots_[kSlots] = {};
+};
+
+inline KernelFactsTable &kernel_facts() {
+  static KernelFactsTable table;
+  return table;
+}
+
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, >= smem), once per size.
+inline cudaError_t allow_smem(const void *kernel, int smem) {
+  KernelFacts facts;
+  return kernel_facts().get(kernel, smem, facts);
+}
+
 inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, Footprint &f) {
-  cudaFuncAttributes attr;
-  const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  KernelFacts facts;
+  const cudaError_t err = kernel_facts().get(kernel, 0, facts);
   if (err != cudaSuccess) return err;
   const int warps = (threads + 31) / 32;
-  f.sub_partition_regs = (warps + 3) / 4 * 32 * ((attr.numRegs + 7) / 8 * 8);
-  f.smem = static_cast<int>(attr.sharedSizeBytes) + dynamic_smem + kReservedSmem;
+  f.sub_partition_regs = (warps + 3) / 4 * 32 * ((facts.num_regs + 7) / 8 * 8);
+  f.smem = facts.static_smem + dynamic_smem + kReservedSmem;
   f.threads = warps * 32;
   return cudaSuccess;
 }
@@ -122,8 +191,7 @@ inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
     const K1Launch k1 = k1_launch(blocks);
     for (const void *kernel : {k1.kernel, k1.overlap}) {
       if (k1.smem == 0) continue;
-      const cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k1.smem);
+      const cudaError_t err = allow_smem(kernel, k1.smem);
       if (err != cudaSuccess) return err;
     }
     cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -233,8 +301,7 @@ inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int 
   out.smem = std::max(recurrence_smem_bytes(block_v, out.params.stages, blocks), exclusive);
   out.threads = threads;
   out.ctas = pass_ctas(p, pass, block_v);
-  const cudaError_t attr =
-      cudaFuncSetAttribute(out.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, out.smem);
+  const cudaError_t attr = allow_smem(out.kernel, out.smem);
   if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
   return {cudaSuccess, nullptr};
 }
@@ -442,7 +509,7 @@ inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
   while (stages > 2 && combine_smem_bytes(rows, stages) > device.smem_optin) --stages;
   const int smem = combine_smem_bytes(rows, stages);
   const auto kernel = rows == 8 ? combine_kernel<8> : combine_kernel<16>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  err = allow_smem(reinterpret_cast<const void *>(kernel), smem);
   if (err != cudaSuccess) return {err, "combine_kernel shared-memory attribute"};
   const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / rows);
   FwdParams params = p;
@@ -486,8 +553,7 @@ inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms
     keep = alone;
     leave_sms = static_cast<int>(first.ctas);
     first.smem = d.smem_optin;
-    err =
-        cudaFuncSetAttribute(first.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, first.smem);
+    err = allow_smem(first.kernel, first.smem);
     if (err != cudaSuccess) return {err, "recurrence_kernel shared-memory attribute"};
   } else if (beside >= p.overlap_min_ctas) {
     keep = std::min(beside, p.overlap_max_ctas);  // 0 (leave, no SM free): K1 first
@@ -496,10 +562,17 @@ inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms
 }
 
 // Prefixes (varlen) -> K1 over all chunks -> K2: one pass over whole sequences, or the
-// segment pass, the combine and the rerun (design §4.1, §6.2). When K1 overlaps the
+// segment pass, the combine and the rerun (design §4.1, §6.2); a call without tokens copies
+// the states alone. When K1 overlaps the
 // first pass (design §4.7), that pass is launched while K1 runs and waits on each
 // record's ready flag, and a second K1 grid fills the SMs the pass leaves free.
 inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
+  if (p.total_tokens == 0) {  // every sequence empty: the states alone (empty.cuh)
+    if (p.final_state == nullptr) return {cudaSuccess, nullptr};
+    empty_states_kernel<<<dim3(static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.heads)),
+                          kEmptyThreads, 0, stream>>>(p);
+    return launch_status("empty_states_kernel launch");
+  }
   if (p.cu_seqlens != nullptr) {
     prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
     const LaunchStatus st = launch_status("prefix_kernel launch");
