@@ -223,14 +223,17 @@ def main():
     if not cuda and not args.mock_library:
         parser.error("no CUDA device: use --mock-library for the Python part")
     import flash_kda
-    from flash_kda import testing
 
     device = "cuda" if cuda else "cpu"
     command = "python benchmarks/bench_host.py" + (" --mock-library" if args.mock_library else "")
     command += f" --json {args.json}" if args.json else ""
     result = dict(gpu=torch.cuda.get_device_name() if cuda else None, commit=git_commit(),
                   date=datetime.date.today().isoformat(), torch=torch.__version__, command=command)  # fmt: skip
-    simulated = testing.simulated_native(testing.stand_in_library()) if args.mock_library else contextlib.nullcontext()
+    simulated = contextlib.nullcontext()
+    if args.mock_library:
+        from flash_kda import testing
+
+        simulated = testing.simulated_native(testing.stand_in_library())
     fwd = flash_kda.fwd
     with simulated:
         batched = [a for a, _ in calls_of(*TINY, device)]

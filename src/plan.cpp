@@ -31,17 +31,15 @@ std::string str(int64_t x) {
 
 // ---------------------------------------------------------------- cost model
 // Microseconds on the H200 (config.h; fitted to per-kernel profiles at forced segment
-// lengths, benchmarks/results/h200-kernels.txt). Only the ratio of the two paths matters:
-// both run the same K1, which is left out.
+// lengths, benchmarks/profile_kernels.py), K1 included (prepare_us and the overlap models below).
 
 constexpr double kLaunchUs = 5.0;  // one more kernel launch on the stream
 constexpr double kWaveUs = 6.0;    // a segment pass's fixed cost per wave of CTAs
-// combine_kernel, one step a start (NOTES.md step 35 with its cp.async ring: 0.85 us at
-// T = 8192 H = 6 and T = 131072 H = 4 with 8-row CTAs; 1.22 with 16-row CTAs at H = 12).
-// Its tensor copies since step 74 take 0.72 and 1.04 (ncu, H200), but with those the plan
-// cut T = 2048 H = 1-4 into segments of 8 chunks instead of 10, 3% slower there (graph
-// replays, step 74): the step stays, so that the kernel's fixed part, which the model
-// undercounts at short T, keeps those segments longer.
+// combine_kernel, one step a start: 0.85 us with 8-row CTAs, 1.22 with 16-row CTAs, as
+// fitted with its older cp.async ring. Its steps now take 0.72 and 1.04 (ncu, H200), but
+// with those the plan cut T = 2048 H = 1-4 into segments of 8 chunks instead of 10, 3%
+// slower there: the older step stands in for the fixed part the model undercounts at
+// short T.
 constexpr double kCombineStepUs = 0.85;      // 8-row CTAs, one an SM
 constexpr double kCombineWideStepUs = 1.22;  // 16-row CTAs, one an SM
 constexpr double kCombineFixedUs = 4.0;      // combine_kernel's first two starts and its tail
@@ -49,14 +47,14 @@ constexpr double kMargin = 0.9;              // segments only when the forward i
                                              // 10% faster
 // Segments rather than 32-token whole chains only where predicted 12% faster. Against the
 // 32-token forward the segments' predicted-to-measured ratio ran 0.06-0.20 high at H = 16-24
-// (H200, benchmarks/NOTES.md step 72: T = 131072 H = 16 predicted 0.886, measured 0.949; H = 20
+// (H200: T = 131072 H = 16 predicted 0.886, measured 0.949; H = 20
 // 0.911 and 1.052; T = 1M H = 20 0.892 and 1.095; H = 16 0.865 and 0.982). 0.88 takes no
 // measured loss and keeps the wins at T = 262144 - 1M H = 16 and T = 2048 H = 1-4; the 2-5% it
 // gave up at T = 65536 - 131072 H = 16 the margin below takes back.
 constexpr double kSegmentsOver32Margin = 0.88;
 // Where the 32-token forward has K1 leave the pass's SMs (N H = 9-18 on 132 SMs) and the
 // segments are at most 512 chunks long, 5% suffices: there the 32-token prediction ran 5-6%
-// high and the segments' within 2% (H200, benchmarks/NOTES.md step 84: T = 32768 H = 16 predicted
+// high and the segments' within 2% (H200: T = 32768 H = 16 predicted
 // 0.790 against 0.864 ms, measured 0.776 against 0.822; T = 8192 H = 14 segments measured 0.191
 // against 0.220). Longer segments ran up to 9% slower than predicted (T = 131072 H = 18, 1639
 // chunks: 3.31 predicted, 3.48 measured; T = 65536 H = 18, 820 chunks, 1.68-1.81 against the
@@ -64,14 +62,14 @@ constexpr double kSegmentsOver32Margin = 0.88;
 constexpr double kSegmentsOver32LeavingMargin = 0.95;
 constexpr int64_t kLeavingMarginMaxChunks = 512;
 // Segments of at most 32 chunks need no margin over the 32-token forward: there the segments'
-// prediction ran ~8 us high and the 32-token one 5-9 us low (H200, benchmarks/NOTES.md step 87:
+// prediction ran ~8 us high and the 32-token one 5-9 us low (H200:
 // T = 2048 H = 8 predicted 56.8 against 59.4 us, measured 48.8 against 64.5; H = 5-8 and N H =
 // 5-8 at T = 2048, T = 2560 H = 9 and T = 3072 H = 11 ran 16-32% faster segmented).
 constexpr int64_t kShortSegmentChunks = 32;
 // The whole-sequence pass at a wider block_v than the narrowest that fits one wave where the
 // model predicts the forward 12.5% faster: at N H = 28-33 block_v 64 (half the CTAs, K1 on the
-// SMs they leave free) against block_v 32 (K1 beside it). Its prediction ran 4-6% low (H200,
-// benchmarks/NOTES.md step 85: T = 8192 H = 32 predicted 0.291 against 0.345 ms, measured
+// SMs they leave free) against block_v 32 (K1 beside it). Its prediction ran 4-6% low (H200:
+// T = 8192 H = 32 predicted 0.291 against 0.345 ms, measured
 // 0.307 against 0.343); at T = 2048 H = 28 (predicted 0.886) block_v 64 measured 3.6% slower,
 // at T = 8192 H = 28 (0.873) 2.5% faster, at T = 2048 H = 30 (0.871) 2.4% slower, the one loss
 // this margin keeps.
@@ -80,20 +78,19 @@ constexpr int64_t kMinSegments = 3;         // two segments cost as much as one 
 constexpr int64_t kMinSegmentChunks = 8;    // shortest segment considered
 constexpr int64_t kFineSegmentCounts = 64;  // every segment count up to this one is a candidate
 // K1 (design §4.7), one record per K1 CTA: 11.6 us at 12 CTAs on each SM (T=8192 H=96:
-// 49,152 records in 360 us on 132 SMs; the rate the plan's choices and margins were fitted
-// with; since step 103 K1 takes 10.3 us, 320 us there, which only the leave's lead counts,
-// ChunkCosts::k1_lead_record_us), 6.2 us at 3 per SM beside a pass (H=24: 12,288
+// 49,152 records in 360 us on 132 SMs: the rate the plan's choices and margins were fitted
+// with; K1 with cp.async rows takes 10.3 us, 320 us there, which only the leave's lead
+// counts, ChunkCosts::k1_lead_record_us), 6.2 us at 3 per SM beside a pass (H=24: 12,288
 // records on 396 CTAs in 194 us), less for a lone K1 CTA beside a pass CTA (config.h
 // prepare_one_us). While K1 runs beside it, the pass's links take ~1.3x as
-// long (T=8192 H=96: 749 us against 590 alone, T=32768: 2.96 ms against 2.30;
-// benchmarks/NOTES.md step 28).
+// long (T=8192 H=96: 749 us against 590 alone, T=32768: 2.96 ms against 2.30).
 constexpr double kPrepareRecordUs = 11.6;
 constexpr double kPrepareBesideRecordUs = 6.2;
 constexpr double kBesideSlowdown = 1.3;
 constexpr int kPrepareCtasAlone = 12;  // K1's CTAs per SM by itself (__launch_bounds__)
 constexpr double kOverlapUs = 3.0;     // the flags' memset
 // Where the SMs the pass leaves free can write this share of the records the pass reads,
-// one K1 CTA per SM beside the pass is enough (H200, step 28: T=8192 H=96 0.781 ms with
+// one K1 CTA per SM beside the pass is enough (H200: T=8192 H=96 0.781 ms with
 // one and the free SMs, 0.787 with three; T=32768 H=96 3.22 against 3.40).
 constexpr double kFreeSupply = 0.4;
 
@@ -101,19 +98,16 @@ constexpr double kFreeSupply = 0.4;
 // K1's measured rates above. 32-token chunks (design §4.8): whole-sequence passes only (no
 // segments), one CTA per SM (config.h resident_ctas), and a link costs chunk32_link_scale
 // 16-token links of the same width at one CTA per SM (config.h); K1's 32-token CTAs are
-// 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone (9.0 since
-// step 103, for the leave's lead) and ~14
-// beside the pass, where config.h's prepare32_beside fit (H200, NOTES.md steps 48, 50).
-// (Step 54 kept them off the pass's SMs: 3 to 10% of the calls at T=8192 H=24 gave a few
-// output rows other bits. The cause was a stage release without a proxy fence, which
-// other kernels on the pass's SMs exposed too; with the fence, steps 56 and 58.)
+// 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone (9.0 for
+// the leave's lead, as k1_lead_record_us) and ~14 beside the pass, where config.h's
+// prepare32_beside fit (H200).
 struct ChunkCosts {
   int32_t tokens;
   double k1_record_us;         // K1 alone: one record per CTA
   int k1_ctas_alone;           // K1 CTAs per SM alone
   double k1_beside_record_us;  // a record per K1 CTA beside the pass
   int k1_overlap_ctas;         // prepare_overlap_kernel's CTAs per SM (its launch bounds)
-  double k1_lead_record_us;    // K1 alone since step 103: the lead's records (k1_leaves_us)
+  double k1_lead_record_us;    // K1 alone as measured now: the lead's records (k1_leaves_us)
 };
 constexpr ChunkCosts kCosts16 = {
     16, kPrepareRecordUs, kPrepareCtasAlone, kPrepareBesideRecordUs, 12, 10.3};
@@ -162,17 +156,17 @@ double pass_us(int64_t ctas, int64_t links, int32_t num_sms, int resident, doubl
 // The segment pass at block_v 128 is one CTA an SM (the warpgroup pass): config.h's "two an
 // SM" for it (states_link_us = 2 x states_alone_us) are two turns of each SM, and each turn
 // pays a wave's fixed part, not one for both. Counted where its CTAs fit that one "wave",
-// as measured (NOTES.md step 111); a pass of more keeps pass_us's one fixed part a wave.
+// as measured on the H200; a pass of more keeps pass_us's one fixed part a wave.
 bool takes_turns(const RecurrenceShape &s) {
   return s.states_resident > 1 && s.states_link_us >= 0.95 * s.states_resident * s.states_alone_us;
 }
 
 // A segment pass of two CTAs an SM (block_v 64) over more than one wave runs chains of at
 // most this many links at its one-wave rate (states_wave_us), longer ones at states_link_us
-// (H200, NOTES.md step 111: L = 94 0.3044 -> 0.3003 ms at T = 32768 H = 6 against block_v 128,
-// but L = 249 and 512 2.8% slower at T = 131072 H = 4 and T = 1M). At L = 79-128 the order
-// of the two widths follows the machine's power headroom: on a hotter instance block_v 64
-// ran up to 3% slower there (step 114), at L <= 64 level or faster on both.
+// (H200: L = 94 0.3044 -> 0.3003 ms at T = 32768 H = 6 against block_v 128, but L = 249 and
+// 512 2.8% slower at T = 131072 H = 4 and T = 1M). At L = 79-128 the order of the two widths
+// follows the machine's power headroom: on a hotter H200 (machine B) block_v 64 ran up to 3%
+// slower there, at L <= 64 level or faster on both machines.
 constexpr int64_t kShortChainLinks = 128;
 
 // The fastest width for a pass of segments (code kStates: phase A; kGeneral: the rerun)
@@ -266,12 +260,12 @@ int32_t overlap_max_ctas(int64_t pairs, int32_t block_v, int32_t num_sms, const 
 // is what those SMs could not write while the pass reads its records (at K1's rate alone),
 // so the forward takes the lead, the pass and kLeaveUs; -1 where no SM is free. The time
 // compared with the other ways counts the lead at k1_record_us, the rate the margins were
-// fitted with; the lead the launch takes is counted at k1_lead_record_us, K1's rate since
-// step 103 (NOTES.md step 107: the decisions moved by the new rate measured
-// 1-6% slower, the shorter leads alone 1-5% faster).
+// fitted with; the lead the launch takes is counted at k1_lead_record_us, K1's measured
+// rate (on the H200 the decisions that rate would move measured 1-6% slower, the shorter
+// leads alone 1-5% faster).
 constexpr double kLeaveUs = 4.0;       // K1 leaving the SMs the pass starts on, its tail
 constexpr double kLeaveMargin = 0.97;  // chosen over K1 beside the pass or first only when
-                                       // predicted 3% faster (H200, NOTES.md step 53)
+                                       // predicted 3% faster (H200)
 double k1_leaves_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms,
                     const ChunkCosts &cost, int64_t &lead) {
   lead = 0;
@@ -313,10 +307,10 @@ bool can_overlap(const ProblemSizes &z, int32_t segment_chunks, const PlanReques
 // as many as the call's chunks fill, rounded (at least one, at most num_seqs), so that a batch
 // whose longest sequence holds most of its tokens is planned for that sequence's chain (H200, 11
 // sequences [7000, 100 x 10] at H = 6: 0.267 ms as one whole pass planned for the mean,
-// 0.109 in segments of 40 chunks; benchmarks/NOTES.md step 90). Whole sequences, not heads:
-// chains for the short sequences' tokens overstate the segment pass, which skips every
-// sequence's last segment (step 90: rounding by heads was 7-11% slower on four of thirteen
-// skewed batches, 2-13% faster on three).
+// 0.109 in segments of 40 chunks). Whole sequences, not heads: chains for the short
+// sequences' tokens overstate the segment pass, which skips every sequence's last segment
+// (rounding by heads was 7-11% slower on four of thirteen skewed batches, 2-13% faster on
+// three).
 struct Chains {
   int64_t seqs, chunks;
 };
@@ -400,7 +394,7 @@ bool k1_leaves(const ProblemSizes &z, const Plan &plan, const PlanRequest &r, in
 // Whether the whole-sequence pass takes a varlen call's sequences longest first (design
 // §4.2): where its CTAs run in more than one wave, a long sequence started last would
 // finish alone (H200, six sequences of 271-3063 tokens, H = 96: 0.923 ms in the given
-// order, 0.866 longest first, 0.969 shortest first; NOTES.md step 31). prefix_kernel ranks
+// order, 0.866 longest first, 0.969 shortest first). prefix_kernel ranks
 // up to kPrefixThreads sequences, one thread each.
 bool longest_first(const ProblemSizes &z, const Plan &plan, const PlanRequest &r) {
   return z.varlen && plan.segment_chunks == 0 && z.num_seqs <= kPrefixThreads && r.num_sms >= 1 &&

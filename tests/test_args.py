@@ -126,11 +126,13 @@ def samples():
 
 @pytest.mark.parametrize("name", list(samples()))
 def test_native_fields_fill_the_table_s_fields(name):
-    """native_fields (the pack of a validated call) fills exactly the fields the table's
-    arguments fill, plus num_sms, and each argument moves only its own fields."""
+    """native_fields (the pack of a validated call) gives every field of the struct: the
+    table's arguments' and the dispatcher's, of which only struct_size and num_sms are set
+    before the launch."""
     p = samples()[name]
     fields, _ = _launch.native_fields(check(p), 132)
-    assert set(fields) == {f for a in _args.ARGS for f in a.abi} | {"num_sms"}
+    assert {name.split(".")[0] for name in fields} == {name for name, _ in _native.FwdArgs._fields_}
+    assert {f for f in _args.DISPATCH_FIELDS if fields[f] and f != "num_sms"} == {"struct_size"}
 
 
 @pytest.mark.parametrize("argument", [a.name for a in _args.ARGS if a.name in _args.TENSORS])

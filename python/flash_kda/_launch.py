@@ -9,13 +9,14 @@ index tensors are on the GPU can be captured in a CUDA graph.
 """
 
 import ctypes
+import operator
 import os
 import threading
 from typing import Optional
 
 import torch
 
-from . import _native, _validate
+from . import _args, _native, _validate
 
 _DTYPE_CODES = {
     None: _native.DTYPE_NONE,
@@ -67,10 +68,20 @@ def _word_aligned(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return x.clone(memory_format=torch.contiguous_format)
 
 
+# Every scalar of flash_kda_fwd_args in layout order (strides as "q_strides.batch", ...) and
+# one struct.Struct writing them all: a validated call's struct in ~1 us.
+_PACKER, _LAYOUT = _native.flat_layout(_native.FwdArgs)
+_IN_LAYOUT_ORDER = operator.itemgetter(*_LAYOUT)
+_DISPATCHER = dict.fromkeys(_args.DISPATCH_FIELDS, 0)  # workspace, reserved: 0 until the launch
+_DISPATCHER["struct_size"] = ctypes.sizeof(_native.FwdArgs)
+_STRIDE_NAMES = tuple(tuple(f"{name}_strides.{d}" for d in ("batch", "token", "head")) for name in _STRIDED)
+
+
 def native_fields(call: _validate.FwdCall, num_sms: int) -> tuple[dict, tuple]:
-    """``(fields, tensors to keep alive until the launch)``: every field of
-    ``flash_kda_fwd_args`` that an argument fills (``_args.ARGS``' ``abi``), by name, and
-    ``num_sms``; the workspace is the launch's."""
+    """``(fields, tensors to keep alive until the launch)``: every scalar of
+    ``flash_kda_fwd_args`` by name (its strides as ``q_strides.batch``, ...): those the
+    table's arguments fill (``_args.ARGS``' ``abi``), ``num_sms``, and the dispatcher's own
+    as 0 (the workspace is the launch's)."""
     cu, indices = _word_aligned(call.cu_seqlens), _word_aligned(_present(call.state_indices))
     has_initial = _present(call.has_initial_state)
     if has_initial is not None:
@@ -78,27 +89,31 @@ def native_fields(call: _validate.FwdCall, num_sms: int) -> tuple[dict, tuple]:
     checkpoints, initial, final = _present(call.checkpoints), _present(call.initial_state), _present(call.final_state)
     tokens = call.batch * call.seqlen > 0
     fields = dict(
-        batch=call.batch, seqlen=call.seqlen, heads=call.heads, head_dim=_validate.HEAD_DIM, num_seqs=call.num_seqs,
-        scale=call.scale, lower_bound=call.lower_bound, A_log=call.A_log.data_ptr(), dt_bias=call.dt_bias.data_ptr(),
-        initial_state=_address(initial), initial_state_dtype=_code(initial), final_state=_address(final),
-        final_state_dtype=_code(final), cu_seqlens=_address(cu), cu_seqlens_dtype=_code(cu),
-        state_indices=_address(indices), state_indices_dtype=_code(indices),
+        _DISPATCHER, batch=call.batch, seqlen=call.seqlen, heads=call.heads, head_dim=_validate.HEAD_DIM,
+        num_seqs=call.num_seqs, scale=call.scale, lower_bound=call.lower_bound, A_log=call.A_log.data_ptr(),
+        dt_bias=call.dt_bias.data_ptr(), initial_state=_address(initial), initial_state_dtype=_code(initial),
+        final_state=_address(final), final_state_dtype=_code(final), cu_seqlens=_address(cu),
+        cu_seqlens_dtype=_code(cu), state_indices=_address(indices), state_indices_dtype=_code(indices),
         state_pool_size=call.pool_size if indices is not None else 0, has_initial_state=_address(has_initial),
         checkpoints=_address(checkpoints), checkpoints_dtype=_code(checkpoints),
         checkpoint_every=call.checkpoint_every if checkpoints is not None else 0,
         checkpoint_slots=checkpoints.shape[0] if checkpoints is not None else 0,
         mode=_native.MODE_EXACT if call.exact else _native.MODE_AUTO, max_seqlen=call.max_seqlen, num_sms=num_sms,
+        q=call.q.data_ptr() if tokens else 0, k=call.k.data_ptr() if tokens else 0,
+        v=call.v.data_ptr() if tokens else 0, g=call.g.data_ptr() if tokens else 0,
+        out=call.out.data_ptr() if tokens else 0, beta=call.beta.data_ptr() if tokens else 0,
     )  # fmt: skip
-    for name, strides in zip(_STRIDED, call.strides):
-        fields[name] = getattr(call, name).data_ptr() if tokens else 0
-        fields[f"{name}_strides"] = _native.Strides(*strides)
+    for names, strides in zip(_STRIDE_NAMES, call.strides):
+        fields.update(zip(names, strides))
     return fields, (cu, indices, has_initial)
 
 
 def native_struct(call: _validate.FwdCall, num_sms: int) -> tuple[_native.FwdArgs, tuple]:
     """``(flash_kda_fwd_args, tensors to keep alive until the launch)`` of a call."""
     fields, keep = native_fields(call, num_sms)
-    return _native.FwdArgs(struct_size=ctypes.sizeof(_native.FwdArgs), **fields), keep
+    args = _native.FwdArgs()
+    _PACKER.pack_into(args, 0, *_IN_LAYOUT_ORDER(fields))
+    return args, keep
 
 
 # ------------------------------------------------------------------ the workspace

@@ -112,6 +112,32 @@ class FwdArgs(ctypes.Structure):
 _PACK_CODES = {_i32: "i", _i64: "q", _u32: "I", _f64: "d", _ptr: "Q"}
 
 
+def flat_layout(cls) -> tuple[struct.Struct, tuple[str, ...]]:
+    """``(packer, names)`` for ctypes Structure ``cls``: one ``struct.Struct`` that writes every
+    scalar field in place (nested structures flattened, their fields named ``outer.inner``;
+    the padding kept), and the field names in its value order. ``packer.pack_into(s, 0,
+    *values)`` fills a whole ``cls`` in ~0.5 us, where its keyword constructor takes ~5 us
+    for FwdArgs' 43 fields; pointers are given as integers (0 for NULL)."""
+    codes, names, at = ["="], [], 0
+
+    def walk(c, base, prefix):
+        nonlocal at
+        for name, kind in c._fields_:
+            offset = base + getattr(c, name).offset
+            if issubclass(kind, ctypes.Structure):
+                walk(kind, offset, f"{prefix}{name}.")
+                continue
+            codes.append("x" * (offset - at) + _PACK_CODES[kind])
+            names.append(prefix + name)
+            at = offset + ctypes.sizeof(kind)
+
+    walk(cls, 0, "")
+    codes.append("x" * (ctypes.sizeof(cls) - at))
+    packer = struct.Struct("".join(codes))
+    assert packer.size == ctypes.sizeof(cls), cls
+    return packer, tuple(names)
+
+
 def field_packer(cls, first: str, last: str) -> tuple[int, struct.Struct, tuple[str, ...]]:
     """``(offset, packer, names)`` for the fields ``first`` to ``last`` of ctypes Structure
     ``cls``, consecutive in its layout and not nested: ``packer.pack_into(s, offset,

@@ -418,8 +418,9 @@ class SignatureRecord:
 _records: dict = {}  # signature -> SignatureRecord
 
 
-def signature(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-              ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen):  # fmt: skip
+def signature(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
+              cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None,
+              checkpoints=None, exact=None, max_seqlen=None):  # fmt: skip
     """Everything the signature-dependent checks read, as a hashable key (the resolved mode
     last); None when the call is not cached (scalars of other types than float, int and
     bool/None, or an argument that does not look like a tensor: the full validation then

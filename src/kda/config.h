@@ -10,7 +10,7 @@ namespace flash_kda {
 
 // The code a recurrence_kernel instantiation carries (launch.cuh: configure_pass). Each
 // leaves out the branches of the passes it never runs: the link loop is latency-bound,
-// and dead branches cost it registers and instructions (benchmarks/NOTES.md steps 10, 25).
+// and dead branches cost it registers and instructions.
 enum class PassCode {
   kPlain,    // the whole-sequence pass without checkpoints (the exact path's kernel)
   kGeneral,  // passes with output and checkpoints: the whole pass with checkpoints, the rerun
@@ -30,8 +30,8 @@ struct RecurrenceShape {
   // 3 on one sub-partition) allow 168 a thread and its latency schedule needs 209 (ptxas,
   // CUDA 13.0; 52 bytes spilled at 168); two of <1, 8> allow 96 and it needs 79; two
   // segment-pass CTAs of <2, 8> (18 warps, 5 on one) allow 96, where sm_90a's spills 16
-  // bytes outside its link loop since the value rows come in groups (benchmarks/NOTES.md
-  // step 69; the pass got 11% faster); the general <2, 8> kernel needs 132.
+  // bytes outside its link loop, where the grouped value rows made the pass 11% faster on
+  // the H200); the general <2, 8> kernel needs 132.
   int resident;
   int states_resident;
   // Cost-model inputs (plan.cpp), one chunk link in microseconds on the H200: of the
@@ -39,15 +39,14 @@ struct RecurrenceShape {
   // N = 1, H = 6 / 48 / 96); of the segment pass at states_resident CTAs per SM and at
   // one (a grid of at most one CTA per SM); of the rerun at `resident` and at one (fitted
   // to per-kernel profiles at forced segment lengths; 0: never used for segments, as
-  // <1, 4> was slowest there at every segment length, benchmarks/NOTES.md step 25).
+  // <1, 4> was slowest there at every segment length).
   double whole_link_us;
   double states_link_us;
   double states_alone_us;
   // The segment pass's link where all its CTAs fit one wave at states_resident per SM with
-  // more than one on some SM; 0: states_link_us there too. Block_v 64 only: measured after
-  // the one-group forms got their uniform registers (benchmarks/NOTES.md step 79); over more
-  // than one wave too for chains of at most 128 links (step 111, plan.cpp kShortChainLinks);
-  // longer chains keep states_link_us, as they lost to block_v 128 at T = 131072 and 1M.
+  // more than one on some SM; 0: states_link_us there too. Block_v 64 only, and over more
+  // than one wave too for chains of at most 128 links (plan.cpp kShortChainLinks); longer
+  // chains keep states_link_us, as they lost to block_v 128 at T = 131072 and 1M.
   double states_wave_us;
   double rerun_link_us;
   double rerun_alone_us;
@@ -58,14 +57,12 @@ struct RecurrenceShape {
   // A record's time (us) of a lone K1 CTA beside one CTA of this width's whole pass on the
   // H200, where each of prepare_beside takes 6.2 (plan.cpp): fitted to the forwards whose
   // launch keeps one K1 CTA on the pass's SMs (T=8192, 16-token chunks: H=28 at block_v 32
-  // 0.319 ms, H=48 at 64 0.533, H=96 at 128 0.790; benchmarks/NOTES.md step 59). 0 where
-  // prepare_beside is 0.
+  // 0.319 ms, H=48 at 64 0.533, H=96 at 128 0.790). 0 where prepare_beside is 0.
   double prepare_one_us;
   // A 32-token link (kBlocks = 2, one CTA per SM) against a 16-token link of the same
-  // width at one CTA per SM, on the H200 (benchmarks/NOTES.md step 48: the plain pass with
-  // K1 before it at T=8192, H=24 for <1, 4>, H=48 for <1, 8>). 0: this width has no
-  // 32-token instantiation (<2, 8>: 1.96x at H=96, slower than 16-token chunks wherever
-  // measured; step 50).
+  // width at one CTA per SM, on the H200 (the plain pass with K1 before it at T=8192, H=24
+  // for <1, 4>, H=48 for <1, 8>). 0: this width has no 32-token instantiation (<2, 8>:
+  // 1.96x at H=96, slower than 16-token chunks wherever measured).
   double chunk32_link_scale;
   // K1 CTAs for 32-token records (80 registers, 8 warps) that fit on an SM beside one CTA
   // of this width's 32-token whole pass on the H200: one beside <1, 4> (121 registers),
@@ -74,16 +71,16 @@ struct RecurrenceShape {
 };
 
 // block_v 64's and 128's values are those of the warpgroup passes that replace
-// recurrence_kernel's at these widths on sm_90a (recurrence_wg.cuh; benchmarks/NOTES.md steps
-// 62-70). The segments' passes (step 70, T = 8192 H = 6 and 12, T = 32768 H = 6): at block_v
+// recurrence_kernel's at these widths on sm_90a (recurrence_wg.cuh, design §4.9). The
+// segments' passes (T = 8192 H = 6 and 12, T = 32768 H = 6): at block_v
 // 64 the segment pass 0.66 us a link two CTAs an SM and ~0.52 alone, the rerun 0.83 and 0.52;
 // at block_v 128 (one CTA an SM) the segment pass 0.65 us a link, so that its "two CTAs an
 // SM" are two waves, 1.30, and the rerun 0.72. The whole pass: at block_v 64 0.56 us a link (284.5
 // us for 512 links at T = 8192 H = 48, K1 first), four K1 CTAs beside it (two beside its
 // one-CTA-an-SM form, whose fullest sub-partition holds 2 warps x 200 registers; four beside its
 // 168-register form, which the launch takes where more than two are asked for), and a 32-token <1,
-// 8> link of 2.76 of them (the 1.55 us measured before, unchanged); at block_v 128 0.73 us a link
-// (373.5 us at T = 8192 H = 96, two warpgroups and a producer warpgroup, step 68) and no K1
+// 8> link of 2.76 of them (1.55 us); at block_v 128 0.73 us a link
+// (373.5 us at T = 8192 H = 96, two warpgroups and a producer warpgroup) and no K1
 // CTA beside it: its twelve warps hold the whole register file, so K1 runs first or leaves
 // the pass's SMs. The plan is the H200's: on the other arches these widths keep the
 // recurrence_kernel passes (block_v 128 then without K1 beside it, by this table).
@@ -117,7 +114,7 @@ static_assert(sizeof(kRecurrenceShapes) / sizeof(kRecurrenceShapes[0]) == kNumRe
 // Whether recurrence_kernel<s.nb, s.warps, code, blocks> is built: every 16-token one; with
 // 32-token chunks (design §4.8) only the whole-sequence passes (kPlain, kGeneral) of the
 // widths that gain from them. The segment pass and the rerun keep 16-token chunks: at one
-// CTA per SM their 32-token links were no faster (benchmarks/NOTES.md steps 48, 50).
+// CTA per SM their 32-token links were no faster.
 constexpr bool instantiated(const RecurrenceShape &s, PassCode code, int blocks) {
   return blocks == 1 || (code != PassCode::kStates && s.chunk32_link_scale > 0);
 }
@@ -133,7 +130,7 @@ constexpr int combine_rows(int64_t pairs, int64_t num_sms) {
 // CTAs per SM the instantiation <nb, warps, code, blocks> is compiled for (its
 // __launch_bounds__): the whole-sequence kernel runs one per SM (its grid is at most one
 // wave), and so does every 32-token pass (blocks = 2): its link holds two blocks' inputs,
-// which spilled at the two-CTA register cap (benchmarks/NOTES.md step 46).
+// which spilled at the two-CTA register cap.
 constexpr int resident_ctas(int nb, int warps, PassCode code, int blocks = 1) {
   if (code == PassCode::kPlain || blocks > 1) return 1;
   for (int i = 0; i < kNumRecurrenceShapes; ++i)
