@@ -118,3 +118,15 @@ for mode, options, segment_chunks, chunk in MODES:
         if chunk == 32 and overrides.get("checkpoint_every", 0) % 32:  # 32-token chunks need
             overrides = dict(overrides, checkpoint_every=32)  # checkpoints every multiple of 32
         run(f"{mode} {name}", p, segment_chunks, chunk, **options, **overrides)
+
+# Calls without tokens (the state copy alone, src/kda/empty.cuh): T = 0 with fp32 states, a
+# bf16 pool with padding and has_initial_state, and tokens no sequence holds (cu_seqlens all
+# zero on the device: the whole forward runs over empty sequences).
+empty = make_problem(3, 0, 2, initial=torch.float32, final=torch.float32, device="cuda", seed=11)
+run("exact no tokens", empty, exact=True)
+empty_pool = pooled_problem(1, 0, 2, [2, -1, 0], 3, lens=[0, 0, 0], has_initial=[True, True, False],
+                            dtype=torch.bfloat16, device="cuda", seed=12)  # fmt: skip
+run("auto no tokens pool", empty_pool, exact=False)
+outside = make_problem(1, 0, 2, lens=[40, 24], initial=torch.float32, final=torch.float32, device="cuda", seed=13)
+outside["cu_seqlens"] = torch.zeros(3, dtype=torch.int64, device="cuda")
+run("auto tokens outside every sequence", outside, exact=False)

@@ -88,8 +88,8 @@ flash_kda_status launch_result(const char *fn, const LaunchStatus &st) {
 flash_kda_status plan_call(const char *fn, const flash_kda_fwd_args *args,
                            const flash_kda_testing_overrides *overrides,
                            flash_kda_fwd_plan_info *out) {
-  if (out == nullptr || (out->struct_size != sizeof(flash_kda_fwd_plan_info) &&
-                         out->struct_size != kPlanInfoV3Bytes))
+  if (out == nullptr ||
+      (out->struct_size != sizeof(flash_kda_fwd_plan_info) && out->struct_size != kPlanInfoV3Bytes))
     return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
                 "plan must not be NULL and plan->struct_size must be " +
                     std::to_string(sizeof(flash_kda_fwd_plan_info)) + " (or " +
@@ -117,8 +117,7 @@ flash_kda_status plan_call(const char *fn, const flash_kda_fwd_args *args,
 
 // flash_kda_fwd with overrides: every check, then the launches (none for a call without
 // sequences; only the state copy for one without tokens).
-flash_kda_status forward(const char *fn, int32_t compute_capability,
-                         const flash_kda_fwd_args *args,
+flash_kda_status forward(const char *fn, int32_t compute_capability, const flash_kda_fwd_args *args,
                          const flash_kda_testing_overrides *overrides, void *stream) {
   flash_kda_fwd_args a;
   flash_kda_testing_overrides o;
@@ -238,8 +237,7 @@ flash_kda_status flash_kda_testing_fwd(int32_t compute_capability, const flash_k
                                        const flash_kda_testing_overrides *overrides,
                                        void *stream) noexcept {
   try {
-    return flash_kda::forward("flash_kda_testing_fwd", compute_capability, args, overrides,
-                              stream);
+    return flash_kda::forward("flash_kda_testing_fwd", compute_capability, args, overrides, stream);
   } catch (...) {
     return fail(FLASH_KDA_INTERNAL, "flash_kda_testing_fwd", "unexpected C++ exception");
   }

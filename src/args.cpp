@@ -117,9 +117,11 @@ struct Extent {
 int64_t strided_bytes(const flash_kda_fwd_args &a, const Strides &s, int64_t row) {
   if (a.batch == 0 || a.seqlen == 0) return 0;
   int64_t span = row, term = 0;
-  const int64_t steps[3][2] = {{a.batch - 1, s.batch}, {a.seqlen - 1, s.token}, {a.heads - 1, s.head}};
+  const int64_t steps[3][2] = {
+      {a.batch - 1, s.batch}, {a.seqlen - 1, s.token}, {a.heads - 1, s.head}};
   for (const auto &step : steps) {
-    if (__builtin_mul_overflow(step[0], step[1], &term) || __builtin_add_overflow(span, term, &span))
+    if (__builtin_mul_overflow(step[0], step[1], &term) ||
+        __builtin_add_overflow(span, term, &span))
       return -1;
   }
   return span > (int64_t{1} << 56) ? -1 : 2 * span;
@@ -164,8 +166,7 @@ std::string check_overlap(const flash_kda_fwd_args &a, const FwdParams &p) {
       const Extent &y = extents[o];
       if (y.bytes == 0 || x.base >= y.base + y.bytes || y.base >= x.base + x.bytes) continue;
       const bool in_place = w == 1 && o == 11 && x.base == y.base;  // final_state, initial_state
-      if (!in_place)
-        return std::string(x.name) + " must not overlap " + y.name + " in memory";
+      if (!in_place) return std::string(x.name) + " must not overlap " + y.name + " in memory";
     }
   }
   return "";
@@ -184,8 +185,8 @@ std::string read_args(const flash_kda_fwd_args *in, flash_kda_fwd_args &a) {
   const char *names[] = {"block_v", "segment_chunks", "overlap", "chunk_tokens"};
   for (int i = 0; i < 4; ++i) {
     if (retired[i] != 0)
-      return "args->reserved" + str(i) + " must be 0, got " + str(retired[i]) +
-             " (ABI 5's " + names[i] + ": plan overrides are in flash_kda_testing.h since ABI 6)";
+      return "args->reserved" + str(i) + " must be 0, got " + str(retired[i]) + " (ABI 5's " +
+             names[i] + ": plan overrides are in flash_kda_testing.h since ABI 6)";
   }
   return "";
 }
@@ -204,8 +205,8 @@ std::string check_plan(const flash_kda_fwd_args &a, const flash_kda_testing_over
                        Plan &plan) {
   if (a.head_dim != kHeadDim) return "head_dim must be 128, got " + str(a.head_dim);
   const bool varlen = a.cu_seqlens != nullptr;
-  const ProblemSizes sizes = {a.batch,    a.seqlen,           a.heads,     a.num_seqs,
-                              varlen,     a.checkpoint_every, a.max_seqlen};
+  const ProblemSizes sizes = {a.batch, a.seqlen,           a.heads,     a.num_seqs,
+                              varlen,  a.checkpoint_every, a.max_seqlen};
   std::string err = check_sizes(sizes);
   if (!err.empty()) return err;
   if (!has_tokens(a)) {
@@ -233,8 +234,8 @@ std::string check_tensors(const flash_kda_fwd_args &a, const Plan &plan, FwdPara
   if (err.empty())
     err = check_state("final_state", a.final_state, a.final_state_dtype, slots * state);
   if (err.empty())
-    err = check_state("checkpoints", a.checkpoints, a.checkpoints_dtype,
-                      a.checkpoint_slots * state);
+    err =
+        check_state("checkpoints", a.checkpoints, a.checkpoints_dtype, a.checkpoint_slots * state);
   if (!err.empty()) return err;
   if (a.initial_state_dtype != FLASH_KDA_DTYPE_NONE &&
       a.final_state_dtype != FLASH_KDA_DTYPE_NONE && a.initial_state_dtype != a.final_state_dtype)

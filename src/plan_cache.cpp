@@ -16,6 +16,10 @@ struct PlanKey {
   int32_t mode, block_v, segment_chunks, num_sms, overlap, chunk_tokens;
 };
 static_assert(sizeof(PlanKey) == 5 * 8 + 8 * 4, "PlanKey must have no padding");
+// A new input of make_plan must join PlanKey (and key_of): the sizes of the two structs as
+// PlanKey was written for them.
+static_assert(sizeof(ProblemSizes) == 48 && sizeof(PlanRequest) == 24,
+              "ProblemSizes or PlanRequest changed: add the new field to PlanKey");
 
 struct Entry {
   bool used;
@@ -28,9 +32,9 @@ Entry g_entries[kEntries];
 std::mutex g_lock;
 
 PlanKey key_of(const ProblemSizes &z, const PlanRequest &r) {
-  return {z.batch,      z.seqlen,    z.heads,   z.num_seqs,         z.max_seqlen,
-          z.checkpoint_every, z.varlen ? 1 : 0, r.mode, r.block_v, r.segment_chunks,
-          r.num_sms,    r.overlap,   r.chunk_tokens};
+  return {z.batch,          z.seqlen, z.heads,   z.num_seqs,       z.max_seqlen, z.checkpoint_every,
+          z.varlen ? 1 : 0, r.mode,   r.block_v, r.segment_chunks, r.num_sms,    r.overlap,
+          r.chunk_tokens};
 }
 
 // FNV-1a over the key's bytes.

@@ -22,6 +22,8 @@ from conftest import (
     pooled_problem,
 )
 from flash_kda import _op, dispatch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 bf16, fp32 = torch.bfloat16, torch.float32
 
@@ -90,8 +92,6 @@ def test_opcheck_on_cuda():
     result = torch.library.opcheck(torch.ops.flash_kda.fwd.default, ten_arguments("cuda"))
     assert set(result.values()) == {"SUCCESS"}, result
     for name, p in samples("cuda"):
-        if p.get("cu_seqlens") is not None:
-            p["max_seqlen"] = p.get("max_seqlen")
         result = torch.library.opcheck(torch.ops.flash_kda.fwd.default, *op_args(p))
         assert set(result.values()) == {"SUCCESS"}, (name, result)
 
@@ -107,12 +107,58 @@ def test_the_op_takes_every_keyword_of_fwd_by_name():
     assert [a.name for a in schema.arguments][:-1] == list(signature.parameters)
 
 
-def test_fwd_calls_the_custom_op(monkeypatch):
+class Recording(TorchFunctionMode):
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class Dispatching(TorchDispatchMode):
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_fwd_takes_the_op_only_where_something_must_see_it(monkeypatch):
+    """Plain eager calls (also inside torch.device's default-device context) run the op's
+    implementation without the dispatcher; inside a torch function mode, a dispatch mode or
+    the profiler the call is the op, which the mode (or the profile) sees, with the same
+    result."""
+    through_op = []
+    real = _op.OP
+    monkeypatch.setattr(_op, "OP", lambda *a, **k: through_op.append(1) or real(*a, **k))
+    p = make_problem(1, 16, 2, final=fp32, seed=3)
+    expected = dict(p, out=nan_like(p["out"]), final_state=nan_like(p["final_state"]))
+    call(flash_kda.fwd, expected)
+    with torch.device("cpu"):
+        call(flash_kda.fwd, dict(p, out=nan_like(p["out"])))
+    assert through_op == []
     seen = []
-    monkeypatch.setattr(dispatch, "run", lambda c: seen.append(c))
-    p = make_problem(1, 16, 1)
-    call(flash_kda.fwd, p)
-    assert _op.OP is torch.ops.flash_kda.fwd and len(seen) == 1 and seen[0].q is not None
+    for mode in (Recording(seen), Dispatching(seen), torch.profiler.profile()):
+        q = dict(p, out=nan_like(p["out"]), final_state=nan_like(p["final_state"]))
+        with mode:
+            call(flash_kda.fwd, q)
+        assert_bitwise(q["out"], expected["out"], f"out under {type(mode).__name__}")
+        assert_bitwise(q["final_state"], expected["final_state"], "final_state")
+    assert len(through_op) == 3
+    assert "flash_kda.fwd" in seen and "flash_kda.fwd.default" in seen
+    sub = dict(p, q=p["q"].as_subclass(Subclass), out=nan_like(p["out"]), final_state=nan_like(p["final_state"]))
+    call(flash_kda.fwd, sub)  # a tensor subclass: the op, twice (a signature met before too)
+    call(flash_kda.fwd, dict(sub, out=nan_like(p["out"])))
+    assert len(through_op) == 5
+    assert_bitwise(sub["out"], expected["out"], "out of a subclass")
+
+
+class Subclass(torch.Tensor):
+    pass
 
 
 def compiled_step(q, k, v, g, beta, out, A_log, dt_bias, pool, cu_seqlens, indices, has_initial, checkpoints,

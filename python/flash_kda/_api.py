@@ -12,7 +12,7 @@ _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
 _function_modes = getattr(torch._C, "_len_torch_function_stack", None)
 _function_mode_at = getattr(torch._C, "_get_function_stack_at", None)
 _profiling = getattr(torch.autograd, "_profiler_enabled", None)
-_has_torch_function = torch._C._has_torch_function
+_PLAIN = (torch.Tensor, torch.nn.Parameter, type(None))  # tensors without a __torch_function__ of their own
 try:
     from torch.utils._device import DeviceContext as _DeviceContext
 except ImportError:  # pragma: no cover - torch without a default-device mode
@@ -106,10 +106,28 @@ def fwd(
             ssm_state_indices, has_initial_state, checkpoints,
         ):  # fmt: skip
             return
-    elif _has_torch_function((q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens,
-                              ssm_state_indices, has_initial_state, checkpoints)):  # fmt: skip
-        # a tensor subclass with its own __torch_function__ must see the op (such calls never
-        # get a prepacked launch)
+    elif not all(
+        [
+            type(x) in _PLAIN
+            for x in (
+                q,
+                k,
+                v,
+                g,
+                beta,
+                out,
+                A_log,
+                dt_bias,
+                initial_state,
+                final_state,
+                cu_seqlens,
+                ssm_state_indices,
+                has_initial_state,
+                checkpoints,
+            )
+        ]
+    ):
+        # a tensor subclass must see the op (such calls never get a prepacked launch)
         return _op.call(
             q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
             ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen,

@@ -133,12 +133,10 @@ def signature_cache_size() -> int:
     return len(_validate._records)
 
 
-def signature_record(*args, exact=None, **keywords):
-    """The record of a call's signature (``_validate.SignatureRecord``), or None."""
-    names = ("ssm_state_indices", "has_initial_state", "checkpoint_every", "checkpoints", "max_seqlen")
-    full = list(args) + [None] * (13 - len(args))
-    key = _validate.signature(*full, *[keywords.get(n) for n in names[:4]], exact, keywords.get("max_seqlen"))
-    return _validate.record_of(key)
+def signature_record(*args, **keywords):
+    """The record of a call's signature (``_validate.SignatureRecord``: what the validation
+    derived, and the prepacked launch if any), or None; arguments as ``flash_kda.fwd``."""
+    return _validate.record_of(_validate.signature(*args, **keywords))
 
 
 def cached_workspaces() -> int:

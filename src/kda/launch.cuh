@@ -61,20 +61,21 @@ struct Footprint {
 };
 
 // What the runtime says about a kernel on a device, asked once (a call reads it for every
-// pass it configures): its registers a thread and static shared memory, and the largest
-// dynamic shared memory it has been allowed so far (cudaFuncAttributeMaxDynamicSharedMemorySize
-// is a limit, so a kernel keeps the largest any launch asked for; setting it costs a
-// runtime call of ~1-2 us on every launch otherwise).
+// pass it configures): its registers a thread and static shared memory; and the dynamic
+// shared-memory limit (cudaFuncAttributeMaxDynamicSharedMemorySize) last set for it, so that
+// a launch sets the limit only when it asks for another value than the launch before: each
+// launch still runs with the limit set to its own request, as when every launch set it, without
+// the runtime call (~1-2 us) for a repeated call.
 struct KernelFacts {
   int device;
   const void *kernel;
-  int num_regs, static_smem, smem_allowed;
+  int num_regs, static_smem, smem_limit;
 };
 
 class KernelFactsTable {
  public:
-  // The facts of `kernel` on the current device, with at least `smem` bytes of dynamic
-  // shared memory allowed (0: no change).
+  // The facts of `kernel` on the current device, its shared-memory limit set to `smem` bytes
+  // (0: left as it is).
   cudaError_t get(const void *kernel, int smem, KernelFacts &out) {
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
@@ -89,10 +90,10 @@ class KernelFactsTable {
       if (err != cudaSuccess) return err;
       facts = {device, kernel, attr.numRegs, static_cast<int>(attr.sharedSizeBytes), 0};
     }
-    if (smem > facts.smem_allowed) {
+    if (smem > 0 && smem != facts.smem_limit) {
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (err != cudaSuccess) return err;
-      facts.smem_allowed = smem;
+      facts.smem_limit = smem;
     }
     out = facts;
     return cudaSuccess;
@@ -122,7 +123,7 @@ inline KernelFactsTable &kernel_facts() {
   return table;
 }
 
-// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, >= smem), once per size.
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, smem) unless that is the value set last.
 inline cudaError_t allow_smem(const void *kernel, int smem) {
   KernelFacts facts;
   return kernel_facts().get(kernel, smem, facts);

@@ -39,9 +39,9 @@ typedef struct flash_kda_testing_overrides {
 FLASH_KDA_API int32_t flash_kda_testing_version(void) FLASH_KDA_NOEXCEPT;
 
 /* flash_kda_fwd_plan with `overrides` (NULL: none). */
-FLASH_KDA_API flash_kda_status flash_kda_testing_plan(
-    const flash_kda_fwd_args *args, const flash_kda_testing_overrides *overrides,
-    flash_kda_fwd_plan_info *plan) FLASH_KDA_NOEXCEPT;
+FLASH_KDA_API flash_kda_status
+flash_kda_testing_plan(const flash_kda_fwd_args *args, const flash_kda_testing_overrides *overrides,
+                       flash_kda_fwd_plan_info *plan) FLASH_KDA_NOEXCEPT;
 
 /* flash_kda_fwd with `overrides` (NULL: none); the workspace must hold what
  * flash_kda_testing_plan gives for the same overrides. */
