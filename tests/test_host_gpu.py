@@ -35,6 +35,7 @@ def problems():
 def test_the_prepacked_launch_gives_the_validated_path_s_bits(name, exact):
     testing.clear_caches()
     p = problems()[name]
+    call(flash_kda.fwd, fresh(p), exact=exact)  # validated: the signature's mark
     first = fresh(p)
     call(flash_kda.fwd, first, exact=exact)  # validated: makes the record and its launch
     record = _validate.record_of(call(_validate.signature, first, exact=exact))
@@ -57,6 +58,7 @@ def test_a_prepacked_signature_refuses_data_faults_before_writing(fault):
     testing.clear_caches()
     p = make_problem(1, 256, 4, final=fp32, device=DEV, seed=3)
     call(flash_kda.fwd, fresh(p))
+    call(flash_kda.fwd, fresh(p))  # the record and its prepacked launch
     bad = fresh(p)
     if fault == "q-misaligned":
         bad["q"], message = misaligned(p["q"]), "q must be 16-byte aligned"

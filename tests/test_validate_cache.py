@@ -38,7 +38,8 @@ def full_checks(monkeypatch):
 
 
 def cache(p, **overrides):
-    """Validate p: its signature's record is made at its first call."""
+    """Validate p twice: its signature's record is made at its second call."""
+    check(p, **overrides)
     check(p, **overrides)
     key = signature(dict(p, **overrides))
     assert isinstance(_validate.record_of(key), _validate.SignatureRecord)
@@ -136,8 +137,8 @@ def test_a_cached_signature_still_checks_pointers_and_contents(full_checks, make
     assert expected is not None and expected[0] is ValueError, expected
     full_checks.clear()
     cache(p)
-    assert len(full_checks) == 1
-    assert outcome(_validate.check_fwd, bad) == expected and len(full_checks) == 1  # a hit, same error
+    assert len(full_checks) == 2
+    assert outcome(_validate.check_fwd, bad) == expected and len(full_checks) == 2  # a hit, same error
     # the public call: same error, nothing written
     watched = [bad[n] for n in ("out", "final_state", "checkpoints") if bad.get(n) is not None]
     before = [t.clone() for t in watched]
@@ -145,7 +146,7 @@ def test_a_cached_signature_still_checks_pointers_and_contents(full_checks, make
         call(flash_kda.fwd, bad)
     for t, b in zip(watched, before):
         assert torch.equal(t.view(torch.uint8), b.view(torch.uint8)), "a rejected call wrote"
-    assert outcome(_validate.check_fwd, p) is None and len(full_checks) == 1  # the good call still passes, cached
+    assert outcome(_validate.check_fwd, p) is None and len(full_checks) == 2  # the good call still passes, cached
 
 
 def test_first_fault_wins_on_a_hit_as_in_the_full_validation(full_checks):
@@ -155,7 +156,7 @@ def test_first_fault_wins_on_a_hit_as_in_the_full_validation(full_checks):
     expected = outcome(_validate.check_all, bad)
     assert "initial_state must be 16-byte aligned" in expected[1]
     cache(p)
-    assert outcome(_validate.check_fwd, bad) == expected and len(full_checks) == 2
+    assert outcome(_validate.check_fwd, bad) == expected and len(full_checks) == 3
 
 
 def fwd_call_fields(c):
@@ -193,9 +194,9 @@ def test_a_hit_returns_the_call_of_the_full_validation(full_checks, name, exact)
     p = dict(samples()[name], exact=exact)
     uncached = call(_validate.check_all, p)
     first, second, third = check(p), check(p), check(p)
-    assert len(full_checks) == 2  # check_all above, then the first check_fwd: the others are hits
+    assert len(full_checks) == 3  # check_all above, then the first two check_fwd: the third is a hit
     assert fwd_call_fields(first) == fwd_call_fields(uncached) == fwd_call_fields(second) == fwd_call_fields(third)
-    assert uncached.record is None and first.record is second.record is third.record is not None
+    assert uncached.record is first.record is None and second.record is third.record is not None
     for c in (first, second, third):  # the widened gate parameters as the kernels need them
         assert c.A_log.dtype == c.dt_bias.dtype == fp32 and c.dt_bias.shape == (c.heads, 128)
         assert c.A_log.is_contiguous() and c.dt_bias.is_contiguous()
@@ -209,7 +210,7 @@ def test_a_misaligned_fp32_gate_parameter_is_copied_on_a_hit(full_checks):
     cache(p)
     bad = dict(p, A_log=misaligned(p["A_log"]), dt_bias=misaligned(p["dt_bias"]))
     c = check(bad)
-    assert len(full_checks) == 1
+    assert len(full_checks) == 2
     assert c.A_log.data_ptr() % 16 == 0 and c.dt_bias.data_ptr() % 16 == 0
     assert torch.equal(c.A_log, p["A_log"]) and torch.equal(c.dt_bias, p["dt_bias"])
 
@@ -220,7 +221,7 @@ def test_cpu_index_contents_are_read_on_every_hit(full_checks):
     assert check(p).seq_bounds == [0, 20, 32]
     other = dict(p, cu_seqlens=torch.tensor([0, 5, 30]), ssm_state_indices=torch.tensor([0, -1]))
     c = check(other)
-    assert len(full_checks) == 1 and c.seq_bounds == [0, 5, 30] and c.cu_seqlens.tolist() == [0, 5, 30]
+    assert len(full_checks) == 2 and c.seq_bounds == [0, 5, 30] and c.cu_seqlens.tolist() == [0, 5, 30]
     assert c.state_indices is other["ssm_state_indices"]
 
 
@@ -275,7 +276,7 @@ def test_the_sign_of_a_zero_scalar_is_the_call_s_own(full_checks, name):
     cache(p, **{name: 0.0})
     assert math.copysign(1, getattr(check(p, **{name: -0.0}), name)) == -1
     assert math.copysign(1, getattr(check(p, **{name: 0.0}), name)) == 1
-    assert len(full_checks) == 1  # 0.0 == -0.0: one signature, but the value is the call's
+    assert len(full_checks) == 2  # 0.0 == -0.0: one signature, but the value is the call's
 
 
 def test_scalars_of_other_types_are_still_checked(full_checks):
@@ -294,15 +295,17 @@ def test_scalars_of_other_types_are_still_checked(full_checks):
         check(s, checkpoint_every=24)
 
 
-def test_a_signature_gets_its_record_at_its_first_call(full_checks):
+def test_a_signature_gets_its_record_at_its_second_call(full_checks):
     p = make_problem(1, 4, 2)
     assert _validate.record_of(signature(p)) is None
     first = check(p)
+    assert _validate._records[signature(p)] is _validate._SEEN  # met once: a mark, no record
+    assert _validate.record_of(signature(p)) is None and first.record is None
+    second = check(p)
     assert isinstance(_validate.record_of(signature(p)), _validate.SignatureRecord)
-    assert first.record is _validate.record_of(signature(p))
+    assert second.record is _validate.record_of(signature(p))
     check(p)
-    check(p)
-    assert len(full_checks) == 1
+    assert len(full_checks) == 2
 
 
 def test_the_cache_is_bounded(full_checks):

@@ -74,7 +74,7 @@ _PACKER, _LAYOUT = _native.flat_layout(_native.FwdArgs)
 _IN_LAYOUT_ORDER = operator.itemgetter(*_LAYOUT)
 _DISPATCHER = dict.fromkeys(_args.DISPATCH_FIELDS, 0)  # workspace, reserved: 0 until the launch
 _DISPATCHER["struct_size"] = ctypes.sizeof(_native.FwdArgs)
-_STRIDE_NAMES = tuple(tuple(f"{name}_strides.{d}" for d in ("batch", "token", "head")) for name in _STRIDED)
+_STRIDE_NAMES = tuple(f"{name}_strides.{d}" for name in _STRIDED for d in ("batch", "token", "head"))
 
 
 def native_fields(call: _validate.FwdCall, num_sms: int) -> tuple[dict, tuple]:
@@ -103,8 +103,8 @@ def native_fields(call: _validate.FwdCall, num_sms: int) -> tuple[dict, tuple]:
         v=call.v.data_ptr() if tokens else 0, g=call.g.data_ptr() if tokens else 0,
         out=call.out.data_ptr() if tokens else 0, beta=call.beta.data_ptr() if tokens else 0,
     )  # fmt: skip
-    for names, strides in zip(_STRIDE_NAMES, call.strides):
-        fields.update(zip(names, strides))
+    q, k, v, g, out, beta = call.strides  # (batch, token, head) each, in _STRIDED's order
+    fields.update(zip(_STRIDE_NAMES, (*q, *k, *v, *g, *out, *beta)))
     return fields, (cu, indices, has_initial)
 
 

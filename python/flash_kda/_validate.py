@@ -371,9 +371,10 @@ def traceable_scalars(scale, lower_bound, checkpoint_every, exact, max_seqlen) -
 # the resolved mode. The three are pointer- or content-dependent: 16-byte alignment
 # (data_ptr), overlap between outputs and the other arguments (data_ptr plus a byte extent
 # that the signature fixes), and the contents of index tensors on the host. check_fwd runs
-# every check on the first call of a signature and remembers what they derived (its
-# SignatureRecord); a later call of the same signature runs only the three, in the order
-# the full validation runs them, so it raises the same error for the same fault. The native
+# every check on the first two calls of a signature and at the second remembers what they
+# derived (its SignatureRecord; the first leaves a mark); a later call of the same signature
+# runs only the three, in the order the full validation runs them, so it raises the same
+# error for the same fault. The native
 # path may also keep a launch of its own in the record (dispatch: the library then checks
 # alignment and overlap itself, and check_all says what is wrong when it refuses a call).
 
@@ -417,7 +418,16 @@ class SignatureRecord:
         self.launch = None
 
 
-_records: dict = {}  # signature -> SignatureRecord
+class _Seen:
+    """The mark of a signature met once: its second call makes its record, so a signature met
+    once (a new token count, the case of every varlen serving step) costs a mark, not a
+    record and a prepacked launch."""
+
+    launch = None
+
+
+_SEEN = _Seen()
+_records: dict = {}  # signature -> SignatureRecord, or _SEEN after its first call
 
 
 def signature(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
@@ -441,20 +451,24 @@ def signature(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
         return None
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
                has_initial_state, checkpoints)  # fmt: skip
-    try:
-        metas = tuple([None if x is None else (type(x), x.dtype, x.device, x.shape, x.stride()) for x in tensors])
-        grad = torch.is_grad_enabled() and any([x is not None and x.requires_grad for x in tensors])
+    try:  # with grad mode on, whether each tensor requires grad joins its entry
+        if torch.is_grad_enabled():
+            metas = tuple([None if x is None else (type(x), x.dtype, x.device, x.shape, x.stride(), x.requires_grad)
+                           for x in tensors])  # fmt: skip
+        else:
+            metas = tuple([None if x is None else (type(x), x.dtype, x.device, x.shape, x.stride()) for x in tensors])
         written = not torch.is_inference_mode_enabled() and any(
             [tensors[i] is not None and tensors[i].is_inference() for i in _OUTPUTS]
         )
     except Exception:  # not a tensor: the full validation says what is wrong
         return None
-    return metas, scale, lower_bound, checkpoint_every, max_seqlen, grad, written, mode
+    return metas, scale, lower_bound, checkpoint_every, max_seqlen, written, mode
 
 
 def record_of(key) -> Optional[SignatureRecord]:
-    """The record of a signature (:func:`signature`), or None."""
-    return _records.get(key)
+    """The record of a signature (:func:`signature`), or None (also for one met only once)."""
+    record = _records.get(key)
+    return None if record is _SEEN else record
 
 
 def clear_records() -> None:
@@ -502,10 +516,10 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
     :class:`FwdCall`. Reads no device memory (index tensors on the CPU are read). Raises
     ``TypeError``, ``ValueError`` or ``RuntimeError`` (grad) before anything is written.
 
-    The first call of a signature (``key``: its :func:`signature`, computed when not given)
-    runs every check; later ones run the pointer- and content-dependent checks only
-    (alignment, aliasing, index tensors on the host), which is all that can differ between
-    them."""
+    The first two calls of a signature (``key``: its :func:`signature`, computed when not
+    given) run every check, the second making its record; later ones run the pointer- and
+    content-dependent checks only (alignment, aliasing, index tensors on the host), which is
+    all that can differ between them."""
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
                has_initial_state, checkpoints)  # fmt: skip
     if key is _NO_KEY:
@@ -513,7 +527,7 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
                         cu_seqlens, ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact,
                         max_seqlen)  # fmt: skip
     record = None if key is None else _records.get(key)
-    if record is not None:
+    if record is not None and record is not _SEEN:
         return _longest(_check_pointers(record, tensors, scale, lower_bound), max_seqlen)
     if key is not None:
         exact = key[-1]  # the resolved mode: FLASH_KDA_EXACT is read once per call
@@ -521,8 +535,11 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
     if key is not None:
         if len(_records) >= SIGNATURE_CACHE_SIZE:
             _records.clear()
-        record = _records[key] = SignatureRecord(call, tensors, overlaps)
-        call = call._replace(record=record)
+        if record is None:  # met once: a mark
+            _records[key] = _SEEN
+        else:
+            record = _records[key] = SignatureRecord(call, tensors, overlaps)
+            call = call._replace(record=record)
     return _longest(call, max_seqlen)
 
 
