@@ -65,7 +65,9 @@ struct Footprint {
 // shared-memory limit (cudaFuncAttributeMaxDynamicSharedMemorySize) last set for it, so that
 // a launch sets the limit only when it asks for another value than the launch before: each
 // launch still runs with the limit set to its own request, as when every launch set it, without
-// the runtime call (~1-2 us) for a repeated call.
+// the runtime call (~1-2 us) for a repeated call. Like DeviceFacts it assumes the device's
+// context lives as long as the process (a cudaDeviceReset, which PyTorch never makes, would
+// reset the limits behind it).
 struct KernelFacts {
   int device;
   const void *kernel;
@@ -564,9 +566,9 @@ inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms
 
 // Prefixes (varlen) -> K1 over all chunks -> K2: one pass over whole sequences, or the
 // segment pass, the combine and the rerun (design §4.1, §6.2); a call without tokens copies
-// the states alone. When K1 overlaps the
-// first pass (design §4.7), that pass is launched while K1 runs and waits on each
-// record's ready flag, and a second K1 grid fills the SMs the pass leaves free.
+// the states alone. When K1 overlaps the first pass (design §4.7), that pass is launched
+// while K1 runs and waits on each record's ready flag, and a second K1 grid fills the SMs
+// the pass leaves free.
 inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (p.total_tokens == 0) {  // every sequence empty: the states alone (empty.cuh)
     if (p.final_state == nullptr) return {cudaSuccess, nullptr};
