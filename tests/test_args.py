@@ -147,3 +147,35 @@ def test_the_signature_covers_every_tensor_argument(argument):
     other = x.float() if x.dtype != torch.float32 else x.double()
     assert _validate.signature(*{**base, argument: other}.values()) != key, argument
     assert key is not None
+
+
+def test_every_function_taking_fwd_s_arguments_takes_the_table_s():
+    """The functions that take fwd's arguments one by one (written out for speed) take the
+    table's, in its order: an argument added to the table must be added to each."""
+    from flash_kda import _op, reference
+
+    def names(fn):
+        return [p.name for p in inspect.signature(fn).parameters.values() if p.kind != p.VAR_KEYWORD]
+
+    for fn in (flash_kda.fwd, _validate.signature, _op.call):
+        assert names(fn) == list(_args.NAMES), fn.__qualname__
+    for fn in (_validate.check_fwd, _validate.check_all):
+        assert names(fn)[: len(_args.NAMES)] == list(_args.NAMES), fn.__qualname__
+    assert names(_op.fwd_op) == [*_args.NAMES, _args.STATE_IN_PLACE]
+    assert reference.FWD_ARGS + reference.FWD_KEYWORDS == _args.NAMES
+
+
+# A value other than the default (or the sample's) for each argument that is not a tensor: the
+# signature key must see it. An argument added to the table needs its entry here.
+OTHER_SCALARS = {"scale": 0.5, "lower_bound": -1.0, "checkpoint_every": 32, "exact": True, "max_seqlen": 3}
+
+
+def test_the_signature_covers_every_scalar_argument():
+    scalars = [a.name for a in _args.ARGS if a.name not in _args.TENSORS]
+    assert sorted(OTHER_SCALARS) == sorted(scalars), "give each scalar argument another value here"
+    p = samples()["ckpt"]
+    base = {name: p.get(name) for name in _args.NAMES}
+    key = _validate.signature(*base.values())
+    assert key is not None
+    for name, value in OTHER_SCALARS.items():
+        assert _validate.signature(*{**base, name: value}.values()) != key, name
