@@ -139,18 +139,21 @@ def fwd_args(p):
 def runner(p, exact, max_seqlen=None, **hook):
     """A closure running one forward on problem p (bf16 state in and out), with flash_kda.fwd's
     max_seqlen hint if given. Without hook arguments it is the public flash_kda.fwd; with them
-    (block_v, segment_chunks) the library's plan is overridden through the test hook, which
-    also runs the gate forms other than the bounded one (problem key 'gate', with_gate)."""
+    (flash_kda.testing's overrides: block_v, segment_chunks, overlap, chunk_tokens) the library's
+    plan is forced through its test entry point, which also runs the gate forms other than the
+    bounded one (problem key 'gate', with_gate; their kernels are not yet enabled by default)."""
     import flash_kda
-    from flash_kda import dispatch
+    from flash_kda import testing
 
     args, _, _ = fwd_args(p)
     gate = p.get("gate", "lower_bound")
     if not hook and gate == "lower_bound":
         return lambda: flash_kda.fwd(*args, exact=exact, max_seqlen=max_seqlen)
     forms = {} if gate == "lower_bound" else dict(gate=gate)
-    call = dispatch.validated(*args, exact=exact, max_seqlen=max_seqlen, **forms)
-    return lambda: dispatch.run_native(call, **hook)
+    if forms:  # with the process-wide overrides (ab_graph's LIB:stable)
+        hook = dict(testing.get_overrides(), **hook, unvalidated_forms=1)
+    call = testing.validated(*args, exact=exact, max_seqlen=max_seqlen, **forms)
+    return lambda: testing.run_native(call, **hook)
 
 
 def graphed(fn):
@@ -268,12 +271,11 @@ def time_flashkda(p, do_bench):
 def plan_of(p, exact, max_seqlen=None):
     """The library's plan (chunk_tokens, block_v, segment_chunks, segment_block_v,
     overlap_min_ctas, overlap_max_ctas, overlap_lead) for problem p."""
-    from flash_kda import dispatch
+    from flash_kda import testing
 
     gate = p.get("gate", "lower_bound")
     forms = {} if gate == "lower_bound" else dict(gate=gate)
-    call = dispatch.validated(*fwd_args(p)[0], exact=exact, max_seqlen=max_seqlen, **forms)
-    return plan_fields(dispatch.plan_of(call))
+    return plan_fields(testing.plan_of(testing.validated(*fwd_args(p)[0], exact=exact, max_seqlen=max_seqlen, **forms)))
 
 
 PLAN_FIELDS = (

@@ -14,12 +14,12 @@ import torch
 
 sys.path.insert(0, "tests")
 from conftest import FWD_ARGS, chunk_l, degenerate_problem, forms, make_problem, with_forms
-from flash_kda import dispatch, reference
+from flash_kda import reference, testing
 from flash_kda._numerics import Ops
 
 
 def stats(ops, name, p):
-    call = dispatch.validated(*[p[n] for n in FWD_ARGS], exact=False, **forms(p))
+    call = testing.validated(*[p[n] for n in FWD_ARGS], exact=False, **forms(p))
     L = chunk_l(call, ops)
     r = reference.residual(ops, L, reference.neumann_product(ops, L)).abs().amax((-1, -2)).flatten().double()
     r = torch.nan_to_num(r, nan=float("inf")).clamp(max=1e30)

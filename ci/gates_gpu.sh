@@ -2,11 +2,15 @@
 # SPDX-License-Identifier: MIT
 # The gate and beta forms and the stable inverse (design sections 2.5, 2.6) on a GPU, in one
 # call, from the repository root with this tree's flash_kda importable (PYTHONPATH=python with
-# its library built beside it, or the installed wheel) and fla for the comparisons:
+# its library built beside it, or the installed wheel) and fla for the comparisons. Their
+# kernels are not enabled by default yet (flash_kda.h FLASH_KDA_FEATURE_GATE_FORMS,
+# STABLE_INVERSE): every stage reaches them through flash_kda.testing's overrides
+# unvalidated_forms and stable_inverse (the tests' fixtures, ab_graph's LIB:stable).
 #   bash ci/gates_gpu.sh [stage ...]   stages: residuals tests bits speed sanitize (default: all)
 # BASELINE=DIR (optional): another tree's python/ with its own library (main's, say): the bits
 # stage compares output hashes against it and the speed stage times its bounded gate beside
-# this library's three gates (the stable inverse's cost). Results go to $OUT or ./gates-out:
+# this library's three gates; the speed stage also times each gate with the stable inverse
+# against the same gate without it (its cost). Results go to $OUT or ./gates-out:
 # log.txt, gates.jsonl (every accuracy number, FLASH_KDA_GATES_LOG), speed.json.
 set -uo pipefail
 out=${OUT:-$PWD/gates-out}
@@ -35,7 +39,7 @@ for stage in $stages; do
         run python3 benchmarks/output_hashes.py "$out/hashes.json" --against "$out/hashes-baseline.json"
       fi ;;
     speed)
-      libs="$lib:gate=lower_bound+softplus+log_decay"
+      libs="$lib:gate=lower_bound+softplus+log_decay $lib:stable:gate=lower_bound+softplus+log_decay"
       [ -n "${BASELINE:-}" ] && libs="$BASELINE/flash_kda/libflash_kda.so:py=$BASELINE $libs"
       # shellcheck disable=SC2086
       run python3 benchmarks/ab_graph.py --rounds 2 --json "$out/speed.json" --libs $libs $rows ;;

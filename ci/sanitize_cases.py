@@ -18,7 +18,9 @@ projection slices) and garbage device cu_seqlens (non-monotone, negative, past t
 with 32-token chunks; last the unbounded gate forms (softplus; log decay in fp32 and bf16, with
 probability betas in fp32; design section 2.5) on both cases at every block_v with K1 before,
 beside and leaving the pass and with segments, strided fp32 log decays, and degenerate keys
-whose chunks take the stable inverse's fp32 path (design section 2.6), 16- and 32-token.
+whose chunks take the stable inverse's fp32 path (design section 2.6), 16- and 32-token
+(those kernels through the test entry point's unvalidated_forms and stable_inverse); the calls
+without tokens (the state copy) close the base cases.
 """
 
 import sys
@@ -36,7 +38,7 @@ from conftest import (
     pooled_problem,
     with_forms,
 )
-from flash_kda import dispatch
+from flash_kda import testing
 
 CASES = [
     dict(batch=2, seqlen=37, heads=2, initial=torch.float32, final=torch.float32),
@@ -52,7 +54,7 @@ LENS = [150, 0, 70, 1]  # 221 tokens: several segments of 2 chunks, an empty and
 
 
 def run(name, p, segment_chunks=0, chunk=0, **overrides):
-    dispatch.run_native(check(p, **overrides), segment_chunks=segment_chunks, chunk=chunk)
+    testing.run_native(check(p, **overrides), segment_chunks=segment_chunks, chunk_tokens=chunk)
     torch.cuda.synchronize()
     print(f"{name}: done")
 
@@ -81,8 +83,9 @@ def serving_cases():
     return cases
 
 
-# The unbounded gates and the beta forms: (gate, beta_is_logit, g dtype, beta dtype).
+# The gate and beta forms other than FlashKDA's: (gate, beta_is_logit, g dtype, beta dtype).
 GATE_FORMS = [
+    ("lower_bound", False, torch.bfloat16, torch.float32),
     ("softplus", True, torch.bfloat16, torch.bfloat16),
     ("log_decay", False, torch.float32, torch.float32),
     ("log_decay", True, torch.bfloat16, torch.bfloat16),
@@ -100,7 +103,9 @@ def base_cases():
                 plans += [(False, 0, -1, 32), (False, 0, 1, 32), (False, 0, 2, 32)]
             for exact, segment_chunks, overlap, chunk in plans:
                 call = check(p, exact=exact)
-                dispatch.run_native(call, block_v=block_v, segment_chunks=segment_chunks, overlap=overlap, chunk=chunk)
+                testing.run_native(
+                    call, block_v=block_v, segment_chunks=segment_chunks, overlap=overlap, chunk_tokens=chunk
+                )
             torch.cuda.synchronize()
             print(f"block_v={block_v} {case}: out finite {bool(torch.isfinite(p['out']).all())}")
 
@@ -111,13 +116,13 @@ def base_cases():
     # Forty heads of the same four sequences at block_v 128: 160 CTAs, more than one wave on any
     # GPU of up to 159 SMs, so the whole pass takes the sequences longest first (design 4.2).
     many = make_problem(1, 0, 40, lens=LENS, initial=torch.bfloat16, final=torch.bfloat16, device="cuda", seed=7)
-    dispatch.run_native(check(many, exact=True), block_v=128)
+    testing.run_native(check(many, exact=True), block_v=128)
     torch.cuda.synchronize()
     print("exact longest-first: done")
     # K1 beside a batched pass of more CTAs than SMs (design 4.7): its items wave by wave.
     sms = torch.cuda.get_device_properties("cuda").multi_processor_count
     waves = make_problem(sms // 8 + 3, 100, 4, initial=torch.float32, final=torch.float32, device="cuda", seed=8)
-    dispatch.run_native(check(waves, exact=True), block_v=64, overlap=1)
+    testing.run_native(check(waves, exact=True), block_v=64, overlap=1)
     torch.cuda.synchronize()
     print("exact overlapped multi-wave: done")
     # sm_90a's warpgroup passes two CTAs an SM (design 4.9): block_v 64 over more CTAs than SMs, K1
@@ -126,10 +131,10 @@ def base_cases():
     # SM, which fit only beside that form).
     shared = make_problem(sms // 2 + 3, 100, 1, initial=torch.bfloat16, final=torch.bfloat16, device="cuda", seed=9)
     for overlap in (-1, 1):
-        dispatch.run_native(check(shared, exact=True), block_v=64, overlap=overlap)
-    dispatch.run_native(check(shared, exact=False), block_v=64, segment_chunks=2)
+        testing.run_native(check(shared, exact=True), block_v=64, overlap=overlap)
+    testing.run_native(check(shared, exact=False), block_v=64, segment_chunks=2)
     beside = make_problem(8, 256, 8, initial=torch.float32, final=torch.float32, device="cuda", seed=10)
-    dispatch.run_native(check(beside, exact=True))
+    testing.run_native(check(beside, exact=True))
     torch.cuda.synchronize()
     print("exact warpgroup pass two an SM: done")
 
@@ -139,9 +144,25 @@ def base_cases():
                 overrides = dict(overrides, checkpoint_every=32)  # checkpoints every multiple of 32
             run(f"{mode} {name}", p, segment_chunks, chunk, **options, **overrides)
 
+    # Calls without tokens (the state copy alone, src/kda/empty.cuh): T = 0 with fp32 states, a
+    # bf16 pool with padding and has_initial_state, and tokens no sequence holds (cu_seqlens all
+    # zero on the device: the whole forward runs over empty sequences).
+    empty = make_problem(3, 0, 2, initial=torch.float32, final=torch.float32, device="cuda", seed=11)
+    run("exact no tokens", empty, exact=True)
+    empty_pool = pooled_problem(1, 0, 2, [2, -1, 0], 3, lens=[0, 0, 0], has_initial=[True, True, False],
+                                dtype=torch.bfloat16, device="cuda", seed=12)  # fmt: skip
+    run("auto no tokens pool", empty_pool, exact=False)
+    outside = make_problem(1, 0, 2, lens=[40, 24], initial=torch.float32, final=torch.float32, device="cuda", seed=13)
+    outside["cu_seqlens"] = torch.zeros(3, dtype=torch.int64, device="cuda")
+    run("auto tokens outside every sequence", outside, exact=False)
+
+
+UNVALIDATED = dict(unvalidated_forms=1, stable_inverse=1)  # kernels not yet enabled by default
+
 
 def gate_cases():
-    """The unbounded gate forms, the beta forms and the stable inverse."""
+    """The unbounded gate forms, the beta forms and the stable inverse (through the test entry
+    point's unvalidated_forms and stable_inverse)."""
     for gate, logit, g_dtype, beta_dtype in GATE_FORMS:
         for block_v in (32, 64, 128):
             for case in CASES:
@@ -151,8 +172,15 @@ def gate_cases():
                 p["g"] = p["g"].to(g_dtype) if gate == "log_decay" else p["g"]
                 plans = ((True, 0, -1), (True, 0, 1), (True, 0, 2), (False, 1, 0))
                 for exact, segment_chunks, overlap in plans[:2] if block_v == 64 else plans:
-                    call = dispatch.validated(*[p[n] for n in FWD_ARGS], exact=exact, **forms(p))
-                    dispatch.run_native(call, block_v=block_v, segment_chunks=segment_chunks, overlap=overlap, chunk=16)
+                    call = testing.validated(*[p[n] for n in FWD_ARGS], exact=exact, **forms(p))
+                    testing.run_native(
+                        call,
+                        block_v=block_v,
+                        segment_chunks=segment_chunks,
+                        overlap=overlap,
+                        chunk_tokens=16,
+                        **UNVALIDATED,
+                    )
                 torch.cuda.synchronize()
                 print(f"{gate} g {g_dtype} beta {beta_dtype} block_v={block_v} {case}: done")
     # An fp32 log decay read through strides (heads 136 elements apart), and degenerate keys on the
@@ -161,12 +189,14 @@ def gate_cases():
     buffer = torch.zeros(2, 91, 2, 136, device="cuda")
     buffer[..., :128] = strided["g"]
     strided["g"] = buffer[..., :128]
-    dispatch.run_native(dispatch.validated(*[strided[n] for n in FWD_ARGS], exact=True, **forms(strided)))
+    testing.run_native(testing.validated(*[strided[n] for n in FWD_ARGS], exact=True, **forms(strided)), **UNVALIDATED)
     for gate in ("lower_bound", "softplus", "log_decay"):
         p = degenerate_problem("alternating", gate, 3.0, batch=2, seqlen=77, heads=2, device="cuda")
-        dispatch.run_native(dispatch.validated(*[p[n] for n in FWD_ARGS], exact=False, **forms(p)), chunk=16)
+        call = testing.validated(*[p[n] for n in FWD_ARGS], exact=False, **forms(p))
+        testing.run_native(call, chunk_tokens=16, **UNVALIDATED)
         if gate == "lower_bound":
-            dispatch.run_native(dispatch.validated(*[p[n] for n in FWD_ARGS], exact=False), chunk=32)
+            call = testing.validated(*[p[n] for n in FWD_ARGS], exact=False)
+            testing.run_native(call, chunk_tokens=32, **UNVALIDATED)
     torch.cuda.synchronize()
     print("strided log decay, degenerate keys (stable inverse): done")
 

@@ -58,7 +58,8 @@ struct PlanRequest {
 };
 
 // "" when the sizes are within the limits, else what is wrong ("batch * seqlen must be
-// ..."); never overflows, whatever the inputs.
+// ..."); never overflows, whatever the inputs. Calls without tokens or sequences pass (they
+// have no plan: make_plan needs tokens).
 std::string check_sizes(const ProblemSizes &sizes);
 
 // Fills plan for valid sizes (check_sizes(sizes) == ""); "" or the reason it cannot.

@@ -7,6 +7,7 @@ checked on the reference's steps (the split's error bound, the inverse's residua
 
 import math
 
+import chunk_model
 import pytest
 import torch
 from chunked_gold import gold_chunked
@@ -22,7 +23,7 @@ from conftest import (
     state_id,
     with_forms,
 )
-from flash_kda import _chunk_model, _validate, fallback, reference
+from flash_kda import _validate, fallback, reference
 from flash_kda._numerics import Ops, hf
 
 CPU = Ops(torch.device("cpu"))
@@ -223,12 +224,12 @@ def test_32_token_chunks_take_the_stable_inverse_too():
     it keeps the Neumann bits."""
     p = degenerate_problem("repeated", "lower_bound", 3.0, seqlen=200)
     args = [p[n] for n in GOLD_ARGS]
-    out, state = _chunk_model.fwd(*args, chunk=32)
+    out, state = chunk_model.fwd(*args, chunk=32)
     gold_out, gold_state = gold(p)
     assert rel_err(out, gold_out) < 0.02 and rel_err(state.float(), gold_state) < 0.02
     healthy = make_problem(1, 200, 2, initial=torch.float32, seed=14)
     args = [healthy[n] for n in GOLD_ARGS]
-    for a, b in zip(_chunk_model.fwd(*args, chunk=32, stable=True), _chunk_model.fwd(*args, chunk=32, stable=False)):
+    for a, b in zip(chunk_model.fwd(*args, chunk=32, stable=True), chunk_model.fwd(*args, chunk=32, stable=False)):
         assert torch.equal(a, b)
 
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from chunked_gold import gold_chunked
 from conftest import FWD_ARGS, GOLD_ARGS, OUT_TOLERANCE, RATIO, STATE_TOLERANCE, clone_outputs, forms, with_forms
-from flash_kda import dispatch, fallback, reference
-from test_gates_gpu import fla_error, log
+from flash_kda import fallback, reference, testing
+from test_gates_gpu import fla_error, log, unvalidated_kernels  # noqa: F401 (a fixture)
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu", "unvalidated_kernels")]
 DEV = "cuda"
 
 
@@ -58,9 +58,9 @@ def test_unbounded_gates_are_as_accurate_as_the_bounded_one(T, heads, layout, in
     for gate in reference.GATES:
         p = with_forms(base, gate, seed=T)
         q = clone_outputs(p)
-        call = dispatch.validated(*[q[n] for n in FWD_ARGS], exact=False, **forms(q))
-        plan = dispatch.plan_of(call)
-        dispatch.run_native(call)
+        call = testing.validated(*[q[n] for n in FWD_ARGS], exact=False, **forms(q))
+        plan = testing.plan_of(call)
+        testing.run_native(call)  # with the process-wide overrides of the fixture
         gold_out, gold_state = gold_chunked(*[p[n] for n in GOLD_ARGS], **forms(p))
         errors[gate] = dict(
             out=reference.rel_err(q["out"], gold_out), state=reference.rel_err(q["final_state"], gold_state)

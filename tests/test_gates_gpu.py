@@ -11,6 +11,7 @@ import json
 import math
 import os
 
+import chunk_model
 import pytest
 import torch
 from conftest import (
@@ -27,22 +28,33 @@ from conftest import (
     unsound_chunks,
     with_forms,
 )
-from flash_kda import _chunk_model, dispatch, fallback, reference
+from flash_kda import fallback, reference, testing
 from flash_kda._numerics import Ops
 from test_fwd_gpu import decode_records
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu", "unvalidated_kernels")]
 DEV = "cuda"
 LOG = "FLASH_KDA_GATES_LOG"
+# The kernels under test are not enabled by default until this module passes on the GPU
+# (flash_kda.h FLASH_KDA_FEATURE_GATE_FORMS, STABLE_INVERSE): the test entry point runs them.
+UNVALIDATED = dict(unvalidated_forms=1, stable_inverse=1)
+
+
+@pytest.fixture
+def unvalidated_kernels():
+    """Every native call of the test through the test entry point, with the gate forms' kernels
+    and AUTO mode's stable inverse on."""
+    with testing.overrides(**UNVALIDATED):
+        yield
 
 
 def validated(p, exact):
-    return dispatch.validated(*[p[n] for n in FWD_ARGS], exact=exact, **forms(p))
+    return testing.validated(*[p[n] for n in FWD_ARGS], exact=exact, **forms(p))
 
 
 def native(p, *, exact, **plan):
-    """The native forward on problem p, in place; `plan` forces block_v, chunk, overlap."""
-    dispatch.run_native(validated(p, exact), **plan)
+    """The native forward on problem p, in place; `plan` forces block_v, chunk_tokens, overlap."""
+    testing.run_native(validated(p, exact), **UNVALIDATED, **plan)
 
 
 def reference_outputs(p, exact):
@@ -54,7 +66,7 @@ def reference_outputs(p, exact):
 def whole_16(p):
     """Asserts that the automatic path's plan for p runs one 16-token whole-sequence pass (what
     the reference models bit for bit)."""
-    plan = dispatch.plan_of(validated(p, False), chunk=16)
+    plan = testing.plan_of(validated(p, False), chunk_tokens=16)
     assert plan.segment_chunks == 0 and plan.chunk_tokens == 16, plan
 
 
@@ -132,7 +144,7 @@ def test_automatic_whole_pass_equals_the_reference(gate, case):
     ref = reference_outputs(p, exact=False)
     for block_v in (32, 128):
         q = clone_outputs(p)
-        native(q, exact=False, block_v=block_v, chunk=16)
+        native(q, exact=False, block_v=block_v, chunk_tokens=16)
         assert_bitwise(q["out"], ref["out"], f"out block_v={block_v}")
         assert_bitwise(q["final_state"], ref["final_state"], f"final_state block_v={block_v}")
 
@@ -149,9 +161,9 @@ def test_records_equal_the_reference_k1(form, exact):
     p["beta"][:, :, :2] = 20.0 if form[1] else 1.0
     call = validated(p, exact)
     assert unsound_chunks(call, Ops(torch.device(DEV))) > 0
-    plan = dispatch.plan_of(call, block_v=32, chunk=16)
+    plan = testing.plan_of(call, block_v=32, chunk_tokens=16)
     workspace = torch.zeros(plan.workspace_bytes, dtype=torch.uint8, device=DEV)
-    dispatch.run_native(call, block_v=32, chunk=16, workspace=workspace, overlap=-1)
+    testing.run_native(call, block_v=32, chunk_tokens=16, workspace=workspace, overlap=-1, **UNVALIDATED)
     chunks = reference.chunk_table(call.batch, call.seqlen, None, DEV)
     ref = reference.prepare(
         Ops(torch.device(DEV)), p["q"], p["k"], p["g"], p["beta"], call.A_log, call.dt_bias, call.scale,
@@ -197,10 +209,10 @@ def test_32_token_records_take_the_stable_inverse(kind, beta):
     """32-token chunks (the bounded gate, AUTO mode) on degenerate keys: bitwise the chunk model,
     whose unsound chunks take the fp32 forward substitution of their 32 rows."""
     p = degenerate_problem(kind, "lower_bound", beta, batch=4, seqlen=200, heads=4, device=DEV)
-    out, state = _chunk_model.fwd(*[p[n] for n in GOLD_ARGS], chunk=32, ops=Ops(torch.device(DEV)))
+    out, state = chunk_model.fwd(*[p[n] for n in GOLD_ARGS], chunk=32, ops=Ops(torch.device(DEV)))
     for block_v in (32, 64):
         q = clone_outputs(p)
-        native(q, exact=False, block_v=block_v, chunk=32)
+        native(q, exact=False, block_v=block_v, chunk_tokens=32)
         assert_bitwise(q["out"], out, f"out block_v={block_v}")
         assert_bitwise(q["final_state"], state.to(q["final_state"].dtype), f"final_state block_v={block_v}")
 

@@ -40,16 +40,22 @@ def activation_strides(name: str, x: torch.Tensor) -> tuple[int, int, int]:
     contiguous).
     """
     shape, strides = x.shape, x.stride()
-    (n0, n1, n2, _), (s0, s1, s2, s3) = shape, strides  # unpacked: this runs on every uncached call
+    (n0, n1, n2, _), (s0, s1, s2, s3) = shape, strides  # written out: this runs on every new signature
     vector = VECTOR if x.dtype == torch.bfloat16 else 16 // x.element_size()
-    ok = s3 == 1 and all(n == 1 or (0 < s < MAX_STRIDE and s % vector == 0) for n, s in ((n0, s0), (n1, s1), (n2, s2)))
+    ok = (
+        s3 == 1
+        and (n0 == 1 or (0 < s0 < MAX_STRIDE and not s0 % vector))
+        and (n1 == 1 or (0 < s1 < MAX_STRIDE and not s1 % vector))
+        and (n2 == 1 or (0 < s2 < MAX_STRIDE and not s2 % vector))
+    )
     if not ok:
         raise ValueError(
             f"{_WHERE}: {name} must have strides (batch, token, head, 1) with each stride of a dimension longer "
             f"than 1 a positive multiple of {vector} elements below 2**39, got strides {tuple(strides)} "
             f"for shape {_shape(x)}"
         )
-    aligned(name, x, 16)
+    if x.data_ptr() % 16:
+        aligned(name, x, 16)
     return (0 if n0 == 1 else s0, 0 if n1 == 1 else s1, 0 if n2 == 1 else s2)
 
 

@@ -13,20 +13,24 @@ import struct
 import threading
 from typing import NamedTuple, Optional
 
-ABI_VERSION = 6
+ABI_VERSION = 7
+TESTING_VERSION = 2  # flash_kda_testing.h
 LIBRARY_NAME = "libflash_kda.so"
 LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
 
 FEATURE_FWD = 1
 FEATURE_PROBES = 2
+FEATURE_GATE_FORMS = 4  # the table runs every gate and beta form (flash_kda.h)
+FEATURE_STABLE_INVERSE = 8  # the table's AUTO mode takes the stable inverse
 
 DTYPE_NONE, DTYPE_BF16, DTYPE_FP32, DTYPE_INT32, DTYPE_INT64 = 0, 1, 2, 3, 4
 MODE_EXACT, MODE_AUTO = 0, 1
 PROBE_EX2, PROBE_SIGMOID, PROBE_RSQRT, PROBE_LG2 = 0, 1, 2, 3
 GATE_CODES = {"lower_bound": 0, "softplus": 1, "log_decay": 2}  # flash_kda_gate
-BETA_LOGIT, BETA_PROBABILITY = 0, 1
+BETA_LOGIT, BETA_PROBABILITY = 0, 1  # flash_kda_beta
 PROBE_MMA_BF16_F32, PROBE_MMA_F16_F16 = 0, 1
 
+STATUS_INVALID_ARGUMENT = 1
 _STATUS_NAMES = {0: "OK", 1: "INVALID_ARGUMENT", 2: "UNSUPPORTED_DEVICE", 3: "CUDA_ERROR", 4: "INTERNAL"}
 
 _i32, _i64, _u32, _f64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_double
@@ -61,7 +65,7 @@ class FwdArgs(ctypes.Structure):
 
     _fields_ = [
         ("struct_size", _u32),
-        ("block_v", _i32),
+        ("reserved0", _i32),
         ("batch", _i64),
         ("seqlen", _i64),
         ("heads", _i64),
@@ -102,11 +106,11 @@ class FwdArgs(ctypes.Structure):
         ("checkpoint_every", _i32),
         ("checkpoint_slots", _i64),
         ("mode", _i32),
-        ("segment_chunks", _i32),
-        ("overlap", _i32),
-        ("chunk_tokens", _i32),
+        ("reserved1", _i32),
+        ("reserved2", _i32),
+        ("reserved3", _i32),
         ("max_seqlen", _i32),
-        ("reserved5", _i32),
+        ("reserved4", _i32),
         ("gate", _i32),
         ("g_dtype", _i32),
         ("beta_form", _i32),
@@ -121,8 +125,8 @@ def flat_layout(cls) -> tuple[struct.Struct, tuple[str, ...]]:
     """``(packer, names)`` for ctypes Structure ``cls``: one ``struct.Struct`` that writes every
     scalar field in place (nested structures flattened, their fields named ``outer.inner``;
     the padding kept), and the field names in its value order. ``packer.pack_into(s, 0,
-    *values)`` fills a whole ``cls`` in ~0.5 us, where its keyword constructor takes ~2 us
-    for FwdArgs' 40 fields; pointers are given as integers (0 for NULL)."""
+    *values)`` fills a whole ``cls`` in ~0.5 us, where its keyword constructor takes ~5 us
+    for FwdArgs' 43 fields; pointers are given as integers (0 for NULL)."""
     codes, names, at = ["="], [], 0
 
     def walk(c, base, prefix):
@@ -143,6 +147,22 @@ def flat_layout(cls) -> tuple[struct.Struct, tuple[str, ...]]:
     return packer, tuple(names)
 
 
+def field_packer(cls, first: str, last: str) -> tuple[int, struct.Struct, tuple[str, ...]]:
+    """``(offset, packer, names)`` for the fields ``first`` to ``last`` of ctypes Structure
+    ``cls``, consecutive in its layout and not nested: ``packer.pack_into(s, offset,
+    *values)`` writes them in ~0.3 us (their padding as zeros), where setting them one by one
+    takes ~60 ns each; pointers are given as integers (0 for NULL)."""
+    names = [name for name, _ in cls._fields_]
+    fields = cls._fields_[names.index(first) : names.index(last) + 1]
+    start = at = getattr(cls, first).offset
+    codes = ["="]
+    for name, kind in fields:
+        offset = getattr(cls, name).offset
+        codes.append("x" * (offset - at) + _PACK_CODES[kind])
+        at = offset + ctypes.sizeof(kind)
+    return start, struct.Struct("".join(codes)), tuple(name for name, _ in fields)
+
+
 class FwdPlan(ctypes.Structure):
     """``flash_kda_fwd_plan_info``: what ``flash_kda_fwd`` runs for some arguments."""
 
@@ -160,6 +180,26 @@ class FwdPlan(ctypes.Structure):
     ]
 
 
+# The overrides of flash_kda_testing.h, in order (append-only): name, ctype. The plan's four,
+# then kernels an arch table does not enable yet: unvalidated_forms 1 runs the gate and beta
+# forms, stable_inverse 1 / -1 turns AUTO mode's stable inverse on / off.
+OVERRIDE_FIELDS = (
+    ("block_v", _i32),
+    ("segment_chunks", _i32),
+    ("overlap", _i32),
+    ("chunk_tokens", _i32),
+    ("unvalidated_forms", _i32),
+    ("stable_inverse", _i32),
+)
+
+
+class TestingOverrides(ctypes.Structure):
+    """``flash_kda_testing_overrides`` (flash_kda_testing.h): forced parts of the plan, and
+    kernels not yet enabled by default."""
+
+    _fields_ = [("struct_size", _u32), *OVERRIDE_FIELDS]
+
+
 # (name, restype, argtypes) of every export.
 _EXPORTS = [
     ("flash_kda_abi_version", _i32, []),
@@ -172,6 +212,13 @@ _EXPORTS = [
     ("flash_kda_fwd_plan", _i32, [ctypes.POINTER(FwdArgs), ctypes.POINTER(FwdPlan)]),
     ("flash_kda_pick_block_v", _i32, [_i64, _i64, _i32]),
     ("flash_kda_fwd", _i32, [_i32, ctypes.POINTER(FwdArgs), _ptr]),
+    ("flash_kda_testing_version", _i32, []),
+    (
+        "flash_kda_testing_plan",
+        _i32,
+        [ctypes.POINTER(FwdArgs), ctypes.POINTER(TestingOverrides), ctypes.POINTER(FwdPlan)],
+    ),
+    ("flash_kda_testing_fwd", _i32, [_i32, ctypes.POINTER(FwdArgs), ctypes.POINTER(TestingOverrides), _ptr]),
     ("flash_kda_probe_unary_op", _i32, [_i32, _i32, _ptr, _ptr, _i64, _ptr]),
     ("flash_kda_probe_mma_op", _i32, [_i32, _i32, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr]),
 ]
@@ -193,6 +240,10 @@ class NativeLibrary:
             raise RuntimeError(f"{path} has C ABI version {version}, this package needs {ABI_VERSION}")
         self.archs = self._list_archs()
         self._cuda_versions: Optional[tuple[int, int]] = None
+        # flash_kda_fwd by address, for the dispatcher's prepacked calls: (cc, &args, stream)
+        self.fwd_by_address = self._lib["flash_kda_fwd"]
+        self.fwd_by_address.restype = _i32
+        self.fwd_by_address.argtypes = [_i32, _ptr, _ptr]
 
     def _list_archs(self) -> list[ArchInfo]:
         archs = []
@@ -204,8 +255,7 @@ class NativeLibrary:
 
     def _check(self, status: int) -> None:
         if status != 0:
-            message = self._lib.flash_kda_last_error().decode(errors="replace")
-            raise RuntimeError(f"{message} [{_STATUS_NAMES.get(status, status)}]")
+            raise RuntimeError(self.error(status))
 
     def table_for(self, compute_capability: int, feature: int = FEATURE_FWD) -> Optional[ArchInfo]:
         """The arch table for ``compute_capability`` (e.g. 90) having ``feature``, if any."""
@@ -234,16 +284,39 @@ class NativeLibrary:
     def pick_block_v(self, num_seqs: int, heads: int, num_sms: int) -> int:
         return self._lib.flash_kda_pick_block_v(num_seqs, heads, num_sms)
 
-    def plan(self, args: FwdArgs) -> FwdPlan:
-        """The plan of ``fwd`` for these arguments (sizes only are read)."""
+    def plan(self, args: FwdArgs, overrides: Optional[TestingOverrides] = None) -> FwdPlan:
+        """The plan of ``fwd`` for these arguments (sizes only are read), with the test
+        entry point's overrides if given."""
         args.struct_size = ctypes.sizeof(FwdArgs)
         plan = FwdPlan(struct_size=ctypes.sizeof(FwdPlan))
-        self._check(self._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan)))
+        if overrides is None:
+            self._check(self._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan)))
+        else:
+            self._check_testing()
+            self._check(
+                self._lib.flash_kda_testing_plan(ctypes.byref(args), ctypes.byref(overrides), ctypes.byref(plan))
+            )
         return plan
 
-    def fwd(self, compute_capability: int, args: FwdArgs, stream: int) -> None:
+    def fwd(self, compute_capability: int, args: FwdArgs, stream: int, overrides: Optional[TestingOverrides] = None):
+        """The forward on ``stream``, through the test entry point when ``overrides`` are given."""
         args.struct_size = ctypes.sizeof(FwdArgs)
-        self._check(self._lib.flash_kda_fwd(compute_capability, ctypes.byref(args), stream))
+        if overrides is None:
+            self._check(self._lib.flash_kda_fwd(compute_capability, ctypes.byref(args), stream))
+        else:
+            self._check_testing()
+            self._check(self._lib.flash_kda_testing_fwd(compute_capability, ctypes.byref(args), ctypes.byref(overrides),
+                                                        stream))  # fmt: skip
+
+    def error(self, status: int) -> str:
+        """The message of a failed call with ``status``, as :meth:`fwd` raises it."""
+        message = self._lib.flash_kda_last_error().decode(errors="replace")
+        return f"{message} [{_STATUS_NAMES.get(status, status)}]"
+
+    def _check_testing(self) -> None:
+        version = self._lib.flash_kda_testing_version()
+        if version != TESTING_VERSION:
+            raise RuntimeError(f"{self.path} has testing version {version}, this package needs {TESTING_VERSION}")
 
     def probe_unary(self, compute_capability, op, x, y, count, stream) -> None:
         self._check(self._lib.flash_kda_probe_unary_op(compute_capability, op, x, y, count, stream))
@@ -254,6 +327,10 @@ class NativeLibrary:
 
 _lock = threading.Lock()
 _state = {"loaded": False, "library": None, "error": None}
+
+# Process-wide plan overrides (flash_kda.testing.set_overrides): None, or a TestingOverrides
+# with which every native call of the process goes through the test entry point.
+overrides: Optional[TestingOverrides] = None
 
 
 def library_path() -> str:

@@ -22,6 +22,7 @@
 #include "kda/probes.cuh"
 #include "kda/combine.cuh"
 #include "kda/config.h"
+#include "kda/empty.cuh"
 #include "kda/recurrence.cuh"
 #include "kda/recurrence_wg.cuh"
 
@@ -59,13 +60,84 @@ struct Footprint {
   int sub_partition_regs, smem, threads;
 };
 
+// What the runtime says about a kernel on a device, asked once (a call reads it for every
+// pass it configures): its registers a thread and static shared memory; and the dynamic
+// shared-memory limit (cudaFuncAttributeMaxDynamicSharedMemorySize) last set for it, so that
+// a launch sets the limit only when it asks for another value than the launch before: each
+// launch still runs with the limit set to its own request, as when every launch set it, without
+// the runtime call (~1-2 us) for a repeated call. Like DeviceFacts it assumes the device's
+// context lives as long as the process (a cudaDeviceReset, which PyTorch never makes, would
+// reset the limits behind it).
+struct KernelFacts {
+  int device;
+  const void *kernel;
+  int num_regs, static_smem, smem_limit;
+};
+
+class KernelFactsTable {
+ public:
+  // The facts of `kernel` on the current device, its shared-memory limit set to `smem` bytes
+  // (0: left as it is).
+  cudaError_t get(const void *kernel, int smem, KernelFacts &out) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    const std::lock_guard<std::mutex> lock(lock_);
+    KernelFacts *entry = find(device, kernel);
+    KernelFacts fresh{device, kernel, 0, 0, 0};
+    KernelFacts &facts = entry != nullptr ? *entry : fresh;
+    if (entry == nullptr || facts.kernel == nullptr) {
+      cudaFuncAttributes attr;
+      err = cudaFuncGetAttributes(&attr, kernel);
+      if (err != cudaSuccess) return err;
+      facts = {device, kernel, attr.numRegs, static_cast<int>(attr.sharedSizeBytes), 0};
+    }
+    if (smem > 0 && smem != facts.smem_limit) {
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+      facts.smem_limit = smem;
+    }
+    out = facts;
+    return cudaSuccess;
+  }
+
+ private:
+  static constexpr int kSlots = 1024;  // kernels x devices; a full table asks every call
+  // The slot of (device, kernel), claimed when free; nullptr when the table is full.
+  KernelFacts *find(int device, const void *kernel) {
+    const uintptr_t h = reinterpret_cast<uintptr_t>(kernel) / 16 + static_cast<uintptr_t>(device);
+    for (int i = 0; i < kSlots; ++i) {
+      KernelFacts &slot = slots_[(h + i) % kSlots];
+      if (slot.kernel == kernel && slot.device == device) return &slot;
+      if (slot.kernel == nullptr) {
+        slot.device = device;
+        return &slot;  // facts.kernel == nullptr: get() fills it
+      }
+    }
+    return nullptr;
+  }
+  std::mutex lock_;
+  KernelFacts slots_[kSlots] = {};
+};
+
+inline KernelFactsTable &kernel_facts() {
+  static KernelFactsTable table;
+  return table;
+}
+
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, smem) unless that is the value set last.
+inline cudaError_t allow_smem(const void *kernel, int smem) {
+  KernelFacts facts;
+  return kernel_facts().get(kernel, smem, facts);
+}
+
 inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, Footprint &f) {
-  cudaFuncAttributes attr;
-  const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  KernelFacts facts;
+  const cudaError_t err = kernel_facts().get(kernel, 0, facts);
   if (err != cudaSuccess) return err;
   const int warps = (threads + 31) / 32;
-  f.sub_partition_regs = (warps + 3) / 4 * 32 * ((attr.numRegs + 7) / 8 * 8);
-  f.smem = static_cast<int>(attr.sharedSizeBytes) + dynamic_smem + kReservedSmem;
+  f.sub_partition_regs = (warps + 3) / 4 * 32 * ((facts.num_regs + 7) / 8 * 8);
+  f.smem = facts.static_smem + dynamic_smem + kReservedSmem;
   f.threads = warps * 32;
   return cudaSuccess;
 }
@@ -74,9 +146,17 @@ inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, 
 // footprint (a property of the module) for 16- and 32-token records. Queried once per
 // device and remembered (they do not change while the process runs): ~10 runtime queries
 // fewer a call. The 32-token K1's dynamic shared-memory limit is raised here, once.
-// The K1 kernels a call can run: 16-token records of the bounded gate, 32-token records, and
-// 16-token records of the unbounded gates (design §2.5).
-enum K1Kind { kK1Bounded16 = 0, kK1Bounded32 = 1, kK1Unbounded16 = 2, kK1Kinds = 3 };
+// The K1 kernels a call can run (prepare.cuh K1Variant): 16- and 32-token records of FlashKDA's
+// contract, the same with the beta forms or the stable inverse, and 16-token records of the
+// unbounded gates (design §2.5).
+enum K1Kind {
+  kK1Bounded16 = 0,
+  kK1Bounded32 = 1,
+  kK1Forms16 = 2,
+  kK1Forms32 = 3,
+  kK1Unbounded16 = 4,
+  kK1Kinds = 5
+};
 
 struct DeviceFacts {
   int sms, regs_sm, smem_optin, smem_sm, threads_sm;
@@ -90,23 +170,36 @@ struct K1Launch {
   int threads, smem;
 };
 
-template <int kBlocks, RecordOrder kOrder, bool kUnbounded>
+template <int kBlocks, RecordOrder kOrder, K1Variant kVariant>
 K1Launch k1_kernels() {
-  return {reinterpret_cast<const void *>(prepare_kernel<kBlocks, kOrder, kUnbounded>),
-          reinterpret_cast<const void *>(prepare_overlap_kernel<kBlocks, kOrder, kUnbounded>),
+  return {reinterpret_cast<const void *>(prepare_kernel<kBlocks, kOrder, kVariant>),
+          reinterpret_cast<const void *>(prepare_overlap_kernel<kBlocks, kOrder, kVariant>),
           K1Shape<kBlocks>::kThreads, K1Shape<kBlocks>::kDynamicSmem};
+}
+
+// The 16-token K1 of a variant in `order`.
+template <K1Variant kVariant>
+K1Launch k1_kernels16(RecordOrder order) {
+#if FLASH_KDA_CC == 90
+  if (order == RecordOrder::kTiles) return k1_kernels<1, RecordOrder::kTiles, kVariant>();
+#endif
+  return k1_kernels<1, RecordOrder::kFragments, kVariant>();
 }
 
 inline K1Launch k1_launch(int kind, RecordOrder order = RecordOrder::kFragments) {
   constexpr RecordOrder kFrags = RecordOrder::kFragments;
-  if (kind == kK1Bounded32) return k1_kernels<2, kFrags, false>();
-  const bool unbounded = kind == kK1Unbounded16;
-#if FLASH_KDA_CC == 90
-  if (order == RecordOrder::kTiles)
-    return unbounded ? k1_kernels<1, RecordOrder::kTiles, true>()
-                     : k1_kernels<1, RecordOrder::kTiles, false>();
-#endif
-  return unbounded ? k1_kernels<1, kFrags, true>() : k1_kernels<1, kFrags, false>();
+  switch (kind) {
+    case kK1Bounded32:
+      return k1_kernels<2, kFrags, K1Variant::kBounded>();
+    case kK1Forms32:
+      return k1_kernels<2, kFrags, K1Variant::kBoundedForms>();
+    case kK1Forms16:
+      return k1_kernels16<K1Variant::kBoundedForms>(order);
+    case kK1Unbounded16:
+      return k1_kernels16<K1Variant::kUnbounded>(order);
+    default:
+      return k1_kernels16<K1Variant::kBounded>(order);
+  }
 }
 
 // Chunks of the call, in 16-token blocks (1 or 2).
@@ -114,10 +207,13 @@ inline int chunk_blocks(const FwdParams &p) {
   return p.chunk_shift == 5 ? 2 : 1;
 }
 
-// The K1 kind of a call.
+// The K1 kind of a call: FlashKDA's kernels for FlashKDA's contract (an fp32 g comes with the
+// log-decay gate only).
 inline int k1_kind(const FwdParams &p) {
-  if (chunk_blocks(p) == 2) return kK1Bounded32;
-  return p.gate == Gate::kLowerBound ? kK1Bounded16 : kK1Unbounded16;
+  const bool forms = p.beta_prob || p.beta_fp32 || p.stable_inverse;
+  if (chunk_blocks(p) == 2) return forms ? kK1Forms32 : kK1Bounded32;
+  if (p.gate != Gate::kLowerBound) return kK1Unbounded16;
+  return forms ? kK1Forms16 : kK1Bounded16;
 }
 
 inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
@@ -135,8 +231,7 @@ inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
     const K1Launch k1 = k1_launch(kind);
     for (const void *kernel : {k1.kernel, k1.overlap}) {
       if (k1.smem == 0) continue;
-      const cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k1.smem);
+      const cudaError_t err = allow_smem(kernel, k1.smem);
       if (err != cudaSuccess) return err;
     }
     cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.k1_alone[kind], k1.overlap,
@@ -246,8 +341,7 @@ inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int 
   out.smem = std::max(recurrence_smem_bytes(block_v, out.params.stages, blocks), exclusive);
   out.threads = threads;
   out.ctas = pass_ctas(p, pass, block_v);
-  const cudaError_t attr =
-      cudaFuncSetAttribute(out.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, out.smem);
+  const cudaError_t attr = allow_smem(out.kernel, out.smem);
   if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
   return {cudaSuccess, nullptr};
 }
@@ -455,7 +549,7 @@ inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
   while (stages > 2 && combine_smem_bytes(rows, stages) > device.smem_optin) --stages;
   const int smem = combine_smem_bytes(rows, stages);
   const auto kernel = rows == 8 ? combine_kernel<8> : combine_kernel<16>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  err = allow_smem(reinterpret_cast<const void *>(kernel), smem);
   if (err != cudaSuccess) return {err, "combine_kernel shared-memory attribute"};
   const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / rows);
   FwdParams params = p;
@@ -499,8 +593,7 @@ inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms
     keep = alone;
     leave_sms = static_cast<int>(first.ctas);
     first.smem = d.smem_optin;
-    err =
-        cudaFuncSetAttribute(first.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, first.smem);
+    err = allow_smem(first.kernel, first.smem);
     if (err != cudaSuccess) return {err, "recurrence_kernel shared-memory attribute"};
   } else if (beside >= p.overlap_min_ctas) {
     keep = std::min(beside, p.overlap_max_ctas);  // 0 (leave, no SM free): K1 first
@@ -509,10 +602,17 @@ inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms
 }
 
 // Prefixes (varlen) -> K1 over all chunks -> K2: one pass over whole sequences, or the
-// segment pass, the combine and the rerun (design §4.1, §6.2). When K1 overlaps the
-// first pass (design §4.7), that pass is launched while K1 runs and waits on each
-// record's ready flag, and a second K1 grid fills the SMs the pass leaves free.
+// segment pass, the combine and the rerun (design §4.1, §6.2); a call without tokens copies
+// the states alone. When K1 overlaps the first pass (design §4.7), that pass is launched
+// while K1 runs and waits on each record's ready flag, and a second K1 grid fills the SMs
+// the pass leaves free.
 inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
+  if (p.total_tokens == 0) {  // every sequence empty: the states alone (empty.cuh)
+    if (p.final_state == nullptr) return {cudaSuccess, nullptr};
+    empty_states_kernel<<<dim3(static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.heads)),
+                          kEmptyThreads, 0, stream>>>(p);
+    return launch_status("empty_states_kernel launch");
+  }
   if (p.cu_seqlens != nullptr) {
     prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
     const LaunchStatus st = launch_status("prefix_kernel launch");
@@ -572,7 +672,11 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
 inline LaunchStatus launch_probe_unary(int op, const float *x, float *y, int64_t count,
                                        cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>(ceil_div(count, kProbeThreads), 65535);
-  probe_unary_kernel<<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(op, x, y, count);
+  if (op == FLASH_KDA_PROBE_LG2)
+    probe_lg2_kernel<<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(x, y, count);
+  else
+    probe_unary_kernel<<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(op, x, y,
+                                                                                    count);
   return launch_status("probe_unary_kernel launch");
 }
 

@@ -112,13 +112,6 @@ struct FwdParams {
 
   float gate_scale;     // c = fp32(lower_bound * log2 e), design §3.2 step 1
   uint32_t scale_bf16;  // sb = bf(fp32(scale)), design §3.2 step 6
-  Gate gate;
-  int32_t g_fp32;     // g holds fp32 (Gate::kLogDecay only)
-  int32_t beta_fp32;  // beta holds fp32
-  int32_t beta_prob;  // beta is the write strength itself (clamped to [0, 1]), not a logit
-  // AUTO mode: K1 checks each chunk's Neumann inverse and recomputes the unsound ones in fp32
-  // (design §2.6); exact mode keeps FlashKDA's inverse everywhere.
-  int32_t stable_inverse;
 
   int32_t chain_block_v;    // plan: width of the whole-sequence or rerun pass
   int32_t segment_block_v;  // plan: width of the segment pass
@@ -127,6 +120,15 @@ struct FwdParams {
   ChainPass pass;
   int32_t block_v;  // value columns per recurrence CTA (the instantiation's kBlockV)
   int32_t stages;   // ring depth, from the device's shared-memory limit
+
+  // The gate and beta forms (K1 only; last, so that the fields above keep their offsets).
+  Gate gate;
+  int32_t g_fp32;     // g holds fp32 (Gate::kLogDecay only)
+  int32_t beta_fp32;  // beta holds fp32
+  int32_t beta_prob;  // beta is the write strength itself (clamped to [0, 1]), not a logit
+  // AUTO mode where enabled (flash_kda.h FEATURE_STABLE_INVERSE): K1 checks each chunk's Neumann
+  // inverse and recomputes the unsound ones in fp32 (design §2.6); else FlashKDA's inverse.
+  int32_t stable_inverse;
 };
 
 }  // namespace flash_kda

@@ -33,6 +33,18 @@ constexpr int kPrepareThreads = 128;
 constexpr int kRow = kHeadDim + 8;                     // padded row of a 16x128 bf16 tile (272 B)
 constexpr float kLog2eF = 1.44269502162933349609375f;  // LOG2E_F, design §0
 
+// What a K1 instantiation takes (the launch picks one per call, launch.cuh k1_kind):
+// - kBounded: FlashKDA's contract, the bounded gate, bf16 beta logits and the fp16 Neumann
+//   inverse; the kernels every call ran before the other forms existed, kept apart so that
+//   their code does not change with them;
+// - kBoundedForms: the bounded gate with any beta form (fp32, probabilities) and, where
+//   p.stable_inverse, the stable inverse (design §2.6): both CTA-uniform switches, so one
+//   instantiation carries both;
+// - kUnbounded: the softplus and log-decay gates (design §2.5, 16-token chunks), any beta or
+//   g form, the stable inverse where p.stable_inverse; its decays need their own code and
+//   register budget.
+enum class K1Variant { kBounded, kBoundedForms, kUnbounded };
+
 struct PrepareSmem {
   // Raw q, k, g; then in place: q -> q_hat -> Qd, k -> k_hat -> Kd, g -> Ki (from the
   // gate on, each thread owns two columns over half the rows).
@@ -41,23 +53,20 @@ struct PrepareSmem {
   alignas(16) uint16_t mqk[kTileElems];       // Mqk in A-fragment order
   alignas(16) uint16_t lmat[kChunk][kChunk];  // L (fp16 bits), row-major
   alignas(8) float decay[kHeadDim];           // G[7][k] (hand-off), then e[k] = EX2(G[15][k])
-  union {
-    float beta_h[kChunk];  // f(hf(b_t)) for L, §3.2 step 8
-    int unsound;           // then (AUTO mode): whether N3 failed the residual test (design §2.6)
-  };
+  float beta_h[kChunk];                       // f(hf(b_t)) for L, §3.2 step 8
   alignas(16) uint16_t beta_bf[kChunk];       // bf(b_t) for K2
 };
 
 enum Tile { kQ = 0, kK = 1, kG = 2, kQd = 0, kKd = 1, kKi = 2 };
 
-// Load: q, k, g rows t < n (zeros beyond), beta -> b_t = sig(f(beta_t)) (a logit) or
-// min(max(f(beta_t), 0), 1) (a probability; NaN gives 0), bf16 or fp32. Thread t copies
-// 16-byte vector t % 16 of rows t / 16 + kStep r (kStep = threads / 16) of each tile (one row
-// base per tensor, then one multiply-add per row: K1 is issue-bound, ncu H200) straight into
-// shared memory (cp.async: no registers held, no store), and computes beta while the copies
-// fly. An fp32 g (the log-decay gate) is not copied: gate_values_unbounded reads it. kRows =
-// 16 or 32 (a 32-token chunk, K1 of 256 threads).
-template <int kRows, int kThreads>
+// Load: q, k, g rows t < n (zeros beyond), beta -> b_t = sig(f(beta_t)) (bf16 logits; with
+// kForms also fp32, or a probability: min(max(f(beta_t), 0), 1), NaN giving 0). Thread t
+// copies 16-byte vector t % 16 of rows t / 16 + kStep r (kStep = threads / 16) of each tile
+// (one row base per tensor, then one multiply-add per row: K1 is issue-bound, ncu H200)
+// straight into shared memory (cp.async: no registers held, no store), and computes beta
+// while the copies fly. An fp32 g (the log-decay gate, kForms) is not copied:
+// gate_values_unbounded reads it. kRows = 16 or 32 (a 32-token chunk, K1 of 256 threads).
+template <int kRows, int kThreads, bool kForms>
 __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                           uint16_t (*const x[3])[kRow], uint16_t *beta_bf,
                                           float *beta_h) {
@@ -68,7 +77,8 @@ __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const C
   const Strides *const st[3] = {&p.q_strides, &p.k_strides, &p.g_strides};
 #pragma unroll
   for (int which = 0; which < 3; ++which) {
-    if (which == kG && p.g_fp32) continue;  // CTA-uniform
+    if constexpr (kForms)
+      if (which == kG && p.g_fp32) continue;  // CTA-uniform
     const uint4 *base = reinterpret_cast<const uint4 *>(
                             src[which] + token_offset(*st[which], ch.b, ch.t0 + row0, h)) +
                         vec;
@@ -86,23 +96,32 @@ __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const C
   }
   if (threadIdx.x < kRows) {
     const int t = threadIdx.x;
-    float raw = 0.f;
-    if (t < ch.n) {
-      const int64_t at = token_offset(p.beta_strides, ch.b, ch.t0 + t, h);
-      raw = p.beta_fp32 ? __ldg(reinterpret_cast<const float *>(p.beta) + at)
-                        : bf16_to_f32(__ldg(p.beta + at));
+    if constexpr (kForms) {
+      float raw = 0.f;
+      if (t < ch.n) {
+        const int64_t at = token_offset(p.beta_strides, ch.b, ch.t0 + t, h);
+        raw = p.beta_fp32 ? __ldg(reinterpret_cast<const float *>(p.beta) + at)
+                          : bf16_to_f32(__ldg(p.beta + at));
+      }
+      const float b = p.beta_prob ? min_num(max_num(raw, 0.f), 1.f) : sigmoid_tanh(raw);
+      beta_bf[t] = static_cast<uint16_t>(f32_to_bf16(b));
+      beta_h[t] = f16_to_f32(f32_to_f16(b));
+    } else {
+      const uint32_t raw =
+          t < ch.n ? __ldg(p.beta + token_offset(p.beta_strides, ch.b, ch.t0 + t, h)) : 0u;
+      const float b = sigmoid_tanh(bf16_to_f32(raw));
+      beta_bf[t] = static_cast<uint16_t>(f32_to_bf16(b));
+      beta_h[t] = f16_to_f32(f32_to_f16(b));
     }
-    const float b = p.beta_prob ? min_num(max_num(raw, 0.f), 1.f) : sigmoid_tanh(raw);
-    beta_bf[t] = static_cast<uint16_t>(f32_to_bf16(b));
-    beta_h[t] = f16_to_f32(f32_to_f16(b));
   }
   wait_copies();
 }
 
+template <bool kForms>
 __device__ __forceinline__ void load_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                            PrepareSmem &sm) {
   uint16_t (*const x[3])[kRow] = {sm.x[0], sm.x[1], sm.x[2]};
-  load_rows<kChunk, kPrepareThreads>(p, h, ch, x, sm.beta_bf, sm.beta_h);
+  load_rows<kChunk, kPrepareThreads, kForms>(p, h, ch, x, sm.beta_bf, sm.beta_h);
 }
 
 // §3.2 step 2: x_hat = bf(f(x) * RSQ(T + 1e-6)) with T the fixed reduction tree:
@@ -490,9 +509,14 @@ __device__ __forceinline__ void fp32_inverse(const uint16_t (*lmat)[kChunk][kChu
   __syncwarp();
 }
 
-// §3.2 step 9 (one warp): INV = bf(N3) into sm.inv; in AUTO mode also whether N3 is sound
-// (returned to every lane: a vote).
-__device__ __forceinline__ bool neumann_inverse(const FwdParams &p, PrepareSmem &sm) {
+// §3.2 step 9 (one warp): INV = bf(N3).
+__device__ __forceinline__ void neumann_inverse(PrepareSmem &sm) {
+  store_bf16_frag(neumann_product(load_tile16(sm.lmat)), false, sm.inv);
+}
+
+// §3.2 step 9 (one warp) where the stable inverse may run: INV = bf(N3) into sm.inv, and
+// whether N3 is sound, true without p.stable_inverse (returned to every lane: a vote).
+__device__ __forceinline__ bool neumann_inverse_checked(const FwdParams &p, PrepareSmem &sm) {
   const Tile16 n = neumann_product(load_tile16(sm.lmat));
   store_bf16_frag(n, false, sm.inv);
   return !p.stable_inverse || neumann_sound(sm.lmat, n);
@@ -614,12 +638,13 @@ __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, cons
   }
 }
 
-// One record: the load and §3.2 steps 1-9 of chunk `ch` of head h, written to the workspace
-// in kOrder.
-template <RecordOrder kOrder>
+// One record of the bounded gate: the load and §3.2 steps 1-9 of chunk `ch` of head h, written
+// to the workspace in kOrder (kVariant kBounded or kBoundedForms).
+template <RecordOrder kOrder, K1Variant kVariant>
 __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                               PrepareSmem &sm) {
-  load_chunk(p, h, ch, sm);
+  constexpr bool kForms = kVariant == K1Variant::kBoundedForms;
+  load_chunk<kForms>(p, h, ch, sm);
   __syncthreads();
   l2_normalize(sm);
   __syncthreads();
@@ -631,20 +656,27 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   __syncthreads();
   chunk_scores(sm);
   __syncthreads();
-  if (threadIdx.x < 32) {
-    const bool sound = neumann_inverse(p, sm);
-    if (threadIdx.x == 0) sm.unsound = !sound;
-  }
-  __syncthreads();
-  store_record<kOrder>(p, h, ch, sm);
-  // AUTO mode, an unsound chunk (CTA-uniform, rare): once every tile is stored, warp 0 forms
-  // the fp32 inverse and writes the INV plane again.
-  if (p.stable_inverse && sm.unsound) {
+  if constexpr (!kForms) {
+    if (threadIdx.x < 32) neumann_inverse(sm);
     __syncthreads();
+    store_record<kOrder>(p, h, ch, sm);
+  } else {
+    __shared__ int unsound;  // whether N3 failed the residual test (design §2.6)
     if (threadIdx.x < 32) {
-      fp32_inverse16(sm);
-      uint8_t *rec = p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes;
-      store_tile<kOrder>(rec, kOffInv, reinterpret_cast<const uint4 *>(sm.inv)[threadIdx.x]);
+      const bool sound = neumann_inverse_checked(p, sm);
+      if (threadIdx.x == 0) unsound = !sound;
+    }
+    __syncthreads();
+    store_record<kOrder>(p, h, ch, sm);
+    // The stable inverse, an unsound chunk (CTA-uniform, rare): once every tile is stored,
+    // warp 0 forms the fp32 inverse and writes the INV plane again.
+    if (p.stable_inverse && unsound) {
+      __syncthreads();
+      if (threadIdx.x < 32) {
+        fp32_inverse16(sm);
+        uint8_t *rec = p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes;
+        store_tile<kOrder>(rec, kOffInv, reinterpret_cast<const uint4 *>(sm.inv)[threadIdx.x]);
+      }
     }
   }
 }
@@ -835,7 +867,7 @@ template <RecordOrder kOrder>
 __device__ __forceinline__ void prepare_chunk_unbounded(const FwdParams &p, int64_t h,
                                                         const ChunkRef &ch, PrepareSmem &sm) {
   uint8_t *rec = p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes;
-  load_chunk(p, h, ch, sm);
+  load_chunk<true>(p, h, ch, sm);
   __syncthreads();
   l2_normalize(sm);
   __syncthreads();
@@ -851,7 +883,7 @@ __device__ __forceinline__ void prepare_chunk_unbounded(const FwdParams &p, int6
   }
   __syncthreads();
   if (threadIdx.x < 32) {  // the q tile (A_q) is free: the fp32 inverse's scratch
-    if (!neumann_inverse(p, sm)) fp32_inverse16(sm);
+    if (!neumann_inverse_checked(p, sm)) fp32_inverse16(sm);
     __syncwarp();
     store_tile<kOrder>(rec, kOffInv, reinterpret_cast<const uint4 *>(sm.inv)[threadIdx.x]);
   } else {
@@ -1097,17 +1129,18 @@ __device__ __noinline__ void stable_inverse32(uint4 *rec, PrepareSmem32 &sm) {
   store_inv_plane32(rec, sm);
 }
 
-// One 32-token record: chunk `ch` of head h (fragment order only).
-template <RecordOrder kOrder>
+// One 32-token record of the bounded gate: chunk `ch` of head h (fragment order only).
+template <RecordOrder kOrder, K1Variant kVariant>
 __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                               PrepareSmem32 &sm) {
   static_assert(kOrder == RecordOrder::kFragments, "32-token records are in fragment order");
+  constexpr bool kForms = kVariant == K1Variant::kBoundedForms;
   // The record's address first, so that h and ch need not live through the steps.
   uint4 *rec =
       reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * Record32::kBytes);
   {
     uint16_t (*const x[3])[kRow] = {sm.x[0], sm.x[1], sm.x[2]};
-    load_rows<2 * kChunk, kPrepare32Threads>(p, h, ch, x, sm.beta_bf, sm.beta_h);
+    load_rows<2 * kChunk, kPrepare32Threads, kForms>(p, h, ch, x, sm.beta_bf, sm.beta_h);
   }
   __syncthreads();
   {
@@ -1132,7 +1165,8 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   __syncthreads();
   if (threadIdx.x < 32) {
     cross_inverse32(rec, sm);
-    if (p.stable_inverse) stable_inverse32(rec, sm);
+    if constexpr (kForms)
+      if (p.stable_inverse) stable_inverse32(rec, sm);
   }
 }
 
@@ -1166,26 +1200,28 @@ struct K1Shape<2> {
   }
 };
 
-// K1 before the recurrence: grid (records, heads), one record per CTA, in kOrder (tile
-// order where the first pass is the warpgroup pass).
-// One record of the gate family kUnbounded (design §2.5; 16-token records only).
-template <bool kUnbounded, RecordOrder kOrder, class Smem>
+// One record of variant kVariant (unbounded gates: 16-token records only).
+template <K1Variant kVariant, RecordOrder kOrder, class Smem>
 __device__ __forceinline__ void prepare_record(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                                Smem &sm) {
-  if constexpr (kUnbounded)
+  if constexpr (kVariant == K1Variant::kUnbounded)
     prepare_chunk_unbounded<kOrder>(p, h, ch, sm);
   else
-    prepare_chunk<kOrder>(p, h, ch, sm);
+    prepare_chunk<kOrder, kVariant>(p, h, ch, sm);
 }
 
-template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments, bool kUnbounded = false>
+// K1 before the recurrence: grid (records, heads), one record per CTA, in kOrder (tile
+// order where the first pass is the warpgroup pass).
+template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments,
+          K1Variant kVariant = K1Variant::kBounded>
 __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(const FwdParams p) {
-  static_assert(kBlocks == 1 || !kUnbounded, "unbounded gates take 16-token records");
+  static_assert(kBlocks == 1 || kVariant != K1Variant::kUnbounded,
+                "unbounded gates take 16-token records");
   auto &sm = K1Shape<kBlocks>::smem();
   allow_dependents();  // the first pass launches early and waits for K1's end (design §4.1)
   ChunkRef ch;
   if (!locate_chunk(p, blockIdx.x, ch)) return;  // excess CTA of varlen's upper-bound grid
-  prepare_record<kUnbounded, kOrder>(p, blockIdx.y, ch, sm);
+  prepare_record<kVariant, kOrder>(p, blockIdx.y, ch, sm);
 }
 
 // K1 beside the first recurrence pass (design §4.7): a grid that the GPU holds at once
@@ -1205,16 +1241,19 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(con
 // they leave: it runs beside no K1 CTA while the other SMs write its records.
 constexpr uint32_t kNoItem = 0xffffffffu;  // above any item count (prepare_items < 2^31)
 
-// The unbounded gates' K1 (design §2.5) holds more per thread: ten CTAs an SM (48 registers;
+// The unbounded gates' K1 (design §2.5) holds more per thread: eight CTAs an SM (64 registers;
 // bounded to 40 its decays spilled ~110 bytes).
 constexpr int kOverlapCtasUnbounded = 8;
 
-template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments, bool kUnbounded = false>
+template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments,
+          K1Variant kVariant = K1Variant::kBounded>
 __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads,
-                                  kUnbounded ? kOverlapCtasUnbounded
-                                             : K1Shape<kBlocks>::kOverlapCtas)
+                                  kVariant == K1Variant::kUnbounded
+                                      ? kOverlapCtasUnbounded
+                                      : K1Shape<kBlocks>::kOverlapCtas)
     prepare_overlap_kernel(const FwdParams p) {
-  static_assert(kBlocks == 1 || !kUnbounded, "unbounded gates take 16-token records");
+  static_assert(kBlocks == 1 || kVariant != K1Variant::kUnbounded,
+                "unbounded gates take 16-token records");
   auto &sm = K1Shape<kBlocks>::smem();
   __shared__ uint32_t next;
   allow_dependents();
@@ -1232,7 +1271,7 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads,
     int64_t h;
     ChunkRef ch;
     const bool valid = locate_item(p, static_cast<int32_t>(i), h, ch);
-    if (valid) prepare_record<kUnbounded, kOrder>(p, h, ch, sm);
+    if (valid) prepare_record<kVariant, kOrder>(p, h, ch, sm);
     __syncthreads();  // every record store before the flag; smem and `next` free again
     if (valid && threadIdx.x == 0) publish_flag(p.ready + h * p.tiles_per_head + ch.tile);
   }

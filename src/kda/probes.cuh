@@ -19,11 +19,17 @@ __global__ void __launch_bounds__(kProbeThreads)
   for (int64_t i = blockIdx.x * int64_t{kProbeThreads} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * kProbeThreads) {
     const float xi = x[i];
-    y[i] = op == 0   ? ex2_approx(xi)
-           : op == 1 ? sigmoid_tanh(xi)
-           : op == 2 ? rsqrt_approx(xi)
-                     : lg2_approx(xi);
+    y[i] = op == 0 ? ex2_approx(xi) : op == 1 ? sigmoid_tanh(xi) : rsqrt_approx(xi);
   }
+}
+
+// LG2 (the softplus gate's logarithm) in a kernel of its own, so that the three probes above
+// keep their code.
+__global__ void __launch_bounds__(kProbeThreads)
+    probe_lg2_kernel(const float *x, float *y, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{kProbeThreads} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * kProbeThreads)
+    y[i] = lg2_approx(x[i]);
 }
 
 // Operand fragments of one m16n8k16 step read straight from row-major global memory:

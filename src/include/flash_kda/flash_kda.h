@@ -9,8 +9,10 @@
  * holds a message for the calling thread, valid until that thread's next call.
  *
  * Versioning: FLASH_KDA_ABI_VERSION changes with any signature, enum value or struct
- * layout. Enums are append-only. Argument structs start with their own size, so a
- * later version can append fields and still read an older caller's struct.
+ * layout or meaning. Enums are append-only. Argument structs start with their own size, so
+ * a later version can append fields and still read an older caller's struct. Test and
+ * benchmark knobs are not part of this ABI: flash_kda_testing.h has its own entry points
+ * and version.
  */
 #ifndef FLASH_KDA_FLASH_KDA_H_
 #define FLASH_KDA_FLASH_KDA_H_
@@ -30,7 +32,7 @@
 #define FLASH_KDA_NOEXCEPT
 #endif
 
-#define FLASH_KDA_ABI_VERSION 6
+#define FLASH_KDA_ABI_VERSION 7
 
 #ifdef __cplusplus
 extern "C" {
@@ -67,7 +69,7 @@ typedef enum flash_kda_mode {
 /* The decay gate's form (flash_kda_fwd_args.gate, append-only; docs/design.md §2.2, §2.5). */
 typedef enum flash_kda_gate {
   /* lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), lower_bound in [-5, 0]: FlashKDA's
-   * bounded gate, the ABI 5 behaviour */
+   * bounded gate (the only gate before ABI 7) */
   FLASH_KDA_GATE_LOWER_BOUND = 0,
   /* -exp(A_log) * softplus(g + dt_bias): Kimi-Linear's unbounded gate; lower_bound unused */
   FLASH_KDA_GATE_SOFTPLUS = 1,
@@ -78,13 +80,20 @@ typedef enum flash_kda_gate {
 
 /* What beta holds (flash_kda_fwd_args.beta_form, append-only). */
 typedef enum flash_kda_beta {
-  FLASH_KDA_BETA_LOGIT = 0,      /* raw logits, sigmoid applied inside (the ABI 5 behaviour) */
+  FLASH_KDA_BETA_LOGIT = 0,      /* raw logits, sigmoid applied inside (as before ABI 7) */
   FLASH_KDA_BETA_PROBABILITY = 1 /* the write strength itself, clamped to [0, 1] (NaN: 0) */
 } flash_kda_beta;
 
-/* Bits of flash_kda_arch_desc.features. */
-#define FLASH_KDA_FEATURE_FWD 1u    /* the KDA forward (prepare + recurrence) */
-#define FLASH_KDA_FEATURE_PROBES 2u /* single-instruction probes for the reference */
+/* Bits of flash_kda_arch_desc.features. The kernels of the last two are built for every arch;
+ * a table enables them once they have been validated on that arch's GPU. Without GATE_FORMS,
+ * flash_kda_fwd refuses any gate or beta form but the default (LOWER_BOUND, bf16 LOGIT) with
+ * FLASH_KDA_UNSUPPORTED_DEVICE; without STABLE_INVERSE, AUTO mode keeps FlashKDA's fp16
+ * inverse (flash_kda_testing.h reaches both). */
+#define FLASH_KDA_FEATURE_FWD 1u            /* the KDA forward (prepare + recurrence) */
+#define FLASH_KDA_FEATURE_PROBES 2u         /* single-instruction probes for the reference */
+#define FLASH_KDA_FEATURE_GATE_FORMS 4u     /* every flash_kda_gate, flash_kda_beta, fp32 g / beta */
+#define FLASH_KDA_FEATURE_STABLE_INVERSE 8u /* AUTO mode: each chunk's inverse checked, an
+                                             * unsound one recomputed in fp32 (design §2.6) */
 
 typedef struct flash_kda_arch_desc {
   const char *name;           /* "sm_90a" */
@@ -108,16 +117,32 @@ typedef struct flash_kda_strides {
  * GATE_LOG_DECAY). States are contiguous bf16 or fp32 [S, H, 128 (V), 128 (K)]
  * (V-first) with S = num_seqs, or S = state_pool_size when state_indices is given.
  * cu_seqlens [N + 1] (int64 or int32, on the device) or NULL for batched mode (N = B).
- * Every tensor pointer must be 16-byte aligned (beta: 2-byte, 4-byte when fp32).
+ * Every tensor pointer must be 16-byte aligned (beta: 2-byte, 4-byte when fp32; cu_seqlens
+ * and state_indices 8-byte). No output (out, final_state, checkpoints, workspace) may overlap
+ * another argument's bytes, except final_state == initial_state (in place).
+ *
+ * A call may hold no tokens (batch or seqlen 0) or no sequences (num_seqs 0): it writes
+ * each sequence's final state as its start state (the initial state rounded to bf16 like
+ * any state, zero without one or where has_initial_state is 0) and nothing else; pointers
+ * of tensors without elements may be NULL, and such a call needs no workspace.
  *
  * Fields after `reserved` are ABI 2. A caller built against an older header passes a
  * smaller struct_size: the library reads only that prefix and takes the later fields
  * as zero (contiguous strides, no pool, no checkpoints, exact mode), never reading past
  * struct_size bytes.
+ *
+ * ABI 6: the plan overrides of ABI 1-5 (block_v, segment_chunks, overlap, chunk_tokens)
+ * left this struct for flash_kda_testing_overrides (flash_kda_testing.h). Their slots stay,
+ * named reserved0 .. reserved3, and must be 0: a caller of ABI 2-5 that left them 0 runs
+ * unchanged; one that set them gets FLASH_KDA_INVALID_ARGUMENT rather than a silently
+ * ignored request. ABI 6 also added the overlap check above and calls without tokens.
+ *
+ * ABI 7: the gate and beta forms (gate, g_dtype, beta_form, beta_dtype after max_seqlen), the
+ * feature bits GATE_FORMS and STABLE_INVERSE and the probe LG2.
  */
 typedef struct flash_kda_fwd_args {
   uint32_t struct_size; /* sizeof(flash_kda_fwd_args) of the caller's header */
-  int32_t block_v;      /* value columns per recurrence CTA: 0 = pick, or 32 / 64 / 128 */
+  int32_t reserved0;    /* 0 (ABI 1-5: block_v) */
   int64_t batch;        /* B */
   int64_t seqlen;       /* T */
   int64_t heads;        /* H */
@@ -167,30 +192,20 @@ typedef struct flash_kda_fwd_args {
   int32_t checkpoint_every;  /* tokens, a positive multiple of 16, when checkpoints != NULL */
   int64_t checkpoint_slots;  /* first dimension of checkpoints [slots, H, 128, 128] */
   int32_t mode;              /* flash_kda_mode */
-  int32_t segment_chunks;    /* AUTO mode: 0 = the library picks; > 0 forces 16-token chunks
-                              * per segment (diagnostics and tests) */
+  int32_t reserved1;         /* 0 (ABI 2-5: segment_chunks) */
   /* ---- ABI 3 ---- */
-  int32_t overlap; /* K1 beside the first recurrence pass (design §4.7): 0 = the library
-                    * decides, 1 = wherever it can run (leaving the pass's SMs where no K1
-                    * CTA fits beside it: 32-token records at block_v 64), 2 = K1 leaving
-                    * the pass's SMs wherever the pass leaves some free,
-                    * -1 = never (diagnostics and tests; no result changes) */
-  /* ---- ABI 4 (named reserved3, set to 0, in ABI 3) ---- */
-  int32_t chunk_tokens; /* tokens per chunk: 0 = the library picks (16 in EXACT mode; 16 or
-                         * 32 in AUTO mode, 32 only for whole passes of block_v 32 or 64 and
-                         * when checkpoint_every is a multiple of 32); 16 or 32 forces it
-                         * (32 needs mode AUTO, no segment_chunks, block_v 32 or 64;
-                         * diagnostics and tests). AUTO results with 32-token chunks are not
-                         * bitwise equal to EXACT's (docs/design.md 4.8) */
+  int32_t reserved2; /* 0 (ABI 3-5: overlap) */
+  /* ---- ABI 4 ---- */
+  int32_t reserved3; /* 0 (ABI 4-5: chunk_tokens) */
   /* ---- ABI 5: a caller may pass the ABI 4 size, without this field ---- */
   int32_t max_seqlen; /* varlen mode: the longest sequence's tokens, a hint for the plan,
                        * in [0, seqlen] (0 = unknown: the plan takes the mean length; the
                        * lengths live on the device). The call is correct whatever it is;
                        * only AUTO mode's plan (speed and bits) follows it. Ignored in EXACT
                        * and in batched mode */
-  /* ---- ABI 6: a caller may pass the ABI 5 size, without these fields (lower_bound gate,
+  /* ---- ABI 7: a caller may pass the ABI 6 size, without these fields (lower_bound gate,
    * bf16 g, bf16 beta logits) ---- */
-  int32_t reserved5;  /* ABI 5's tail padding: ignored */
+  int32_t reserved4;  /* ABI 6's tail padding: ignored */
   int32_t gate;       /* flash_kda_gate; the plan reads it (unbounded gates: 16-token chunks) */
   int32_t g_dtype;    /* NONE (= BF16) or BF16; FP32 with GATE_LOG_DECAY. g's strides are in its
                        * elements and must be multiples of 16 bytes */
@@ -227,7 +242,7 @@ typedef enum flash_kda_probe_unary {
   FLASH_KDA_PROBE_EX2 = 0,     /* ex2.approx.ftz.f32 */
   FLASH_KDA_PROBE_SIGMOID = 1, /* fma(tanh.approx(x * 0.5), 0.5, 0.5), FTZ */
   FLASH_KDA_PROBE_RSQRT = 2,   /* rsqrt.approx.ftz.f32 */
-  FLASH_KDA_PROBE_LG2 = 3      /* lg2.approx.ftz.f32 (ABI 6) */
+  FLASH_KDA_PROBE_LG2 = 3      /* lg2.approx.ftz.f32 (ABI 7) */
 } flash_kda_probe_unary;
 
 typedef enum flash_kda_probe_mma {
@@ -264,14 +279,15 @@ FLASH_KDA_API int64_t flash_kda_workspace_size(int64_t total_tokens, int64_t hea
 FLASH_KDA_API int32_t flash_kda_pick_block_v(int64_t num_seqs, int64_t heads,
                                              int32_t num_sms) FLASH_KDA_NOEXCEPT;
 
-/* The plan of flash_kda_fwd for these arguments: only sizes, mode, block_v, num_sms,
- * checkpoint_every, segment_chunks, gate and whether cu_seqlens is NULL are read (no memory
- * behind a pointer), so a caller can size the workspace first. Pure; the same arguments
- * always give the same plan. */
+/* The plan of flash_kda_fwd for these arguments: only sizes, mode, num_sms,
+ * checkpoint_every, max_seqlen, gate and whether cu_seqlens is NULL are read (no memory behind a
+ * pointer), so a caller can size the workspace first. Pure; the same arguments always give
+ * the same plan (remembered per plan input, so a repeated call costs a lookup). */
 FLASH_KDA_API flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
                                                   flash_kda_fwd_plan_info *plan) FLASH_KDA_NOEXCEPT;
 
-/* The forward on `stream` with the kernels of the table for `compute_capability`. */
+/* The forward on `stream` with the kernels of the table for `compute_capability`. Every
+ * check runs on every call, before anything is launched. */
 FLASH_KDA_API flash_kda_status flash_kda_fwd(int32_t compute_capability,
                                              const flash_kda_fwd_args *args,
                                              void *stream) FLASH_KDA_NOEXCEPT;

@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: MIT
+// args.h: from the caller's flash_kda_fwd_args (and test overrides) to a plan and FwdParams:
+// every check of docs/api.md, each returning "" or what is wrong. Host-only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <flash_kda/flash_kda.h>
+#include <flash_kda/flash_kda_testing.h>
+
+#include "kda/params.h"
+#include "plan.h"
+
+namespace flash_kda {
+
+// The caller's struct, zero-extended to this header's layout (an older caller passes a
+// prefix, at least ABI 1's); the fields retired in ABI 6 must be 0.
+std::string read_args(const flash_kda_fwd_args *in, flash_kda_fwd_args &a);
+
+// The caller's overrides (NULL: none), zero-extended likewise.
+std::string read_overrides(const flash_kda_testing_overrides *in, flash_kda_testing_overrides &o);
+
+// head_dim, the sizes and the plan (remembered per plan input; a call without tokens or
+// sequences has the empty plan: no workspace, nothing but the state copy).
+std::string check_plan(const flash_kda_fwd_args &a, const flash_kda_testing_overrides &o,
+                       Plan &plan);
+
+// Pointers, strides, states, pool, checkpoints, values, the workspace's size and that no
+// output overlaps another argument; fills the strides of p.
+std::string check_tensors(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p);
+
+// The rest of p for a checked call, laid out by its plan.
+void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p);
+
+// Whether the call takes the default gate and beta forms (LOWER_BOUND gate, bf16 g, bf16 beta
+// logits): what every arch table runs; the others need FLASH_KDA_FEATURE_GATE_FORMS.
+inline bool default_forms(const flash_kda_fwd_args &a) {
+  return a.gate == FLASH_KDA_GATE_LOWER_BOUND && a.beta_form == FLASH_KDA_BETA_LOGIT &&
+         a.g_dtype != FLASH_KDA_DTYPE_FP32 && a.beta_dtype != FLASH_KDA_DTYPE_FP32;
+}
+
+// Tokens in the call (B * T) and sequences: a call with either 0 runs no kernel but the
+// state copy.
+inline bool has_tokens(const flash_kda_fwd_args &a) {
+  return a.batch > 0 && a.seqlen > 0 && a.num_seqs > 0;
+}
+
+}  // namespace flash_kda
