@@ -8,6 +8,7 @@ checked on the reference's steps (the split's error bound, the inverse's residua
 import math
 
 import chunk_model
+import flash_kda
 import pytest
 import torch
 from chunked_gold import gold_chunked
@@ -23,8 +24,9 @@ from conftest import (
     state_id,
     with_forms,
 )
-from flash_kda import _validate, fallback, reference
+from flash_kda import _native, _validate, dispatch, fallback, reference, testing
 from flash_kda._numerics import Ops, hf
+from test_fast_path import Recorder
 
 CPU = Ops(torch.device("cpu"))
 FORMS = [(gate, logit) for gate in reference.GATES for logit in (True, False)]
@@ -306,3 +308,90 @@ def test_softplus_gamma_is_log2_softplus():
     finite = torch.isfinite(x)
     assert torch.allclose(got[finite].double(), want[finite], rtol=1e-6, atol=2e-7)
     assert got[-3] == -math.inf and got[-2] == 0 and got[-1] == 0
+
+
+# ------------------------------------------------------------------ the path of each form
+
+# The forms whose native kernels have not run on a GPU: (gate, beta_is_logit, beta dtype).
+UNVALIDATED = [("softplus", True, torch.bfloat16), ("log_decay", True, torch.bfloat16),
+               ("lower_bound", False, torch.bfloat16), ("lower_bound", True, torch.float32)]  # fmt: skip
+UNVALIDATED_IDS = ["softplus", "log_decay", "probability", "fp32-logits"]
+
+
+def routed(p, recorder, monkeypatch, *, fla=False):
+    """flash_kda.fwd of problem p on a simulated native device: [(path, reason)] logged."""
+    logged = []
+    monkeypatch.setattr(dispatch, "_log_once", lambda device, path, reason: logged.append((path, reason)))
+    monkeypatch.setattr(fallback, "fla_available", lambda: fla)
+    monkeypatch.setattr(fallback, "fla_fwd", lambda call: None)
+    call_fwd(p)
+    return logged
+
+
+def call_fwd(p):
+    flash_kda.fwd(*[p[n] for n in FWD_ARGS], **forms(p))
+
+
+def form_problem(gate, logit, beta_dtype):
+    p = make_problem(1, 40, 2, initial=torch.float32, final=torch.float32, seed=12)
+    return with_forms(p, gate, beta_is_logit=logit, beta_dtype=beta_dtype)
+
+
+@pytest.mark.parametrize("gate,logit,beta_dtype", UNVALIDATED, ids=UNVALIDATED_IDS)
+@pytest.mark.parametrize("fla", [True, False], ids=["fla", "no-fla"])
+def test_forms_leave_the_native_path_until_enabled(gate, logit, beta_dtype, fla, monkeypatch):
+    """A call of a form whose kernels are not enabled on the device (no arch table sets
+    FEATURE_GATE_FORMS yet) runs on fla's Triton path, else PyTorch, and says why; nothing is
+    launched natively."""
+    recorder = Recorder()
+    with testing.simulated_native(recorder):
+        logged = routed(form_problem(gate, logit, beta_dtype), recorder, monkeypatch, fla=fla)
+    assert recorder.launches == []
+    ((path, reason),) = logged
+    assert path == (dispatch.FLA if fla else dispatch.TORCH)
+    assert reason.startswith("native kernels for ") and "are built but not yet validated on a GPU; " in reason
+    described = {"softplus": "gate='softplus'", "log_decay": "gate='log_decay'"}.get(gate, "")
+    assert described in reason and ("beta_is_logit=False" in reason) == (not logit)
+    assert ("float32 beta" in reason) == (beta_dtype == torch.float32)
+
+
+@pytest.mark.parametrize("gate,logit,beta_dtype", UNVALIDATED, ids=UNVALIDATED_IDS)
+def test_the_testing_switch_or_the_table_s_bit_takes_them_native(gate, logit, beta_dtype, monkeypatch):
+    """flash_kda.testing's unvalidated_forms sends them to the native path through the test
+    entry point; an arch table with FEATURE_GATE_FORMS (once validated) takes them through the
+    stable one. The struct carries the form."""
+    p = form_problem(gate, logit, beta_dtype)
+    recorder = Recorder()
+    with testing.simulated_native(recorder), testing.overrides(unvalidated_forms=1):
+        logged = routed(p, recorder, monkeypatch)
+    assert [path for path, _ in logged] == [dispatch.NATIVE]
+    ((kind, raw, overrides),) = recorder.launches
+    assert kind == "validated" and overrides.unvalidated_forms == 1
+    args = _native.FwdArgs.from_buffer_copy(raw)
+    assert (args.gate, args.beta_form) == (_native.GATE_CODES[gate], 0 if logit else 1)
+    assert args.beta_dtype == (2 if beta_dtype == torch.float32 else 1)
+    enabled = Recorder()
+    enabled.archs = [a._replace(features=a.features | _native.FEATURE_GATE_FORMS) for a in enabled.archs]
+    with testing.simulated_native(enabled):
+        routed(p, enabled, monkeypatch)
+    assert [(kind, overrides) for kind, _, overrides in enabled.launches] == [("validated", None)]
+
+
+def test_flashkda_s_forms_stay_native(monkeypatch):
+    """The bounded gate with bf16 logits (FlashKDA's contract) keeps the native path."""
+    recorder = Recorder()
+    with testing.simulated_native(recorder):
+        logged = routed(make_problem(1, 40, 2, final=torch.float32, seed=13), recorder, monkeypatch)
+    assert [path for path, _ in logged] == [dispatch.NATIVE] and len(recorder.launches) == 1
+
+
+def test_native_refusal_answers_as_run_decides():
+    """dispatch.native_refusal (what fla's backend asks): None for FlashKDA's forms on a native
+    device, the forms' reason for the others until enabled, the path's reason on the CPU."""
+    assert dispatch.native_refusal("cpu") == "cpu tensors run on the PyTorch path"
+    with testing.simulated_native(Recorder()):
+        assert dispatch.native_refusal("cpu") is None
+        why = dispatch.native_refusal("cpu", gate="softplus")
+        assert why == "native kernels for gate='softplus' are built but not yet validated on a GPU"
+        with testing.overrides(unvalidated_forms=1):
+            assert dispatch.native_refusal("cpu", gate="log_decay", g_dtype=torch.float32) is None

@@ -172,7 +172,9 @@ def forms_refusal(device: torch.device, gate: str, beta_is_logit: bool, g_dtype,
         return None
     lib = _native.load()
     cc = device_facts(_cuda_index(device))[0]
-    if lib is not None and lib.table_for(cc, _native.FEATURE_GATE_FORMS) is not None:
+    if lib is not None and any(
+        a.compute_capability == cc and a.features & _native.FEATURE_GATE_FORMS for a in lib.archs
+    ):
         return None
     forms = [f"gate={gate!r}"] if gate != "lower_bound" else []
     forms += [] if beta_is_logit else ["beta_is_logit=False"]
@@ -185,11 +187,12 @@ def native_refusal(device, *, gate="lower_bound", beta_is_logit=True, g_dtype=to
     """Why :func:`flash_kda.fwd` would not run a call of these forms with tensors on ``device``
     on its native kernels (None: it would), as :func:`run` decides: the path's reason, or the
     forms' (:func:`forms_refusal`). fla's chunk_kda backend asks it before taking a call."""
-    path, reason = explain(device)
+    device = torch.device(device)
+    path, reason = _path_of(device)
     if path != NATIVE:
         return reason
     default = gate == "lower_bound" and beta_is_logit and g_dtype == beta_dtype == torch.bfloat16
-    return None if default else forms_refusal(torch.device(device), gate, beta_is_logit, g_dtype, beta_dtype)
+    return None if default else forms_refusal(device, gate, beta_is_logit, g_dtype, beta_dtype)
 
 
 def _path_of(device: torch.device) -> tuple[str, str]:
