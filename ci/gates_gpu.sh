@@ -6,7 +6,7 @@
 # kernels are not enabled by default yet (flash_kda.h FLASH_KDA_FEATURE_GATE_FORMS,
 # STABLE_INVERSE): every stage reaches them through flash_kda.testing's overrides
 # unvalidated_forms and stable_inverse (the tests' fixtures, ab_graph's LIB:stable).
-#   bash ci/gates_gpu.sh [stage ...]   stages: residuals tests bits speed sanitize (default: all)
+#   bash ci/gates_gpu.sh [stage ...]   stages: residuals tests fla bits speed sanitize (default: all)
 # BASELINE=DIR (optional): another tree's python/ with its own library (main's, say): the bits
 # stage compares output hashes against it and the speed stage times its bounded gate beside
 # this library's three gates; the speed stage also times each gate with the stable inverse
@@ -17,7 +17,7 @@ out=${OUT:-$PWD/gates-out}
 mkdir -p "$out"
 log=$out/log.txt
 export PYTHONUNBUFFERED=1 FLASH_KDA_GATES_LOG=$out/gates.jsonl
-stages=${*:-residuals tests bits speed sanitize}
+stages=${*:-residuals tests fla bits speed sanitize}
 limit=${STAGE_TIMEOUT:-600}
 status=0
 run() { timeout "$limit" "$@" 2>&1 | tee -a "$log"; [ "${PIPESTATUS[0]}" = 0 ] || { status=1; echo "FAILED: $*" | tee -a "$log"; }; }
@@ -31,6 +31,8 @@ for stage in $stages; do
       run python3 ci/gate_residuals.py ;;
     tests)
       run python3 -m pytest -p no:cacheprovider -q -rfs tests/test_gates_gpu.py tests/test_gates_accuracy_gpu.py ;;
+    fla)  # fla's chunk_kda in each flag combination and KDAForCausalLM's default (unbounded) model routed here
+      run python3 -m pytest -p no:cacheprovider -q -rfs tests/test_fla_backend_gpu.py ;;
     bits)
       run python3 -m pytest -p no:cacheprovider -q -rfs tests/test_fwd_gpu.py tests/test_chunk32_gpu.py \
         tests/test_segments_gpu.py -k "bitwise or records or whole_pass or two_segments or warpgroup"
