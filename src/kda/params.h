@@ -30,7 +30,7 @@ enum class ChainPass : int32_t {
 
 // The decay gate's form (flash_kda_gate): FlashKDA's bounded gate, or one of the two
 // unbounded forms, which K1 takes through the split of design §2.5.
-enum class Gate : int32_t { kLowerBound = 0, kSoftplus = 1, kLogDecay = 2 };
+enum class Gate : uint8_t { kLowerBound = 0, kSoftplus = 1, kLogDecay = 2 };
 
 struct FwdParams {
   // Activations [B, T, H, 128] bf16 (bit patterns) with their element strides; g is fp32
@@ -106,6 +106,10 @@ struct FwdParams {
 
   // Sequence-parallel segments (docs/design.md §6); segment_chunks 0 = not segmented.
   int32_t segment_chunks;
+  // AUTO mode where enabled (flash_kda.h FEATURE_STABLE_INVERSE): K1 checks each chunk's Neumann
+  // inverse and recomputes the unsound ones in fp32 (design §2.6); else FlashKDA's inverse. (In
+  // the padding before max_segments, like the forms at the end.)
+  int32_t stable_inverse;
   int64_t max_segments;
   uint16_t *segment_states;  // [max_segments, heads, 256, 128] bf16: [S^ ; M^T] per segment
   uint16_t *segment_starts;  // [max_segments, heads, 128, 128] bf16: start state per segment
@@ -121,14 +125,12 @@ struct FwdParams {
   int32_t block_v;  // value columns per recurrence CTA (the instantiation's kBlockV)
   int32_t stages;   // ring depth, from the device's shared-memory limit
 
-  // The gate and beta forms (K1 only; last, so that the fields above keep their offsets).
+  // The gate and beta forms (K1 only), in the struct's tail padding: its size and every field's
+  // offset stay those of FlashKDA's forms alone, and so do the kernels' parameter layouts.
   Gate gate;
-  int32_t g_fp32;     // g holds fp32 (Gate::kLogDecay only)
-  int32_t beta_fp32;  // beta holds fp32
-  int32_t beta_prob;  // beta is the write strength itself (clamped to [0, 1]), not a logit
-  // AUTO mode where enabled (flash_kda.h FEATURE_STABLE_INVERSE): K1 checks each chunk's Neumann
-  // inverse and recomputes the unsound ones in fp32 (design §2.6); else FlashKDA's inverse.
-  int32_t stable_inverse;
+  uint8_t g_fp32;     // g holds fp32 (Gate::kLogDecay only)
+  uint8_t beta_fp32;  // beta holds fp32
+  uint8_t beta_prob;  // beta is the write strength itself (clamped to [0, 1]), not a logit
 };
 
 }  // namespace flash_kda

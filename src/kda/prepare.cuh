@@ -1241,16 +1241,20 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(con
 // they leave: it runs beside no K1 CTA while the other SMs write its records.
 constexpr uint32_t kNoItem = 0xffffffffu;  // above any item count (prepare_items < 2^31)
 
-// The unbounded gates' K1 (design §2.5) holds more per thread: eight CTAs an SM (64 registers;
-// bounded to 40 its decays spilled ~110 bytes).
-constexpr int kOverlapCtasUnbounded = 8;
+// CTAs an SM the overlap kernel is bounded to. The unbounded gates' K1 (design §2.5) holds more
+// per thread: eight (64 registers; bounded to 40 its decays spilled ~110 bytes). The 16-token
+// kBoundedForms K1 keeps twelve (40 registers) but on sm_120 and sm_121, where its residual test
+// spilled 16 bytes at 40: ten there (48).
+template <int kBlocks, K1Variant kVariant>
+constexpr int overlap_ctas() {
+  if (kVariant == K1Variant::kUnbounded) return 8;
+  if (kVariant == K1Variant::kBoundedForms && kBlocks == 1 && FLASH_KDA_CC >= 120) return 10;
+  return K1Shape<kBlocks>::kOverlapCtas;
+}
 
 template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments,
           K1Variant kVariant = K1Variant::kBounded>
-__global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads,
-                                  kVariant == K1Variant::kUnbounded
-                                      ? kOverlapCtasUnbounded
-                                      : K1Shape<kBlocks>::kOverlapCtas)
+__global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, overlap_ctas<kBlocks, kVariant>())
     prepare_overlap_kernel(const FwdParams p) {
   static_assert(kBlocks == 1 || kVariant != K1Variant::kUnbounded,
                 "unbounded gates take 16-token records");
