@@ -689,7 +689,7 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
 //   Kr      D_t = sum_{s=t+1..15} gamma_s; in H0 B_t + T with B_t = sum_{s=t+1..7} gamma_s,
 //           T = D_7
 //   e       EX2(G_7 + T)
-// L and Mqk are the one MMA32 of step 7 on operands rebased on token 7 with the clamped
+// L and Mqk are the one MMA32 of §3.2 step 7 on operands rebased on token 7 with the clamped
 // gamma~ = max(gamma, -C): A = k^ (*) bf(EX2(a_t)), A_q = (q^ (*) bf(EX2(a_t))) (*) sb and
 // B = k^ (*) bf(EX2(-a_t)), a_t = -B~_t in H0 and F~_t in H1, so that A_i B_j =
 // 2^(sum_{s=j+1..i} gamma~_s) for i >= j in every block. The three tiles hold these operands,
@@ -1116,8 +1116,8 @@ __device__ __forceinline__ void cross_inverse32(uint4 *rec, PrepareSmem32 &sm) {
 // taken as (f(x) - f(y)) - f(MMA16(L11, y)) with x = MMA16(L10, N00), y = MMA16(N11, x), is
 // within tolerance; else the INV plane is stored again from the fp32 forward substitution of
 // the 32 rows, with the blocks' own tiles (no longer read) as scratch. A stage of its own:
-// inside step 9, or inlined, its registers made the 80-register K1 spill more on sm_100 and
-// later.
+// inside §3.2 step 9, or inlined, its registers made the 80-register K1 spill more on sm_100
+// and later.
 __device__ __noinline__ void stable_inverse32(uint4 *rec, PrepareSmem32 &sm) {
   const bool diagonal = neumann_sound(sm.lmat[block_pair(0, 0)], load_tile16(sm.nprod[0])) &&
                         neumann_sound(sm.lmat[block_pair(1, 1)], load_tile16(sm.nprod[1]));
