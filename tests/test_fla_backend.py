@@ -123,8 +123,8 @@ def test_calls_route_here_where_flash_kda_would_run_them_natively():
     assert (got["launches"], got["triton"], got["fla_flashkda"]) == (3, 2, 1)
     ours = [reason for backend, reason in got["rejections"] if backend == "flash_kda_bin"]
     assert ours[0] == "cpu tensors run on the PyTorch path"
-    assert ours[1] == "native kernels for gate='softplus' are built but not yet validated on a GPU"
-    assert ours[2] == "native kernels for gate='log_decay' are built but not yet validated on a GPU"
+    assert ours[1] == "native kernels for gate='softplus' are built but not yet validated on sm_90"
+    assert ours[2] == "native kernels for gate='log_decay' are built but not yet validated on sm_90"
 
 
 def test_fla_flash_kda_0_turns_the_backend_off():

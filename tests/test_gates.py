@@ -340,8 +340,8 @@ def form_problem(gate, logit, beta_dtype):
 @pytest.mark.parametrize("gate,logit,beta_dtype", UNVALIDATED, ids=UNVALIDATED_IDS)
 @pytest.mark.parametrize("fla", [True, False], ids=["fla", "no-fla"])
 def test_forms_leave_the_native_path_until_enabled(gate, logit, beta_dtype, fla, monkeypatch):
-    """A call of a form whose kernels are not enabled on the device (no arch table sets
-    FEATURE_GATE_FORMS yet) runs on fla's Triton path, else PyTorch, and says why; nothing is
+    """A call of a form whose kernels are not enabled on the device (its arch table sets no
+    FEATURE_GATE_FORMS there) runs on fla's Triton path, else PyTorch, and says why; nothing is
     launched natively."""
     recorder = Recorder()
     with testing.simulated_native(recorder):
@@ -349,7 +349,7 @@ def test_forms_leave_the_native_path_until_enabled(gate, logit, beta_dtype, fla,
     assert recorder.launches == []
     ((path, reason),) = logged
     assert path == (dispatch.FLA if fla else dispatch.TORCH)
-    assert reason.startswith("native kernels for ") and "are built but not yet validated on a GPU; " in reason
+    assert reason.startswith("native kernels for ") and "are built but not yet validated on sm_90; " in reason
     described = {"softplus": "gate='softplus'", "log_decay": "gate='log_decay'"}.get(gate, "")
     assert described in reason and ("beta_is_logit=False" in reason) == (not logit)
     assert ("float32 beta" in reason) == (beta_dtype == torch.float32)
@@ -392,6 +392,6 @@ def test_native_refusal_answers_as_run_decides():
     with testing.simulated_native(Recorder()):
         assert dispatch.native_refusal("cpu") is None
         why = dispatch.native_refusal("cpu", gate="softplus")
-        assert why == "native kernels for gate='softplus' are built but not yet validated on a GPU"
+        assert why == "native kernels for gate='softplus' are built but not yet validated on sm_90"
         with testing.overrides(unvalidated_forms=1):
             assert dispatch.native_refusal("cpu", gate="log_decay", g_dtype=torch.float32) is None

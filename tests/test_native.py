@@ -793,25 +793,33 @@ UNVALIDATED_FORMS = [
 ]
 
 
-def test_no_table_enables_the_unvalidated_kernels(lib):
-    """The gate and beta forms' kernels and the stable inverse have not run on a GPU yet
-    (docs/dispatch.md): no arch table of this build sets their feature bits. Enabling them
-    for an arch, once validated there, sets its bits (src/kda/launch.cuh) and changes this."""
+def test_only_validated_arches_enable_the_gate_forms_and_stable_inverse(lib):
+    """The gate and beta forms' kernels and the stable inverse run by default only where their
+    GPU tests have passed (src/kda/launch.cuh validated_features): sm_90a sets both feature
+    bits, every other arch table neither."""
+    both = _native.FEATURE_GATE_FORMS | _native.FEATURE_STABLE_INVERSE
     for arch in lib.archs:
-        assert arch.features & (_native.FEATURE_GATE_FORMS | _native.FEATURE_STABLE_INVERSE) == 0, arch
+        assert arch.features & both == (both if arch.compute_capability == 90 else 0), arch
 
 
 @pytest.mark.parametrize("fields", UNVALIDATED_FORMS, ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()))
 def test_forms_not_enabled_are_refused_unless_the_test_entry_asks(lib, fields):
     """flash_kda_fwd refuses a valid call of a form its table does not enable with
     UNSUPPORTED_DEVICE, after every argument check and before anything runs; the test entry
-    point's unvalidated_forms takes it (a call without sequences, which returns there)."""
-    status, error = raw_fwd(lib, valid_args(**fields), ctypes.sizeof(_native.FwdArgs))
-    assert status == 2 and "built but not yet validated on sm_" in error, error
-    empty = valid_args(batch=0, num_seqs=0, **fields)
-    status, error = raw_fwd(lib, empty, ctypes.sizeof(_native.FwdArgs))
-    assert status == 2 and "built but not yet validated" in error, error
-    cc = lib.archs[0].compute_capability
+    point's unvalidated_forms takes it (a call without sequences, which returns there). A
+    table that enables the forms takes the same call without it."""
+    off = [a for a in lib.archs if not a.features & _native.FEATURE_GATE_FORMS]
+    on = [a for a in lib.archs if a.features & _native.FEATURE_GATE_FORMS]
+    for arch in on:
+        fwd_for(lib, arch.compute_capability, valid_args(batch=0, num_seqs=0, **fields))
+    if not off:
+        pytest.skip(f"every arch of this build ({', '.join(a.name for a in lib.archs)}) enables the forms")
+    cc = off[0].compute_capability
+    for args in (valid_args(**fields), valid_args(batch=0, num_seqs=0, **fields)):
+        args.struct_size = ctypes.sizeof(_native.FwdArgs)
+        status = lib._lib.flash_kda_fwd(cc, ctypes.byref(args), None)
+        error = lib._lib.flash_kda_last_error().decode() if status else ""
+        assert status == 2 and f"built but not yet validated on {off[0].name}" in error, error
     fwd_for(lib, cc, valid_args(batch=0, num_seqs=0, unvalidated_forms=1, **fields))
 
 

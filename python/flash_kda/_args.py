@@ -118,12 +118,12 @@ ARGS = (
         "The decay gate's form (docs/design.md §2.5): ``\"lower_bound\"`` (FlashKDA's, above), ``\"softplus\"`` "
         "(Kimi-Linear's unbounded gate, :math:`\\log\\alpha_t = -e^{A_{log}}\\,\\mathrm{softplus}(g_t + dt_{bias})`) "
         "or ``\"log_decay\"`` (g is :math:`\\log\\alpha_t` itself: any value <= 0 including -inf; larger values "
-        "and NaN count as 0). Until their native kernels are validated on a GPU the last two run on fla's "
-        "Triton path, else PyTorch (docs/dispatch.md)."),
+        "and NaN count as 0). The last two run natively on the arches "
+        "where their kernels are validated (sm_90a), elsewhere on fla's Triton path, else PyTorch (docs/dispatch.md)."),
     Arg("beta_is_logit", True, "bool, optional", True, "bool", ("beta_form",),
         "True: beta holds logits. False: beta is the write strength :math:`\\beta_t` itself, as engines that "
-        "apply the sigmoid pass it; values outside [0, 1] are clamped and NaN counts as 0. Until its native "
-        "kernels are validated on a GPU, False (and a float32 beta) runs on fla's Triton path, else PyTorch."),
+        "apply the sigmoid pass it; values outside [0, 1] are clamped and NaN counts as 0. False (and a "
+        "float32 beta) runs natively where validated (sm_90a), elsewhere on fla's Triton path, else PyTorch."),
 )  # fmt: skip
 
 NAMES = tuple(a.name for a in ARGS)

@@ -179,7 +179,7 @@ def forms_refusal(device: torch.device, gate: str, beta_is_logit: bool, g_dtype,
     forms = [f"gate={gate!r}"] if gate != "lower_bound" else []
     forms += [] if beta_is_logit else ["beta_is_logit=False"]
     forms += [f"float32 {name}" for name, dtype in (("g", g_dtype), ("beta", beta_dtype)) if dtype == torch.float32]
-    return f"native kernels for {', '.join(forms)} are built but not yet validated on a GPU"
+    return f"native kernels for {', '.join(forms)} are built but not yet validated on sm_{cc}"
 
 
 def native_refusal(device, *, gate="lower_bound", beta_is_logit=True, g_dtype=torch.bfloat16,

@@ -696,6 +696,17 @@ inline LaunchStatus launch_probe_mma(int op, const void *a, const void *b, void 
 
 }  // namespace flash_kda::FLASH_KDA_ARCH
 
+// The kernels beyond FlashKDA's that an arch's table runs by default: those whose GPU tests
+// have passed on a GPU of that arch (tests/test_gates_gpu.py on an H200, 2026-12-01): the gate
+// and beta forms and AUTO mode's stable inverse on sm_90a. Elsewhere they are built and run
+// only through the test entry point (docs/dispatch.md).
+namespace flash_kda {
+constexpr uint32_t validated_features(int compute_capability) {
+  return compute_capability == 90 ? FLASH_KDA_FEATURE_GATE_FORMS | FLASH_KDA_FEATURE_STABLE_INVERSE
+                                  : 0u;
+}
+}  // namespace flash_kda
+
 // Exports this TU's table as flash_kda::table_<arch>; api.cpp declares the same symbol.
 #define FLASH_KDA_DEFINE_ARCH_TABLE(NAME, CC)                    \
   namespace flash_kda {                                          \
@@ -703,7 +714,7 @@ inline LaunchStatus launch_probe_mma(int op, const void *a, const void *b, void 
   const ArchTable FLASH_KDA_TABLE_SYMBOL(FLASH_KDA_ARCH) = {     \
       NAME,                                                      \
       CC,                                                        \
-      FLASH_KDA_FEATURE_FWD | FLASH_KDA_FEATURE_PROBES,          \
+      FLASH_KDA_FEATURE_FWD | FLASH_KDA_FEATURE_PROBES | validated_features(CC),   \
       &FLASH_KDA_ARCH::launch_fwd,                               \
       &FLASH_KDA_ARCH::launch_probe_unary,                       \
       &FLASH_KDA_ARCH::launch_probe_mma};                        \
