@@ -13,8 +13,9 @@ flash_kda.fwd's max_seqlen hint (the longest sequence) on varlen shapes, so that
 between the libraries. LIB:gate=softplus runs that gate form (bench_fwd.with_gate; several joined
 by + take turns on each shape in one process, a column each: LIB:gate=lower_bound+softplus), and
 LIB:py=DIR imports flash_kda from DIR (another tree's package, for a library of another C ABI);
-LIB:stable runs AUTO mode's stable inverse (design section 2.6, not yet enabled by default:
-flash_kda.testing's overrides stable_inverse and unvalidated_forms); options combine
+LIB:stable runs AUTO mode's stable inverse (design section 2.6) and LIB:nostable FlashKDA's
+inverse, whatever the arch table's default (flash_kda.testing's overrides stable_inverse and
+unvalidated_forms); options combine
 (LIB:hint:gate=softplus). --json PATH also writes the rounds' numbers. Prints a
 markdown table: each library's plan (report.describe_plan) and its milliseconds a round (the lowest of three medians of
 triton.testing.do_bench over graph replays, bf16 state in and out, the automatic path unless
@@ -78,7 +79,7 @@ def run_round(lib, shapes, exact):
     path, *opts = lib.split(":")
     env = dict(os.environ, FLASH_KDA_LIBRARY=os.path.abspath(path))
     options = (["--exact"] if exact else []) + (["--hint"] if "hint" in opts else [])
-    options += ["--stable"] if "stable" in opts else []
+    options += ["--stable", "1"] if "stable" in opts else ["--stable", "-1"] if "nostable" in opts else []
     options += ["--gate", "+".join(gates_of(lib))]
     for opt in opts:
         if opt.startswith("py="):
@@ -97,7 +98,7 @@ def main():
     parser.add_argument("--exact", action="store_true", help="the exact path (default: automatic)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--hint", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--stable", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--stable", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--gate", default="lower_bound", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write {lib: {gate: {shape: [ms of each round]}}} here")
     args = parser.parse_args()
@@ -105,7 +106,7 @@ def main():
         if args.stable:
             from flash_kda import testing
 
-            testing.set_overrides(stable_inverse=1, unvalidated_forms=1)
+            testing.set_overrides(stable_inverse=args.stable, unvalidated_forms=1)
         return measure(args.shapes, args.exact, args.hint, args.gate.split("+"))
     if not args.libs:
         parser.error("--libs is required")
@@ -114,7 +115,8 @@ def main():
         for lib in args.libs:
             results[lib].append(run_round(lib, args.shapes, args.exact))
     columns = [(lib, gate) for lib in args.libs for gate in gates_of(lib)]
-    names = [os.path.basename(lib.split(":")[0]) + (" stable" if ":stable" in lib else "")
+    inverse = {"stable": " stable", "nostable": " nostable"}
+    names = [os.path.basename(lib.split(":")[0]) + "".join(inverse.get(o, "") for o in lib.split(":")[1:])
              + (f" {g}" if len(gates_of(lib)) > 1 else "") for lib, g in columns]  # fmt: skip
     print("| shape | " + " | ".join(f"{n} plan | {n} ms" for n in names) + " |")
     print("|---|" + "---|---|" * len(names))
