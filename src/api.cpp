@@ -13,6 +13,7 @@
 #include <string>
 
 #include "arch/table.h"
+#include "costs.h"
 #include "kda/config.h"
 #include "kda/workspace.h"
 #include "plan.h"
@@ -113,17 +114,46 @@ ProblemSizes sizes_of(const flash_kda_fwd_args &a) {
 }
 
 PlanRequest request_of(const flash_kda_fwd_args &a) {
-  return {a.mode, a.block_v, a.segment_chunks, a.num_sms, a.overlap, a.chunk_tokens};
+  return {a.mode, a.block_v, a.segment_chunks, a.overlap, a.chunk_tokens};
+}
+
+// The facts of the device a call runs on (the table's query, under the test switches); the
+// caller's num_sms, where given, is the SM count the plan spreads the work over, unless a
+// test simulates one. "" or what failed.
+std::string device_of(const ArchTable &table, const TestSwitches &t, int32_t num_sms,
+                      PlanDevice &d) {
+  const LaunchStatus st = table.plan_device(t, d);
+  if (st.error != cudaSuccess)
+    return std::string(st.stage) + " failed: " + cudaGetErrorName(st.error);
+  if (num_sms > 0 && t.sms <= 0) d.sms = num_sms;
+  return "";
+}
+
+// The facts of a reference device (costs.h) with `num_sms` multiprocessors: the plan of
+// flash_kda_fwd_plan, which has no device.
+PlanDevice reference_device(const char *name, int32_t num_sms) {
+  for (const ReferenceDevice &r : kReferenceDevices)
+    if (std::strcmp(r.name, name) == 0) {
+      PlanDevice d = r.facts;
+      d.sms = num_sms;
+      return d;
+    }
+  return PlanDevice{};
 }
 
 // The ABI 3 prefix of flash_kda_fwd_plan_info: what an older caller passes.
 constexpr size_t kPlanInfoV3Bytes = offsetof(flash_kda_fwd_plan_info, chunk_tokens);
 
-// head_dim, sizes and the plan: everything flash_kda_fwd_plan needs. "" or what is wrong.
-std::string check_plan(const flash_kda_fwd_args &a, Plan &plan) {
+// head_dim, sizes and the request: what the plan needs besides a device. "" or what is wrong.
+std::string check_plan_args(const flash_kda_fwd_args &a) {
   if (a.head_dim != kHeadDim) return "head_dim must be 128, got " + std::to_string(a.head_dim);
   std::string err = check_sizes(sizes_of(a));
-  return err.empty() ? make_plan(sizes_of(a), request_of(a), plan) : err;
+  return err.empty() ? check_request(sizes_of(a), request_of(a)) : err;
+}
+
+// The plan on `device` of checked arguments (check_plan_args). "" or what is wrong.
+std::string plan_on(const flash_kda_fwd_args &a, const PlanDevice &device, Plan &plan) {
+  return make_plan(sizes_of(a), request_of(a), device, plan);
 }
 
 // The strides of an activation (elements): zeros mean contiguous. Every stride of a
@@ -284,6 +314,7 @@ void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
   p.scale_bf16 = bf16_bits(static_cast<float>(a.scale));
   p.chain_block_v = plan.block_v;
   p.segment_block_v = plan.segment_block_v;
+  p.wait_limit_ns = kWaitLimitNs;
 }
 
 }  // namespace
@@ -359,7 +390,9 @@ flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
     flash_kda_fwd_args a;
     std::string err = flash_kda::read_args(args, a);
     flash_kda::Plan plan{};
-    if (err.empty()) err = flash_kda::check_plan(a, plan);
+    if (err.empty()) err = flash_kda::check_plan_args(a);
+    if (err.empty())
+      err = flash_kda::plan_on(a, flash_kda::reference_device("h200", a.num_sms), plan);
     if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
     out->block_v = plan.block_v;
     out->segment_chunks = plan.segment_chunks;
@@ -390,14 +423,19 @@ flash_kda_status flash_kda_fwd(int32_t compute_capability, const flash_kda_fwd_a
     if (st != FLASH_KDA_OK) return st;
     flash_kda::Plan plan{};
     flash_kda::FwdParams params{};
-    err = flash_kda::check_plan(a, plan);
+    err = flash_kda::check_plan_args(a);
     if (err.empty()) err = flash_kda::check_tensors(a, params);
+    if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
+    st = flash_kda::check_driver(fn);
+    if (st != FLASH_KDA_OK) return st;
+    flash_kda::PlanDevice device{};
+    err = flash_kda::device_of(*table, params.test, a.num_sms, device);
+    if (!err.empty()) return fail(FLASH_KDA_CUDA_ERROR, fn, err);
+    err = flash_kda::plan_on(a, device, plan);
     if (err.empty() && a.workspace_bytes < plan.workspace_bytes)
       err = "workspace must hold " + std::to_string(plan.workspace_bytes) + " bytes, got " +
             std::to_string(a.workspace_bytes);
     if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
-    st = flash_kda::check_driver(fn);
-    if (st != FLASH_KDA_OK) return st;
     flash_kda::fill_params(a, plan, params);
     return flash_kda::launch_result(fn, table->fwd(params, static_cast<cudaStream_t>(stream)));
   } catch (...) {

@@ -24,6 +24,7 @@
 #include "kda/config.h"
 #include "kda/recurrence.cuh"
 #include "kda/recurrence_wg.cuh"
+#include "plan.h"
 
 namespace flash_kda::FLASH_KDA_ARCH {
 
@@ -57,6 +58,7 @@ constexpr int kReservedSmem = 1024;  // shared memory the system reserves for ea
 
 struct Footprint {
   int sub_partition_regs, smem, threads;
+  int static_smem;  // of the kernel itself (smem counts it)
 };
 
 inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, Footprint &f) {
@@ -65,7 +67,8 @@ inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, 
   if (err != cudaSuccess) return err;
   const int warps = (threads + 31) / 32;
   f.sub_partition_regs = (warps + 3) / 4 * 32 * ((attr.numRegs + 7) / 8 * 8);
-  f.smem = static_cast<int>(attr.sharedSizeBytes) + dynamic_smem + kReservedSmem;
+  f.static_smem = static_cast<int>(attr.sharedSizeBytes);
+  f.smem = f.static_smem + dynamic_smem + kReservedSmem;
   f.threads = warps * 32;
   return cudaSuccess;
 }
@@ -73,11 +76,21 @@ inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, 
 // What the launches read about the current device: its attributes, and K1's occupancy and
 // footprint (a property of the module) for 16- and 32-token records. Queried once per
 // device and remembered (they do not change while the process runs): ~10 runtime queries
-// fewer a call. The 32-token K1's dynamic shared-memory limit is raised here, once.
+// fewer a call. The 32-token K1's dynamic shared-memory limit is raised here, once. Under
+// simulated limits (TestSwitches, simulate) the fields are the simulated device's and
+// `real` the device's own.
+struct DeviceLimits {
+  int sms, regs_sm, smem_optin, smem_sm, threads_sm;
+};
+
 struct DeviceFacts {
   int sms, regs_sm, smem_optin, smem_sm, threads_sm;
-  int k1_alone[2];  // prepare_overlap_kernel<blocks> CTAs per SM by itself, blocks = 1, 2
-  Footprint k1[2];  // what one of them holds
+  int k1_alone[2];    // prepare_overlap_kernel<blocks> CTAs per SM by itself, blocks = 1, 2
+  int k1_prepare[2];  // prepare_kernel<blocks> CTAs per SM by itself
+  Footprint k1[2];    // what one prepare_overlap_kernel CTA holds
+  DeviceLimits real;
+  bool simulated;
+  int plan_sms;  // the plan's SM count: sms, or a simulated count above the device's
 };
 
 // K1 for chunks of `blocks` 16-token blocks: its kernels, threads and dynamic shared memory.
@@ -108,6 +121,7 @@ inline int chunk_blocks(const FwdParams &p) {
 }
 
 inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
+  f.simulated = false;
   const std::pair<int *, cudaDeviceAttr> attrs[] = {
       {&f.sms, cudaDevAttrMultiProcessorCount},
       {&f.regs_sm, cudaDevAttrMaxRegistersPerMultiprocessor},
@@ -128,16 +142,51 @@ inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
     }
     cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &f.k1_alone[blocks - 1], k1.overlap, k1.threads, k1.smem);
-    if (err != cudaSuccess) return err;
-    err = footprint(k1.overlap, k1.threads, k1.smem, f.k1[blocks - 1]);
+    if (err == cudaSuccess)
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.k1_prepare[blocks - 1], k1.kernel,
+                                                          k1.threads, k1.smem);
+    if (err == cudaSuccess) err = footprint(k1.overlap, k1.threads, k1.smem, f.k1[blocks - 1]);
     if (err != cudaSuccess) return err;
   }
+  f.real = {f.sms, f.regs_sm, f.smem_optin, f.smem_sm, f.threads_sm};
+  f.plan_sms = f.sms;
   return cudaSuccess;
 }
 
+// CTAs of footprint f (on the simulated device) that `d` holds an SM by its limits, at most
+// `real`, what the device itself holds.
+inline int resident_on(const DeviceFacts &d, const Footprint &f, int real) {
+  const int by_regs = d.regs_sm >= d.real.regs_sm ? real : real * d.regs_sm / d.real.regs_sm;
+  return std::min({real, by_regs, d.smem_sm / f.smem, d.threads_sm / f.threads});
+}
+
+// Simulated limits (TestSwitches): the facts clamped to the smaller device, and K1's CTAs
+// per SM as that device's occupancy gives them. The SM count the launch sizes its grids by
+// stays at most the device's (more cannot be resident at once); the plan takes the
+// simulated count (plan_sms).
+inline void simulate(const TestSwitches &t, DeviceFacts &d) {
+  if (!t.simulated()) return;
+  d.simulated = true;
+  const auto clamp = [](int &value, int limit) {
+    if (limit > 0) value = std::min(value, limit);
+  };
+  if (t.sms > 0) d.plan_sms = t.sms;
+  clamp(d.sms, t.sms);
+  clamp(d.regs_sm, t.regs_sm);
+  clamp(d.smem_optin, t.smem_optin);
+  clamp(d.smem_sm, t.smem_sm);
+  clamp(d.threads_sm, t.threads_sm);
+  for (int b = 0; b < 2; ++b) {  // both K1 kernels: the same threads and shared memory
+    d.k1_alone[b] = resident_on(d, d.k1[b], d.k1_alone[b]);
+    d.k1_prepare[b] = resident_on(d, d.k1[b], d.k1_prepare[b]);
+    clamp(d.k1_alone[b], t.k1_ctas_sm);
+    clamp(d.k1_prepare[b], t.k1_ctas_sm);
+  }
+}
+
 // The current device's facts: devices 0..63 are queried on first use (a failed query is
-// not remembered), others on every call.
-inline cudaError_t device_facts(DeviceFacts &out) {
+// not remembered), others on every call; then the simulated limits of `t`, if any.
+inline cudaError_t device_facts(const TestSwitches &t, DeviceFacts &out) {
   constexpr int kRemembered = 64;
   static std::atomic<bool> known[kRemembered];
   static DeviceFacts facts[kRemembered];
@@ -145,7 +194,11 @@ inline cudaError_t device_facts(DeviceFacts &out) {
   int device = 0;
   const cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  if (device < 0 || device >= kRemembered) return query_device_facts(device, out);
+  if (device < 0 || device >= kRemembered) {
+    const cudaError_t query = query_device_facts(device, out);
+    if (query == cudaSuccess) simulate(t, out);
+    return query;
+  }
   if (!known[device].load(std::memory_order_acquire)) {
     const std::lock_guard<std::mutex> lock(filling);
     if (!known[device].load(std::memory_order_relaxed)) {
@@ -155,7 +208,35 @@ inline cudaError_t device_facts(DeviceFacts &out) {
     }
   }
   out = facts[device];
+  simulate(t, out);
   return cudaSuccess;
+}
+
+// Dynamic shared memory for a launch of `kernel` that asks for `dynamic` bytes on the
+// simulated device (as is without simulated limits): scaled by the device's shared memory
+// per SM over the simulated one's, so that the kernels a simulated SM holds at once, alone
+// or together, are the ones this SM holds, and never more of this kernel than the simulated
+// device holds alone. At most the device's opt-in limit, whose attribute it sets. -1 where
+// the kernel does not fit the simulated device at all.
+inline int padded_smem(const DeviceFacts &d, const void *kernel, int threads, int dynamic) {
+  if (!d.simulated) return dynamic;
+  Footprint f;
+  int real = 0;
+  if (footprint(kernel, threads, dynamic, f) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&real, kernel, threads, dynamic) !=
+          cudaSuccess)
+    return -1;
+  const int n = resident_on(d, f, real);
+  if (n < 1 || f.smem - kReservedSmem > d.smem_optin) return -1;
+  const int64_t scaled = int64_t{f.smem} * d.real.smem_sm / d.smem_sm;
+  const int64_t alone = n < real ? d.real.smem_sm / (n + 1) + 128 : 0;
+  const int64_t total = std::min<int64_t>(std::max(scaled, alone) - kReservedSmem, d.real.smem_optin);
+  const int padded = std::max(dynamic, static_cast<int>(total) - f.static_smem);
+  if (padded > dynamic &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, padded) !=
+          cudaSuccess)
+    return -1;
+  return padded;
 }
 
 // v as a 5-D tensor (8 columns, tokens, 16 column groups, heads, batch) with the caller's
@@ -192,10 +273,19 @@ struct PassLaunch {
   const void *kernel;
   int64_t ctas;
   int threads;
-  int smem;  // dynamic shared memory
+  int smem;  // dynamic shared memory (on the simulated device, under simulated limits)
   FwdParams params;
   RecordOrder records = RecordOrder::kFragments;  // the order K1 must write them in
+  int resident;                                   // CTAs per SM it is compiled for
+  int32_t kind = kLaunchedRecurrence;             // or kLaunchedWarpgroup
+  PassCode code = PassCode::kPlain;               // the instantiation's
 };
+
+// A test's record of what a call launched (TestSwitches::record).
+inline void record_launch(const FwdParams &p, const LaunchedKernel &k) {
+  LaunchRecord *r = p.test.record;
+  if (r != nullptr && r->count < kMaxLaunches) r->kernels[r->count++] = k;
+}
 
 // CTAs of pass `pass` at width block_v: units (sequences, or segments) x heads x column
 // slices (the segment pass has 256 columns: values and transition).
@@ -217,9 +307,10 @@ inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int 
                                         int resident, const void *kernel, int threads,
                                         PassLaunch &out) {
   DeviceFacts device;
-  const cudaError_t err = device_facts(device);
+  const cudaError_t err = device_facts(p.test, device);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
   out.params = p;
+  out.resident = resident;
   out.params.pass = pass;
   out.params.block_v = block_v;
   const int per_cta = std::min(device.smem_optin, device.smem_sm / resident - kReservedSmem);
@@ -242,6 +333,7 @@ inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int 
 // Pass `pass` of recurrence_kernel<kNB, kWarps, kCode, kBlocks>.
 template <int kNB, int kWarps, PassCode kCode, int kBlocks>
 LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch &out) {
+  out.code = kCode;
   return configure_ring_pass(
       p, pass, 8 * kNB * kWarps, kBlocks, resident_ctas(kNB, kWarps, kCode, kBlocks),
       reinterpret_cast<const void *>(recurrence_kernel<kNB, kWarps, kCode, kBlocks>),
@@ -292,11 +384,12 @@ inline LaunchStatus k1_fit_beside(const PassLaunch &pass, const DeviceFacts &d, 
 }
 
 // Whether the call's passes run on sm_90a's warpgroup MMA (design §4.9): 16-token chunks, no
-// checkpoints, and every pass of the call at block_v 64 or 128. All or none: the segment pass
-// and the rerun read the same records, which K1 writes in one order.
+// checkpoints, and every pass of the call at block_v 64 or 128, unless a test asks for the
+// other arches' passes (TestSwitches::generic). All or none: the segment pass and the rerun
+// read the same records, which K1 writes in one order.
 inline bool warpgroup_passes(const FwdParams &p) {
   const auto wide = [](int block_v) { return block_v == 64 || block_v == 128; };
-  return FLASH_KDA_CC == 90 && chunk_blocks(p) == 1 && p.checkpoints == nullptr &&
+  return FLASH_KDA_CC == 90 && !p.test.generic && chunk_blocks(p) == 1 && p.checkpoints == nullptr &&
          wide(p.chain_block_v) && (p.segment_chunks == 0 || wide(p.segment_block_v));
 }
 
@@ -306,6 +399,8 @@ inline bool warpgroup_passes(const FwdParams &p) {
 template <int kGroups, int kResident, PassCode kCode>
 LaunchStatus configure_warpgroup(const FwdParams &p, PassLaunch &out) {
   out.records = RecordOrder::kTiles;
+  out.kind = kLaunchedWarpgroup;
+  out.code = kCode;
   return configure_ring_pass(
       p, fixed_pass(kCode), 64 * kGroups, 1, kResident,
       reinterpret_cast<const void *>(warpgroup_recurrence_kernel<kGroups, kResident, kCode>),
@@ -320,7 +415,7 @@ LaunchStatus configure_warpgroup(const FwdParams &p, PassLaunch &out) {
 template <PassCode kCode>
 LaunchStatus configure_warpgroup_64(const FwdParams &p, PassLaunch &out) {
   DeviceFacts d;
-  const cudaError_t err = device_facts(d);
+  const cudaError_t err = device_facts(p.test, d);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
   if (pass_ctas(p, fixed_pass(kCode), 64) > d.sms) return configure_warpgroup<1, 2, kCode>(p, out);
   LaunchStatus st = configure_warpgroup<1, 1, kCode>(p, out);
@@ -387,24 +482,37 @@ inline cudaError_t launch_kernel(const void *kernel, int64_t ctas, int threads, 
 // end (wait_prerequisites, design §4.1).
 inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_t stream) {
   CUtensorMap value_map;
-  const cudaError_t err = make_value_map(pass.params, &value_map);
+  cudaError_t err = make_value_map(pass.params, &value_map);
   if (err != cudaSuccess) return {err, "recurrence_kernel tensor map of v"};
+  DeviceFacts d;
+  err = device_facts(pass.params.test, d);
+  if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
+  const int smem = padded_smem(d, pass.kernel, pass.threads, pass.smem);
+  if (smem < 0) return {cudaErrorInvalidConfiguration, "recurrence_kernel simulated residency"};
   void *args[] = {&pass.params, &value_map};
   const cudaError_t launch =
-      launch_kernel(pass.kernel, pass.ctas, pass.threads, pass.smem, args, programmatic, stream);
+      launch_kernel(pass.kernel, pass.ctas, pass.threads, smem, args, programmatic, stream);
   if (launch != cudaSuccess) return {launch, "recurrence_kernel launch"};
+  record_launch(pass.params,
+                {pass.kind, static_cast<int32_t>(pass.code), chunk_blocks(pass.params),
+                 pass.params.block_v, pass.params.stages, pass.resident, smem,
+                 static_cast<int32_t>(pass.records), pass.ctas});
   return launch_status("recurrence_kernel launch");
 }
 
 // More CTAs of prepare_overlap_kernel, launched programmatically after the pass: they start
 // once every pass CTA is resident.
-inline LaunchStatus launch_prepare_extra(FwdParams k1, int64_t ctas, RecordOrder order,
-                                         cudaStream_t stream) {
+inline LaunchStatus launch_prepare_extra(FwdParams k1, const DeviceFacts &d, int64_t ctas,
+                                         RecordOrder order, cudaStream_t stream) {
   void *args[] = {&k1};
   const K1Launch shape = k1_launch(chunk_blocks(k1), order);
+  const int smem = padded_smem(d, shape.overlap, shape.threads, shape.smem);
+  if (smem < 0) return {cudaErrorInvalidConfiguration, "prepare_overlap_kernel simulated residency"};
   const cudaError_t launch =
-      launch_kernel(shape.overlap, ctas, shape.threads, shape.smem, args, true, stream);
+      launch_kernel(shape.overlap, ctas, shape.threads, smem, args, true, stream);
   if (launch != cudaSuccess) return {launch, "prepare_overlap_kernel launch (free SMs)"};
+  record_launch(k1, {kLaunchedPrepareOverlap, 1, chunk_blocks(k1), 0, 0, d.k1_alone[chunk_blocks(k1) - 1],
+                     smem, static_cast<int32_t>(order), ctas});
   return launch_status("prepare_overlap_kernel launch (free SMs)");
 }
 
@@ -429,21 +537,28 @@ inline cudaError_t make_segment_map(const FwdParams &p, int rows, CUtensorMap *m
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// Phase B: config.h's rows per CTA where two stages of them fit the device's shared memory
-// per block (else 8; 16 rows with two stages take sm_120's 99 KB exactly), and the ring as
-// deep as it allows (three stages on sm_90 / sm_100).
+// Whether two stages of 16-row combine CTAs fit a block's shared memory (not on sm_120,
+// whose 99 KB hold 8 rows in two stages).
+inline bool combine_wide(const DeviceFacts &d) {
+  return combine_smem_bytes(16, 2) <= d.smem_optin;
+}
+
+// Phase B: config.h's rows per CTA (combine_wide), and the ring as deep as the device's
+// shared memory per block allows (three stages on sm_90 / sm_100, two on sm_120).
 inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
   DeviceFacts device;
-  cudaError_t err = device_facts(device);
+  cudaError_t err = device_facts(p.test, device);
   if (err != cudaSuccess) return {err, "combine_kernel device query"};
-  int rows = combine_rows(p.num_seqs * p.heads, device.sms);
-  if (combine_smem_bytes(rows, 2) > device.smem_optin) rows = 8;
+  const int rows = combine_rows(p.num_seqs * p.heads, device.sms, combine_wide(device));
   int stages = kCombineMaxStages;
   while (stages > 2 && combine_smem_bytes(rows, stages) > device.smem_optin) --stages;
-  const int smem = combine_smem_bytes(rows, stages);
   const auto kernel = rows == 8 ? combine_kernel<8> : combine_kernel<16>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             combine_smem_bytes(rows, stages));
   if (err != cudaSuccess) return {err, "combine_kernel shared-memory attribute"};
+  const int smem = padded_smem(device, reinterpret_cast<const void *>(kernel), kCombineThreads,
+                               combine_smem_bytes(rows, stages));
+  if (smem < 0) return {cudaErrorInvalidConfiguration, "combine_kernel shared memory"};
   const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / rows);
   FwdParams params = p;
   CUtensorMap xmap, smap;  // X_j's 128 rows, the CTA's rows of S^_j
@@ -454,39 +569,34 @@ inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
   err = launch_kernel(reinterpret_cast<const void *>(kernel), ctas, kCombineThreads, smem, args,
                       true, stream);  // it waits for the segment pass (wait_prerequisites)
   if (err != cudaSuccess) return {err, "combine_kernel launch"};
+  record_launch(p, {kLaunchedCombine, 0, 1, rows, stages, 1, smem, 0, ctas});
   return launch_status("combine_kernel launch");
 }
 
 // Whether K1 overlaps the first recurrence pass (design §4.7), and if so with how many
-// K1 CTAs per SM in its first grid: as many as leave room on every SM for one CTA of the
-// pass (`beside`), so that the pass's CTAs become resident beside K1's at once, and at
-// most the plan's overlap_max_ctas. The plan says how many must fit for the overlap to
+// K1 CTAs per SM in its first grid (`keep`): as many as leave room on every SM for one CTA
+// of the pass (`beside`), so that the pass's CTAs become resident beside K1's at once, and
+// at most the plan's overlap_max_ctas. The plan says how many must fit for the overlap to
 // pay. A pass of more than one wave starts its later CTAs as earlier ones end, beside the
-// same K1 CTAs. Also returns the SM count and K1's CTAs per SM by itself, which size the
-// second grid. (Keeping all of K1's CTAs on the SMs the pass does not use, and letting
+// same K1 CTAs. (Keeping all of K1's CTAs on the SMs the pass does not use, and letting
 // the surplus on its SMs exit while the pass could still share those SMs with K1, was
 // tried: on the H200 the pass then waited for K1's end.) Where the plan has K1 leave the
 // pass's SMs (overlap_max_ctas 0) and the pass leaves SMs free, K1 starts on every SM
 // (keep = alone) and `leave_sms` is the pass's CTA count; the pass asks for all of an SM's
 // shared memory, so that it starts only on SMs K1 has left (prepare_overlap_kernel).
-inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms, int &keep,
-                                 int &alone, int &leave_sms) {
-  keep = alone = sms = leave_sms = 0;
+inline LaunchStatus plan_overlap(const FwdParams &p, const DeviceFacts &d, PassLaunch &first,
+                                 int &keep, int &leave_sms) {
+  keep = leave_sms = 0;
   if (p.ready == nullptr || p.overlap_min_ctas < 1) return {cudaSuccess, nullptr};
-  DeviceFacts d;
-  cudaError_t err = device_facts(d);
-  if (err != cudaSuccess) return {err, "prepare_kernel device query"};
-  sms = d.sms;
   const int blocks = chunk_blocks(p);
-  alone = d.k1_alone[blocks - 1];
   int beside = 0;
   const LaunchStatus st = k1_fit_beside(first, d, blocks, beside);
   if (st.error != cudaSuccess) return st;
-  if (p.overlap_max_ctas == 0 && first.ctas < sms) {
-    keep = alone;
+  if (p.overlap_max_ctas == 0 && first.ctas < d.sms) {
+    keep = d.k1_alone[blocks - 1];
     leave_sms = static_cast<int>(first.ctas);
     first.smem = d.smem_optin;
-    err =
+    const cudaError_t err =
         cudaFuncSetAttribute(first.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, first.smem);
     if (err != cudaSuccess) return {err, "recurrence_kernel shared-memory attribute"};
   } else if (beside >= p.overlap_min_ctas) {
@@ -495,65 +605,153 @@ inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms
   return {cudaSuccess, nullptr};
 }
 
+// K1 and the first recurrence pass (design §4.1, §4.7): K1 first, or beside the pass, which
+// is then launched while K1 runs and waits on each record's ready flag, with a second K1
+// grid for the SMs the pass leaves free. `k1` returns K1's parameters (ready null where K1
+// ran first).
+inline LaunchStatus launch_first(const FwdParams &p, PassLaunch &first, FwdParams &k1,
+                                 cudaStream_t stream) {
+  DeviceFacts d;
+  cudaError_t err = device_facts(p.test, d);
+  if (err != cudaSuccess) return {err, "prepare_kernel device query"};
+  int keep = 0, leave_sms = 0;
+  LaunchStatus st = plan_overlap(p, d, first, keep, leave_sms);
+  if (st.error != cudaSuccess) return st;
+  const bool overlap = keep > 0;
+  const int blocks = chunk_blocks(p), alone = d.k1_alone[blocks - 1];
+  k1 = p;
+  k1.leave_sms = leave_sms;
+  const K1Launch shape = k1_launch(blocks, first.records);
+  const void *kernel = overlap ? shape.overlap : shape.kernel;
+  const int smem = padded_smem(d, kernel, shape.threads, shape.smem);
+  if (smem < 0) return {cudaErrorInvalidConfiguration, "prepare_kernel simulated residency"};
+  void *args[] = {&k1};
+  dim3 grid(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads));
+  if (overlap) {
+    const size_t bytes = static_cast<size_t>(ready_bytes(p.heads, p.tiles_per_head));
+    err = cudaMemsetAsync(p.ready, 0, bytes, stream);
+    if (err != cudaSuccess) return {err, "ready flags (memset)"};
+    grid = dim3(static_cast<unsigned>(keep * d.sms));
+  } else {
+    k1.ready = first.params.ready = nullptr;
+  }
+  err = cudaLaunchKernel(kernel, grid, dim3(shape.threads), args, smem, stream);
+  if (err != cudaSuccess) return {err, "prepare_kernel launch"};
+  record_launch(p, {overlap ? kLaunchedPrepareOverlap : kLaunchedPrepare, 0, blocks, 0, 0,
+                    overlap ? keep : d.k1_prepare[blocks - 1], smem,
+                    static_cast<int32_t>(first.records), int64_t{grid.x} * grid.y});
+  st = launch_status("prepare_kernel launch");
+  if (st.error == cudaSuccess) st = launch_pass(first, true, stream);  // beside K1, or after it
+  if (st.error != cudaSuccess || !overlap || first.ctas >= d.sms || alone <= keep) return st;
+  // More K1 CTAs, launched once every pass CTA is resident: they fill the SMs the pass
+  // leaves free (on its own SMs keep CTAs already leave no room) and share K1's counter.
+  const int64_t extra = int64_t{alone - keep} * (d.sms - first.ctas);
+  return launch_prepare_extra(k1, d, extra, first.records, stream);
+}
+
 // Prefixes (varlen) -> K1 over all chunks -> K2: one pass over whole sequences, or the
-// segment pass, the combine and the rerun (design §4.1, §6.2). When K1 overlaps the
-// first pass (design §4.7), that pass is launched while K1 runs and waits on each
-// record's ready flag, and a second K1 grid fills the SMs the pass leaves free.
+// segment pass, the combine and the rerun (design §4.1, §6.2).
 inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (p.cu_seqlens != nullptr) {
     prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
     const LaunchStatus st = launch_status("prefix_kernel launch");
     if (st.error != cudaSuccess) return st;
+    record_launch(p, {kLaunchedPrefix, 0, 0, 0, 0, 1, 0, 0, 1});
   }
   const bool segmented = p.segment_chunks > 0;
   PassLaunch first;
   LaunchStatus st = configure_pass(p, segmented ? ChainPass::kSegment : ChainPass::kWhole,
                                    segmented ? p.segment_block_v : p.chain_block_v, first);
-  if (st.error != cudaSuccess) return st;
-  int sms = 0, keep = 0, alone = 0, leave_sms = 0;
-  st = plan_overlap(p, first, sms, keep, alone, leave_sms);
-  if (st.error != cudaSuccess) return st;
-  const bool overlap = keep > 0;
-  FwdParams k1 = p;
-  k1.leave_sms = leave_sms;
-  const K1Launch shape = k1_launch(chunk_blocks(p), first.records);
-  void *args[] = {&k1};
-  cudaError_t launch = cudaSuccess;
-  if (overlap) {
-    const size_t bytes = static_cast<size_t>(ready_bytes(p.heads, p.tiles_per_head));
-    const cudaError_t err = cudaMemsetAsync(p.ready, 0, bytes, stream);
-    if (err != cudaSuccess) return {err, "ready flags (memset)"};
-    launch = cudaLaunchKernel(shape.overlap, dim3(static_cast<unsigned>(keep * sms)),
-                              dim3(shape.threads), args, shape.smem, stream);
-  } else {
-    k1.ready = first.params.ready = nullptr;
-    launch = cudaLaunchKernel(
-        shape.kernel, dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads)),
-        dim3(shape.threads), args, shape.smem, stream);
-  }
-  if (launch != cudaSuccess) return {launch, "prepare_kernel launch"};
-  st = launch_status("prepare_kernel launch");
-  if (st.error != cudaSuccess) return st;
-  st = launch_pass(first, true, stream);  // beside K1, or waiting for its end (design §4.1)
-  if (st.error != cudaSuccess) return st;
-  if (overlap && first.ctas < sms && alone > keep) {
-    // More K1 CTAs, launched once every pass CTA is resident: they fill the SMs the pass
-    // leaves free (on its own SMs keep CTAs already leave no room) and share K1's counter.
-    const int64_t extra = int64_t{alone - keep} * (sms - first.ctas);
-    st = launch_prepare_extra(k1, extra, first.records, stream);
-    if (st.error != cudaSuccess) return st;
-  }
-  if (!segmented) return st;
+  FwdParams k1;
+  if (st.error == cudaSuccess) st = launch_first(p, first, k1, stream);
+  if (st.error != cudaSuccess || !segmented) return st;
   st = launch_combine(p, stream);
   if (st.error != cudaSuccess) return st;
   // The rerun reads the combine's starts, so it must wait for the combine's end, which a pass
   // does only without ready flags (wait_prerequisites): segmented calls never overlap K1
   // (plan.cpp can_overlap), so K1 ran first and left k1.ready null.
   if (k1.ready != nullptr) return {cudaErrorInvalidValue, "recurrence_kernel rerun beside K1"};
+  k1.test.stall = 0;  // the first pass's only
   PassLaunch rerun;
   st = configure_pass(k1, ChainPass::kRerun, p.chain_block_v, rerun);
   if (st.error != cudaSuccess) return st;
   return launch_pass(rerun, true, stream);
+}
+
+// ---------------------------------------------------------------- the plan's facts
+
+// K1 CTAs that fit beside one CTA of the whole-sequence pass of width block_v for chunks of
+// `blocks` 16-token blocks, as the launch would configure it for a call of one head (one
+// wave), the most of the forms it may pick (sm_90a's block_v 64 warpgroup pass: two); 0
+// where no such pass is built.
+inline LaunchStatus k1_beside_whole(const TestSwitches &t, const DeviceFacts &d, int block_v,
+                                    int blocks, int &fit) {
+  fit = 0;
+  if (!instantiated(*recurrence_shape(block_v), PassCode::kPlain, blocks)) return {cudaSuccess, nullptr};
+  FwdParams p{};
+  p.test = t;
+  p.chunk_shift = blocks == 2 ? 5 : 4;
+  p.num_seqs = p.heads = 1;
+  p.chain_block_v = block_v;
+  PassLaunch pass;
+  LaunchStatus st = configure_pass(p, ChainPass::kWhole, block_v, pass);
+  if (st.error == cudaSuccess) st = k1_fit_beside(pass, d, blocks, fit);
+#if FLASH_KDA_CC == 90
+  if (st.error == cudaSuccess && block_v == 64 && warpgroup_passes(p)) {
+    int shared_fit = 0;
+    st = configure_warpgroup<1, 2, PassCode::kPlain>(p, pass);
+    if (st.error == cudaSuccess) st = k1_fit_beside(pass, d, blocks, shared_fit);
+    fit = std::max(fit, shared_fit);
+  }
+#endif
+  return st;
+}
+
+inline LaunchStatus query_plan_device(const TestSwitches &t, PlanDevice &out) {
+  DeviceFacts d;
+  const cudaError_t err = device_facts(t, d);
+  if (err != cudaSuccess) return {err, "device query"};
+  out = PlanDevice{};
+  out.cc = FLASH_KDA_CC;
+  out.generic = FLASH_KDA_CC != 90 || t.generic != 0;
+  out.sms = d.plan_sms;
+  out.smem_optin = d.smem_optin;
+  out.smem_sm = d.smem_sm;
+  out.combine_wide = combine_wide(d);
+  for (int b = 0; b < 2; ++b) {
+    out.k1_alone[b] = d.k1_prepare[b];
+    out.k1_overlap[b] = d.k1_alone[b];
+    for (int i = 0; i < kNumRecurrenceShapes; ++i) {
+      const LaunchStatus st =
+          k1_beside_whole(t, d, kRecurrenceShapes[i].block_v, b + 1, out.k1_beside[b][i]);
+      if (st.error != cudaSuccess) return st;
+    }
+  }
+  return {cudaSuccess, nullptr};
+}
+
+// The current device's facts for the plan (plan.h PlanDevice): remembered for devices
+// 0..63 without test switches (a call asks for them: the K1 fits cost ~20 runtime queries),
+// else queried.
+inline LaunchStatus plan_device(const TestSwitches &t, PlanDevice &out) {
+  constexpr int kRemembered = 64;
+  static std::atomic<bool> known[kRemembered];
+  static PlanDevice facts[kRemembered];
+  static std::mutex filling;
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return {err, "device query"};
+  if (t.any() || device < 0 || device >= kRemembered) return query_plan_device(t, out);
+  if (!known[device].load(std::memory_order_acquire)) {
+    const std::lock_guard<std::mutex> lock(filling);
+    if (!known[device].load(std::memory_order_relaxed)) {
+      const LaunchStatus st = query_plan_device(t, facts[device]);
+      if (st.error != cudaSuccess) return st;
+      known[device].store(true, std::memory_order_release);
+    }
+  }
+  out = facts[device];
+  return {cudaSuccess, nullptr};
 }
 
 inline LaunchStatus launch_probe_unary(int op, const float *x, float *y, int64_t count,
@@ -588,6 +786,7 @@ inline LaunchStatus launch_probe_mma(int op, const void *a, const void *b, void 
       CC,                                                        \
       FLASH_KDA_FEATURE_FWD | FLASH_KDA_FEATURE_PROBES,          \
       &FLASH_KDA_ARCH::launch_fwd,                               \
+      &FLASH_KDA_ARCH::plan_device,                              \
       &FLASH_KDA_ARCH::launch_probe_unary,                       \
       &FLASH_KDA_ARCH::launch_probe_mma};                        \
   }

@@ -115,10 +115,16 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtenso
   const uint8_t *records = p.records + first * R::kBytes;
   RingPos pos{0, 0};
   int64_t written = p.ready != nullptr ? 0 : t.span.num_chunks;  // records K1 has written
+  // The planted stall (a test switch): CTA 0 never arms its first stage, so that its
+  // consumers wait for a stage that never fills, and this producer, stages chunks later,
+  // for its release: a hang the bounded waits end.
+  const bool stall = p.test.stall != 0 && blockIdx.x == 0;
   for (int64_t c = 0; c < t.span.num_chunks; ++c, pos.advance(p.stages)) {
     const int s = pos.stage;
-    barrier_wait(&empty[s], pos.phase ^ 1u);  // the first round passes at once
-    if (c >= written) written = wait_ready(p.ready + first, c, t.span.num_chunks);  // §4.7
+    barrier_wait(&empty[s], pos.phase ^ 1u, p.wait_limit_ns);  // the first round passes at once
+    if (c >= written)
+      written = wait_ready(p.ready + first, c, t.span.num_chunks, p.wait_limit_ns);  // §4.7
+    if (stall && c == 0) continue;
     uint8_t *stage = stages + s * kStageBytes;
     TxBarrier::arrive_and_expect_tx(&full[s], bytes);
     const uint8_t *record = records + c * R::kBytes;
@@ -655,7 +661,10 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
     else
       run_chain_streamed<kCode, kBlocks>(w, task.span, state);
   }
-  store_state(task.sink, task.col0 + vcol, state);
+  // The segment pass finds its task again for the sink rather than hold the sink through
+  // the chain: at its two-CTA register cap (96) that spilled it (ptxas, CUDA 13.0).
+  const ChainTask &done = kCode == PassCode::kStates ? chain_task<kBlockV, kCode>(p) : task;
+  store_state(done.sink, done.col0 + vcol, state);
 }
 
 }  // namespace flash_kda::FLASH_KDA_ARCH
