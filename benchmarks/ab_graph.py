@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Graph-replay medians of two or more libraries side by side, in interleaved rounds: what a
-change to the plan or to the launches moves (benchmarks/NOTES.md steps 87-88). Diagnostics
+change to the plan or to the launches moves. Diagnostics
 for a change, not the table:
 
     python benchmarks/ab_graph.py --libs OLD.so NEW.so [--rounds 2] [--exact] SHAPE ...

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: MIT
-"""How accurate would an automatic path with longer chunks be? (NOTES.md step 44.)
+"""How accurate would an automatic path with longer chunks be?
 
 The link of K2 does the state update once per chunk: per state element an unpack, an FFMA,
-a pack and a movmatrix, about half of the link's instructions (benchmarks/NOTES.md step 34),
+a pack and a movmatrix, about half of the link's instructions,
 so chunks of 32 or 64 tokens would halve or quarter that work per token and the number of
 links in the chain. The exact path must keep 16 (FlashKDA's bits); the automatic path must
 only stay within 1.1x the exact path's error. This study emulates, in fp32 on the CPU, the

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Hashes of the forward's outputs over a grid of cases, for checking that a kernel or launch
-change keeps every bit (benchmarks/NOTES.md steps 86-88). Diagnostics, not a test:
+change keeps every bit. Diagnostics, not a test:
 
     FLASH_KDA_LIBRARY=old.so python benchmarks/output_hashes.py old.json
     FLASH_KDA_LIBRARY=new.so python benchmarks/output_hashes.py new.json --against old.json

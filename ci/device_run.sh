@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# The GPU session in one call (the device machine starts bare and has no network).
+# The GPU run in one call (the device machine starts bare and has no network).
 # Carry .whl/ (git-ignored) holding: the flash_kda_bin wheel built on the CPU machine
 # (FLASH_KDA_CUDA_ARCHS=90a or all), fla-core and flash-linear-attention (pytest,
 # hypothesis, einops, transformers and matplotlib are in the device image). Usage, from

@@ -21,8 +21,8 @@ struct WidthCosts {
   // 48 / 96 for block_v 32 / 64 / 128).
   double whole_link_us = 0;
   // The segment pass at states_resident CTAs an SM and alone (a grid of at most one CTA an
-  // SM); 0: never used for segments (<1, 4> was slowest there at every segment length,
-  // benchmarks/NOTES.md step 25). Fitted to per-kernel profiles at forced segment lengths.
+  // SM); 0: never used for segments (<1, 4> was slowest there at every segment length).
+  // Fitted to per-kernel profiles at forced segment lengths.
   double states_link_us = 0;
   double states_alone_us = 0;
   // The segment pass where all its CTAs fit one wave at states_resident an SM with more
@@ -39,11 +39,11 @@ struct WidthCosts {
   // A record's time of a lone K1 CTA beside one CTA of this width's whole pass (each of
   // several takes K1Costs::beside_record_us): fitted to the forwards whose launch keeps one
   // K1 CTA on the pass's SMs (T=8192, 16-token chunks: H=28 at block_v 32 0.319 ms, H=48
-  // at 64 0.533, H=96 at 128 0.790; benchmarks/NOTES.md step 59). 0: never beside.
+  // at 64 0.533, H=96 at 128 0.790). 0: never beside.
   double k1_lone_record_us = 0;
   // A 32-token link (one CTA an SM) against a 16-token link of the same width at one CTA an
-  // SM (NOTES.md step 48: the plain pass with K1 before it at T=8192, H=24 for <1, 4>, H=48
-  // for <1, 8>); 0 where config.h builds no 32-token pass.
+  // SM (the plain pass with K1 before it at T=8192, H=24 for <1, 4>, H=48 for <1, 8>); 0
+  // where config.h builds no 32-token pass.
   double chunk32_link_scale = 0;
 };
 
@@ -51,22 +51,21 @@ struct WidthCosts {
 struct K1Costs {
   double record_us;         // K1 alone, at the device's CTAs an SM (PlanDevice k1_alone)
   double beside_record_us;  // each of several K1 CTAs beside a pass CTA
-  double lead_record_us;    // K1 alone since step 103 (faster): the leave's lead only
+  double lead_record_us;    // K1 alone as measured now (faster): the leave's lead only
 };
 
 // One arch family's costs and the plan's knobs. The knobs' values were fitted on the H200
-// (benchmarks/NOTES.md, the steps named) and are every row's until a GPU of the family
-// says otherwise.
+// and are every row's until a GPU of the family says otherwise.
 struct ArchCosts {
   const char *family;
   // Whether the rates were measured on a GPU of the family (false: estimates).
   bool measured;
   WidthCosts widths[kNumRecurrenceShapes];
   // 16-token records: 11.6 us at 12 CTAs on each SM (T=8192 H=96: 49,152 records in 360 us
-  // on 132 SMs; since step 103 K1 takes 10.3 us, 320 us there, which only the leave's lead
-  // counts), 6.2 us at 3 an SM beside a pass (H=24: 12,288 records on 396 CTAs in 194 us).
-  // 32-token records (256 threads): 9.4 (9.0 since step 103) alone, ~14 beside the pass
-  // (NOTES.md steps 48, 50).
+  // on 132 SMs: the rate the plan's choices and margins were fitted with; K1 with cp.async
+  // rows takes 10.3 us, 320 us there, which only the leave's lead counts), 6.2 us at 3 an SM
+  // beside a pass (H=24: 12,288 records on 396 CTAs in 194 us). 32-token records (256
+  // threads): 9.4 (9.0 for the lead) alone, ~14 beside the pass.
   K1Costs k1_16;
   K1Costs k1_32;
 
@@ -75,49 +74,48 @@ struct ArchCosts {
   double wave_us = 6.0;     // a segment pass's fixed cost per wave of CTAs
   double flags_us = 3.0;    // the ready flags' memset where K1 runs beside the pass
   double leave_us = 4.0;    // K1 leaving the SMs the pass starts on, its tail
-  // combine_kernel, one step a start (NOTES.md step 35: 0.85 us at T = 8192 H = 6 and T =
-  // 131072 H = 4 with 8-row CTAs; 1.22 with 16-row CTAs at H = 12). Its tensor copies since
-  // step 74 take 0.72 and 1.04 (ncu, H200), but with those the plan cut T = 2048 H = 1-4
-  // into segments of 8 chunks instead of 10, 3% slower there (graph replays, step 74): the
-  // step stays, so that the kernel's fixed part, which the model undercounts at short T,
-  // keeps those segments longer.
+  // combine_kernel, one step a start: 0.85 us with 8-row CTAs, 1.22 with 16-row CTAs, as
+  // fitted with its older cp.async ring. Its steps now take 0.72 and 1.04 (ncu, H200), but
+  // with those the plan cut T = 2048 H = 1-4 into segments of 8 chunks instead of 10, 3%
+  // slower there: the older step stands in for the fixed part the model undercounts at
+  // short T.
   double combine_step_us = 0.85;       // 8-row CTAs, one an SM
   double combine_wide_step_us = 1.22;  // 16-row CTAs, one an SM
   double combine_fixed_us = 4.0;       // its first two starts and its tail
 
   // ---- K1 beside the pass (design §4.7)
   // While K1 runs beside it, the pass's links take ~1.3x as long (T=8192 H=96: 749 us
-  // against 590 alone, T=32768: 2.96 ms against 2.30; NOTES.md step 28).
+  // against 590 alone, T=32768: 2.96 ms against 2.30).
   double beside_slowdown = 1.3;
   // Where the SMs the pass leaves free can write this share of the records the pass reads,
-  // one K1 CTA an SM beside the pass is enough (step 28: T=8192 H=96 0.781 ms with one and
+  // one K1 CTA an SM beside the pass is enough (H200: T=8192 H=96 0.781 ms with one and
   // the free SMs, 0.787 with three; T=32768 H=96 3.22 against 3.40).
   double free_supply = 0.4;
-  // K1 leaving the pass's SMs only where predicted 3% faster than beside or first (step 53).
+  // K1 leaving the pass's SMs only where predicted 3% faster than beside or first (H200).
   double leave_margin = 0.97;
 
   // ---- segments against the whole pass (design §6.3)
   double segments_margin = 0.9;  // segments only where the forward is predicted 10% faster
   // Segments rather than 32-token whole chains only where predicted 12% faster. Against the
   // 32-token forward the segments' predicted-to-measured ratio ran 0.06-0.20 high at H =
-  // 16-24 (step 72: T = 131072 H = 16 predicted 0.886, measured 0.949; H = 20 0.911 and
+  // 16-24 (H200: T = 131072 H = 16 predicted 0.886, measured 0.949; H = 20 0.911 and
   // 1.052; T = 1M H = 20 0.892 and 1.095; H = 16 0.865 and 0.982). 0.88 takes no measured
   // loss and keeps the wins at T = 262144 - 1M H = 16 and T = 2048 H = 1-4.
   double segments_over32_margin = 0.88;
   // Where the 32-token forward has K1 leave the pass's SMs (N H = 9-18 on 132 SMs) and the
   // segments are at most leaving_margin_max_chunks long, 5% suffices: there the 32-token
-  // prediction ran 5-6% high and the segments' within 2% (step 84: T = 32768 H = 16
+  // prediction ran 5-6% high and the segments' within 2% (H200: T = 32768 H = 16
   // predicted 0.790 against 0.864 ms, measured 0.776 against 0.822). Longer segments ran up
   // to 9% slower than predicted (T = 131072 H = 18, 1639 chunks: 3.31 predicted, 3.48).
   double segments_over32_leaving_margin = 0.95;
   int64_t leaving_margin_max_chunks = 512;
   // Segments of at most this many chunks need no margin over the 32-token forward: there
-  // the segments' prediction ran ~8 us high and the 32-token one 5-9 us low (step 87: T =
+  // the segments' prediction ran ~8 us high and the 32-token one 5-9 us low (H200: T =
   // 2048 H = 8 predicted 56.8 against 59.4 us, measured 48.8 against 64.5).
   int64_t short_segment_chunks = 32;
   // The whole pass at a wider block_v than the narrowest that fits one wave where predicted
   // 12.5% faster: at N H = 28-33 block_v 64 (half the CTAs, K1 on the SMs they leave free)
-  // against block_v 32 (K1 beside it). Its prediction ran 4-6% low (step 85: T = 8192 H = 32
+  // against block_v 32 (K1 beside it). Its prediction ran 4-6% low (H200: T = 8192 H = 32
   // predicted 0.291 against 0.345 ms, measured 0.307 against 0.343); T = 2048 H = 30
   // (predicted 0.871) measured 2.4% slower, the one loss this margin keeps.
   double wider_margin = 0.875;
@@ -126,9 +124,10 @@ struct ArchCosts {
   int64_t fine_segment_counts = 64;  // every segment count up to this one is a candidate
   // A segment pass of two CTAs an SM over more than one wave runs chains of at most this
   // many links at its one-wave rate (WidthCosts::states_wave_us), longer ones at
-  // states_link_us (step 111: L = 94 0.3044 -> 0.3003 ms at T = 32768 H = 6 against block_v
-  // 128, but L = 249 and 512 2.8% slower at T = 131072 H = 4 and T = 1M; at L = 79-128 the
-  // order of the two widths follows the machine's power headroom, step 114).
+  // states_link_us (H200: L = 94 0.3044 -> 0.3003 ms at T = 32768 H = 6 against block_v
+  // 128, but L = 249 and 512 2.8% slower at T = 131072 H = 4 and T = 1M). At L = 79-128 the
+  // order of the two widths follows the machine's power headroom: on a hotter H200 (machine
+  // B) block_v 64 ran up to 3% slower there, at L <= 64 level or faster on both machines.
   int64_t short_chain_links = 128;
 };
 
@@ -140,14 +139,14 @@ constexpr WidthCosts kWidth32OnH200 = {
     .chunk32_link_scale = 1.50,
 };
 
-// sm_90a: block_v 64 and 128 run the warpgroup passes (recurrence_wg.cuh; NOTES.md steps
-// 62-70). The segments' passes (step 70, T = 8192 H = 6 and 12, T = 32768 H = 6): at block_v
-// 64 the segment pass 0.66 us a link two CTAs an SM and ~0.52 alone, 0.62 in one wave of
-// two an SM (step 79), the rerun 0.83 and 0.52; at block_v 128 (one CTA an SM) the segment
+// sm_90a: block_v 64 and 128 run the warpgroup passes (recurrence_wg.cuh, design §4.9).
+// The segments' passes (T = 8192 H = 6 and 12, T = 32768 H = 6): at block_v 64 the segment
+// pass 0.66 us a link two CTAs an SM and ~0.52 alone, 0.62 in one wave of two an SM, the
+// rerun 0.83 and 0.52; at block_v 128 (one CTA an SM) the segment
 // pass 0.65 us a link, so that its "two CTAs an SM" are two turns, 1.30, and the rerun 0.72.
 // The whole pass: at block_v 64 0.56 us a link (284.5 us for 512 links at T = 8192 H = 48,
 // K1 first) and a 32-token <1, 8> link of 2.76 of them (1.55 us); at block_v 128 0.73 us a
-// link (373.5 us at T = 8192 H = 96, two warpgroups and a producer warpgroup, step 68),
+// link (373.5 us at T = 8192 H = 96, two warpgroups and a producer warpgroup),
 // beside which no K1 CTA fits (PlanDevice k1_beside).
 constexpr ArchCosts kHopperCosts = {
     .family = "sm_90a (warpgroup passes)",
@@ -174,8 +173,8 @@ constexpr ArchCosts kHopperCosts = {
 // Every other arch (and sm_90a with checkpoints or 32-token chunks, where its passes are
 // recurrence_kernel too): recurrence_kernel at every width, records in fragment order.
 // Estimates: recurrence_kernel<1, 8> and <2, 8> on the H200 (whole passes: 0.88 and 1.10 us
-// a link before the warpgroup passes replaced them, steps 62-69; segment passes and reruns:
-// step 25's fit, 1.10 / 1.10 / 1.65 and 1.52 / 0.90 / 1.15), K1's rates the H200's.
+// a link; segment passes and reruns, as fitted before the warpgroup passes: 1.10 / 1.10 /
+// 1.65 and 1.52 / 0.90 / 1.15), K1's rates the H200's.
 constexpr ArchCosts kMmaSyncCosts = {
     .family = "mma.sync passes (estimates from the H200)",
     .measured = false,

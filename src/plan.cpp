@@ -95,7 +95,7 @@ double pass_us(const Model &m, int64_t ctas, int64_t links, int resident, double
 // that covers `columns` value columns in chains of `links` links (16-token chunks: segments
 // never run 32-token ones, design §4.8). A segment pass whose "two an SM" are two turns
 // (WidthCosts::states_turns) pays a wave's fixed part a turn where its CTAs fit that one
-// "wave", as measured (NOTES.md step 111); a pass of more keeps pass_us's one a wave.
+// "wave", as measured on the H200; a pass of more keeps pass_us's one a wave.
 double best_pass_us(const Model &m, PassCode code, int64_t columns, int64_t links,
                     int32_t &block_v) {
   double best = -1.0;
@@ -187,9 +187,9 @@ int32_t overlap_max_ctas(const Model &m, int64_t pairs, int32_t block_v) {
 // is what those SMs could not write while the pass reads its records (at K1's rate alone),
 // so the forward takes the lead, the pass and leave_us; -1 where no SM is free. The time
 // compared with the other ways counts the lead at record_us, the rate the margins were
-// fitted with; the lead the launch takes is counted at lead_record_us, K1's rate since
-// step 103 (NOTES.md step 107: the decisions moved by the new rate measured 1-6% slower,
-// the shorter leads alone 1-5% faster).
+// fitted with; the lead the launch takes is counted at lead_record_us, K1's measured rate
+// (on the H200 the decisions that rate would move measured 1-6% slower, the shorter leads
+// alone 1-5% faster).
 double k1_leaves_us(const Model &m, int64_t pairs, int64_t chunks, int32_t block_v,
                     int64_t &lead) {
   lead = 0;
@@ -224,10 +224,10 @@ bool can_overlap(const Model &m, const ProblemSizes &z, int32_t segment_chunks,
 // as many as the call's chunks fill, rounded (at least one, at most num_seqs), so that a batch
 // whose longest sequence holds most of its tokens is planned for that sequence's chain (H200, 11
 // sequences [7000, 100 x 10] at H = 6: 0.267 ms as one whole pass planned for the mean,
-// 0.109 in segments of 40 chunks; benchmarks/NOTES.md step 90). Whole sequences, not heads:
-// chains for the short sequences' tokens overstate the segment pass, which skips every
-// sequence's last segment (step 90: rounding by heads was 7-11% slower on four of thirteen
-// skewed batches, 2-13% faster on three).
+// 0.109 in segments of 40 chunks). Whole sequences, not heads: chains for the short
+// sequences' tokens overstate the segment pass, which skips every sequence's last segment
+// (rounding by heads was 7-11% slower on four of thirteen skewed batches, 2-13% faster on
+// three).
 struct Chains {
   int64_t seqs, chunks;
 };
@@ -311,7 +311,7 @@ bool k1_leaves(const Model &m, const ProblemSizes &z, const Plan &plan, const Pl
 // Whether the whole-sequence pass takes a varlen call's sequences longest first (design
 // §4.2): where its CTAs run in more than one wave, a long sequence started last would
 // finish alone (H200, six sequences of 271-3063 tokens, H = 96: 0.923 ms in the given
-// order, 0.866 longest first, 0.969 shortest first; NOTES.md step 31). prefix_kernel ranks
+// order, 0.866 longest first, 0.969 shortest first). prefix_kernel ranks
 // up to kPrefixThreads sequences, one thread each.
 bool longest_first(const ProblemSizes &z, const Plan &plan, int32_t num_sms) {
   return z.varlen && plan.segment_chunks == 0 && z.num_seqs <= kPrefixThreads && num_sms >= 1 &&

@@ -93,8 +93,7 @@ def test_k1_overlapping_the_pass_gives_the_same_bits_run_to_run(overlap):
     """T=8192 H=24 with 32-token chunks: K1's 32-token CTAs beside the pass on its SMs, or
     leaving them after the plan's lead (the lead > 0 branch). Ten calls give the bits of K1
     first. Beside the pass, 3 to 10% of such calls gave a few output rows other bits on the
-    H200 before the stage releases carried a proxy fence (benchmarks/NOTES.md steps 54, 56,
-    58)."""
+    H200 before the stage releases carried a proxy fence."""
     p = make_problem(1, 8192, 24, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=16)
     call = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=False)
     plan = dispatch.plan_of(call, chunk=32, overlap=overlap, block_v=32)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""The 32-token chunk model (python/flash_kda/_chunk_model.py, docs/proposals/32-token-chunks.md):
+"""The 32-token chunk model (python/flash_kda/_chunk_model.py, design §4.8):
 with 16-token chunks and the ledger's Kr it is the exact ledger bit for bit; its 32-token
 records hold the inverse and the scores they claim to; and its forward stays within the
 issue's accuracy bound of 1.1x the exact path's error. CPU, exact math."""

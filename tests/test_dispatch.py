@@ -282,7 +282,7 @@ def test_driver_of_the_runtime_major_version_runs_native(simulated_gpu, runtime,
 def test_run_takes_the_path_explain_gives_for_a_cuda_call(simulated_gpu, monkeypatch, runtime, driver, switch,
                                                           checkpoints):  # fmt: skip
     """run() leaves out explain's availability checks for a call whose tensors are on a CUDA
-    device (NOTES.md step 94); the path and reason it runs and logs are still explain's (fla
+    device; the path and reason it runs and logs are still explain's (fla
     turned to torch for checkpoints): native, fla for an old driver or the switch, torch for
     the switch with checkpoints."""
     simulated_gpu(runtime, driver)

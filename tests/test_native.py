@@ -281,15 +281,15 @@ def test_get_workspace_size_beyond_2_pow_50_is_a_value_error(monkeypatch, lib, w
     + [(32768, 20, False), (65536, 18, False), (131072, 18, False)],
 )
 def test_auto_plan_segments_only_chain_bound_calls(lib, seqlen, heads, segmented):
-    """The cost model (design section 6.3) on an H200-sized GPU: few heads with long
+    """The cost model (design §6.3) on an H200-sized GPU: few heads with long
     sequences are split into at least three segments, many heads or short sequences are
     not, and exact mode never is. At 16-24 heads the segments must beat 32-token chunks by
     kSegmentsOver32Margin: T = 1M H = 20 and T = 131072 H = 24 measured slower segmented
-    on the H200 (benchmarks/NOTES.md step 72), T = 1M H = 16 and T = 2048 H = 4 faster. Where
+    on the H200, T = 1M H = 16 and T = 2048 H = 4 faster. Where
     the 32-token forward has K1 leave the pass's SMs, segments of up to 512 chunks need only
     kSegmentsOver32LeavingMargin: T = 4096 H = 12, T = 8192 H = 14 and T = 32768 - 131072
     H = 16 measured 6-16% faster segmented, T = 65536 H = 18 (820-chunk segments) and
-    T = 32768 H = 20 (K1 beside the 32-token pass) not (step 84)."""
+    T = 32768 H = 20 (K1 beside the 32-token pass) not."""
     sizes = dict(batch=1, seqlen=seqlen, heads=heads, num_seqs=1)
     auto = lib.plan(valid_args(mode=1, **sizes))
     assert auto.chunk_tokens in (16, 32), auto.chunk_tokens
@@ -315,8 +315,8 @@ def test_plan_takes_a_wider_whole_pass_where_predicted_faster(lib, seqlen, heads
     """pick_block_v gives the narrowest width whose chains fit one wave (block_v 32 up to
     33 heads on 132 SMs); the plan takes block_v 64 at 28-33 heads where its model predicts
     the call kWiderMargin faster (K1 on the SMs the pass leaves free): on the H200 T = 8192
-    H = 32 0.343 -> 0.307 ms, T = 2048 H = 28 slower and kept at 32 (benchmarks/NOTES.md
-    step 85). Exact mode alike: every width gives the same bits."""
+    H = 32 0.343 -> 0.307 ms, T = 2048 H = 28 slower and kept at 32. Exact mode alike: every
+    width gives the same bits."""
     sizes = dict(batch=1, seqlen=seqlen, heads=heads, num_seqs=1)
     plan = lib.plan(valid_args(mode=mode, **sizes))
     assert plan.segment_chunks == 0 and plan.block_v == block_v, plan
@@ -335,8 +335,8 @@ def test_plan_takes_a_wider_whole_pass_where_predicted_faster(lib, seqlen, heads
 def test_auto_plan_short_segments_need_no_margin_over_32_token_chunks(lib, batch, seqlen, heads, chunk_tokens):
     """Segments of at most 32 chunks are taken wherever predicted faster than the 32-token
     forward, without kSegmentsOver32Margin (kShortSegmentChunks): on the H200 T = 2048 H = 8
-    ran 48.8 us segmented against 64.5 in 32-token chunks, T = 2560 H = 9 60.0 against 79.3
-    (benchmarks/NOTES.md step 87); where the 32-token forward is predicted faster it stays."""
+    ran 48.8 us segmented against 64.5 in 32-token chunks, T = 2560 H = 9 60.0 against 79.3;
+    where the 32-token forward is predicted faster it stays."""
     plan = lib.plan(valid_args(mode=1, batch=batch, seqlen=seqlen, heads=heads, num_seqs=batch))
     assert plan.chunk_tokens == chunk_tokens, plan
     if chunk_tokens == 16:
@@ -352,10 +352,10 @@ def test_auto_plan_short_segments_need_no_margin_over_32_token_chunks(lib, batch
 def test_auto_plan_runs_the_segment_pass_at_64_columns_where_it_is_faster(lib, seqlen, heads, segment_block_v):
     """At block_v 64 the segment pass runs two CTAs an SM. The plan takes that width where the
     pass's CTAs fit one such wave on the 132 SMs, or where its chains are at most 128 links
-    over more waves (T = 32768 H = 6, L = 94: 0.3044 -> 0.3003 ms on one H200 instance, 0.305 ->
-    0.311 on a hotter one: at 79-128 links the widths' order follows the power headroom), and keeps
+    over more waves (T = 32768 H = 6, L = 94: 0.3044 -> 0.3003 ms on one H200 (machine A), 0.305 ->
+    0.311 on a hotter one (machine B): at 79-128 links the widths' order follows the power headroom), and keeps
     block_v 128 for longer chains over more than one wave (slower at 64 there: T = 131072
-    H = 4 with L = 249, T = 1M with L = 512; benchmarks/NOTES.md steps 79, 111 and 114)."""
+    H = 4 with L = 249, T = 1M with L = 512)."""
     auto = lib.plan(valid_args(mode=1, batch=1, seqlen=seqlen, heads=heads, num_seqs=1))
     assert auto.segment_block_v == segment_block_v, auto
     chunks = -(-seqlen // 16)
@@ -482,7 +482,7 @@ def test_k1_leaves_the_pass_sms_where_the_free_sms_carry_it(lib, mode):
     assert h24.overlap_max_ctas == 0 and h24.overlap_lead > 0, h24
     # H=48 at block_v 64: 96 CTAs of the warpgroup pass (sm_90a, 0.56 us a link), one K1
     # CTA kept on each of their SMs (H200: 0.425 ms against 0.436 with K1 leaving after a
-    # lead; NOTES.md step 63).
+    # lead).
     h48 = plan(heads=48)
     assert (h48.block_v, h48.overlap_max_ctas, h48.overlap_lead) == (64, 1, 0), h48
 
@@ -582,7 +582,7 @@ def test_varlen_plan_follows_the_longest_sequence_hint(lib, heads):
     """Without max_seqlen a varlen plan sees the mean length: [7000] + [100] * 10 tokens look
     like eleven chains of 46 chunks, so it runs one whole pass, and the 7000-token sequence is a
     chain of 438 links (H200, H = 6: 0.267 ms). With the hint it plans for that chain and splits
-    it into segments (benchmarks/NOTES.md step 90)."""
+    it into segments."""
     mean = lib.plan(valid_args(mode=1, heads=heads, **SKEWED))
     hinted = lib.plan(valid_args(mode=1, heads=heads, max_seqlen=7000, **SKEWED))
     assert mean.segment_chunks == 0, mean

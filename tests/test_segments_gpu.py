@@ -166,7 +166,7 @@ def test_longest_sequence_hint_changes_the_plan_not_the_contract():
     (which the plan does not read): without max_seqlen the plan sees the mean length and runs
     one whole pass; with the hint (C ABI 5) it splits the long sequence into segments. With the
     hint the automatic path stays deterministic and within the accuracy contract, and the exact
-    path gives the same bits with and without it (benchmarks/NOTES.md step 90)."""
+    path gives the same bits with and without it."""
     lens = [4000] + [100] * 8
     fp32 = torch.float32
     p = make_problem(heads=4, initial=fp32, final=fp32, device=DEV, seed=12, batch=1, seqlen=0, lens=lens)
@@ -308,7 +308,7 @@ def matrix():
                     marks = [pytest.mark.slow] if T == 1048576 else []
                     name = f"T{T}-H{heads}-{layout}-{str(state)[6:]}-{'init' if initial else 'noinit'}"
                     cases.append(pytest.param(T, heads, layout, state, initial, "short", id=name, marks=marks))
-    for T, heads in ((4096, 12), (8192, 14), (32768, 16)):  # segmented on the H200 since NOTES.md step 84
+    for T, heads in ((4096, 12), (8192, 14), (32768, 16)):  # segmented on the H200
         for state, initial in ((torch.float32, True), (torch.bfloat16, False)):
             name = f"T{T}-H{heads}-batched-{str(state)[6:]}-{'init' if initial else 'noinit'}"
             cases.append(pytest.param(T, heads, "batched", state, initial, "short", id=name))

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""The same bits whatever runs beside the forward on other streams (design section 4.5).
+"""The same bits whatever runs beside the forward on other streams (design §4.5).
 
 A serving engine keeps other streams busy (communication, sampling, other layers), and the
 GPU places their CTAs on the SMs the forward's passes run on. Each case makes one call on a
@@ -8,7 +8,7 @@ before and after them, and asks for the quiet call's bits every time. Before eac
 release of the recurrence carried a proxy fence (numerics.cuh release_stage), such
 neighbours made fragment loads issued just before a release read part of the next chunk's
 bytes on the H200: 19 of 20 calls with 32-token chunks and K1 first gave other output
-rows, and 1 in 60 segmented calls (benchmarks/NOTES.md step 56)."""
+rows, and 1 in 60 segmented calls."""
 
 import pytest
 import torch

@@ -1,16 +1,16 @@
 # SPDX-License-Identifier: MIT
-"""A model of the automatic path with 32-token chunks (docs/proposals/32-token-chunks.md).
+"""A model of the automatic path with 32-token chunks.
 It is the bitwise oracle of the native 32-token path (design §4.8; tests/test_chunk32_gpu.py
 on a GPU), and its accuracy is tested on the CPU (tests/test_chunk_model.py).
 
 Like reference.py it runs the approximate instructions exactly on the CPU, or through the
 library's probes on a GPU that has them. Every rounding follows the ledger (design §3.2,
-§3.3) within each 16-row block; the proposal says where a 32-token chunk departs from it:
+§3.3) within each 16-row block; design §4.8 says where a 32-token chunk departs from it:
 
 - the chunk's cumulative gate G over 32 rows, and each block's own, restarted at row 16;
 - Kd, Qd and e from the chunk's G; Kr = k̂ ⊛ bf(EX2(G_31 − G)), formed directly;
-- L, Mqk and the Neumann inverse of each diagonal block from the block's own G (the
-  ledger's steps 6-9 on 16 rows);
+- L, Mqk and the Neumann inverse of each diagonal block from the block's own G (design
+  §3.2 steps 6-9 on 16 rows);
 - the cross block from block 1's own Kd / Qd and B = k̂_0 ⊛ bf(EX2(G_15 − G)), the decay to
   the end of block 0, so that no factor exceeds 1; INV10 = bf(−MMA16(N11, MMA16(L10, N00)))
   with N the blocks' fp16 Neumann products before their rounding to bf16;

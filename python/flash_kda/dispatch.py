@@ -318,8 +318,7 @@ def run_native(
 def run(call: _validate.FwdCall) -> None:
     """Run a validated call on the path :func:`explain` picks (logged once per reason). Its
     tensors live on its device, so a CUDA call skips explain's availability checks (with
-    native_args' single pack, 4-6 us less host time a call on the H200 machine; NOTES.md
-    step 94)."""
+    native_args' single pack, 4-6 us less host time a call on the H200 machine)."""
     device = call.device
     path, reason = _cuda_path(device) if device.type == "cuda" else explain(device)
     if path == FLA and call.checkpoint_every:

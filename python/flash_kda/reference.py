@@ -151,7 +151,7 @@ def l2_normalize(ops: Ops, x: torch.Tensor) -> torch.Tensor:
 
 
 def gate_values(ops: Ops, g, valid, A_log, dt_bias, lower_bound) -> torch.Tensor:
-    """Steps 1, 3: a = EX2(A_log * LOG2E_F); gamma = c * sig((g + dt) * a) for valid rows,
+    """design §3.2 steps 1, 3: a = EX2(A_log * LOG2E_F); gamma = c * sig((g + dt) * a) for valid rows,
     0 beyond."""
     a = ops.ex2(mul_ftz(A_log.float(), torch.full_like(A_log.float(), LOG2E_F)))
     c = torch.tensor(lower_bound * LOG2E, dtype=torch.float32, device=g.device)
@@ -161,7 +161,7 @@ def gate_values(ops: Ops, g, valid, A_log, dt_bias, lower_bound) -> torch.Tensor
 
 
 def cumulative_gates(gamma: torch.Tensor, restart: int = C) -> torch.Tensor:
-    """Step 4: the sequential fp32 sum of gamma over a chunk's rows (dim 2), 0 (+) gamma_0
+    """design §3.2 step 4: the sequential fp32 sum of gamma over a chunk's rows (dim 2), 0 (+) gamma_0
     first, restarted every ``restart`` rows (the chunk model's 16-row blocks)."""
     G = torch.empty_like(gamma)
     acc = torch.zeros_like(gamma[:, :, 0])
@@ -174,12 +174,12 @@ def cumulative_gates(gamma: torch.Tensor, restart: int = C) -> torch.Tensor:
 
 
 def gate_cumsum(ops: Ops, g, valid, A_log, dt_bias, lower_bound) -> torch.Tensor:
-    """Steps 1, 3, 4: G = sequential fp32 cumulative sum of gamma over the chunk's 16 rows."""
+    """design §3.2 steps 1, 3, 4: G = sequential fp32 cumulative sum of gamma over the chunk's 16 rows."""
     return cumulative_gates(gate_values(ops, g, valid, A_log, dt_bias, lower_bound))
 
 
 def apply_decays(ops: Ops, q_hat, k_hat, G, scale: float):
-    """Steps 5, 6: e = EX2(G[15]); Qd = (q (*) E+) (*) sb, Kd = k (*) E+, Ki = k (*) E-,
+    """design §3.2 steps 5, 6: e = EX2(G[15]); Qd = (q (*) E+) (*) sb, Kd = k (*) E+, Ki = k (*) E-,
     Kr = Ki (*) bf(e), with E+ = bf(EX2(G)), E- = bf(EX2(-G)), sb = bf(fp32(scale))."""
     e = ops.ex2(G[:, :, C - 1])
     e_plus, e_minus = bf(ops.ex2(G)), bf(ops.ex2(-G))
@@ -192,7 +192,7 @@ def apply_decays(ops: Ops, q_hat, k_hat, G, scale: float):
 
 
 def chunk_scores(ops: Ops, Qd, Kd, Ki, b):
-    """Steps 7, 8: L = hf(hf(Kd Ki^T) * hf(b_i)) strictly below the diagonal, Mqk =
+    """design §3.2 steps 7, 8: L = hf(hf(Kd Ki^T) * hf(b_i)) strictly below the diagonal, Mqk =
     bf(Qd Ki^T) on and below it (MMA32)."""
     i = torch.arange(C, device=Kd.device)
     lower, lower_diag = i[:, None] > i[None, :], i[:, None] >= i[None, :]
@@ -204,7 +204,7 @@ def chunk_scores(ops: Ops, Qd, Kd, Ki, b):
 
 
 def neumann_product(ops: Ops, L) -> torch.Tensor:
-    """Step 9 before its rounding: N3 = (I - L)(I + L^2)(I + L^4)(I + L^8) in fp16, by
+    """design §3.2 step 9 before its rounding: N3 = (I - L)(I + L^2)(I + L^4)(I + L^8) in fp16, by
     N_{m+1} = N_m (+h) MMA16(N_m, P), P = L^2, L^4, L^8 (fp16 products, fp16 accumulation)."""
     eye = torch.eye(C, dtype=torch.bool, device=L.device)
     n = torch.where(eye, torch.ones_like(L), -L)
@@ -217,7 +217,7 @@ def neumann_product(ops: Ops, L) -> torch.Tensor:
 
 
 def neumann_inverse(ops: Ops, L) -> torch.Tensor:
-    """Step 9: INV = bf(f(N3))."""
+    """design §3.2 step 9: INV = bf(f(N3))."""
     return bf(neumann_product(ops, L).float())
 
 

@@ -28,15 +28,15 @@
 // columns [32 w, 32 w + 32), two 16-column tiles. A = X_j^T, read from the row-major X_j
 // stage by ldmatrix.trans; B = s_j^T, read by ldmatrix from the terms, which every compute
 // warp publishes row-major ([term][v][k], double buffered) by stmatrix.trans after
-// splitting its columns (16-bit stores took ~20% longer a step, step 99). X_j and the CTA's
+// splitting its columns (16-bit stores took ~20% longer a step). X_j and the CTA's
 // rows of S^_j stream through a ring of stages by four tensor copies a stage, in 128-byte
 // swizzled halves of 64 columns, which the producer warp's lane 0 issues onto the stage's
 // mbarrier: with cp.async, 17 copies a thread a step, the copies' issue and the registers
-// they held stalled the warps for ~30% of a step (ncu on the H200, benchmarks/NOTES.md step
-// 74; the tensor copies took the step from ~0.89 to ~0.72 us). A step's compute warps load
+// they held stalled the warps for ~30% of a step (ncu on the H200; the tensor copies took
+// the step from ~0.89 to ~0.72 us). A step's compute warps load
 // all they read of its stage before the step's barrier, so that the producer refills the
 // stage as soon as every warp has passed that barrier, `stages` steps ahead, and no compute
-// warp issues copies between two barriers (step 97).
+// warp issues copies between two barriers.
 #pragma once
 #ifndef FLASH_KDA_ARCH
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"

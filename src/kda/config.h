@@ -10,7 +10,7 @@ namespace flash_kda {
 
 // The code a recurrence_kernel instantiation carries (launch.cuh: configure_pass). Each
 // leaves out the branches of the passes it never runs: the link loop is latency-bound,
-// and dead branches cost it registers and instructions (benchmarks/NOTES.md steps 10, 25).
+// and dead branches cost it registers and instructions.
 enum class PassCode {
   kPlain,    // the whole-sequence pass without checkpoints (the exact path's kernel)
   kGeneral,  // passes with output and checkpoints: the whole pass with checkpoints, the rerun
@@ -30,13 +30,13 @@ struct RecurrenceShape {
   // __launch_bounds__). A sub-partition holds 16K registers: two CTAs of <1, 4> (10 warps,
   // 3 on one sub-partition) allow 168 a thread and its latency schedule needs 209 (ptxas,
   // CUDA 13.0; 52 bytes spilled at 168); two of <1, 8> allow 96 and it needs 79; two
-  // segment-pass CTAs of <2, 8> (18 warps, 5 on one) allow 96 (benchmarks/NOTES.md step 69;
-  // the pass got 11% faster); the general <2, 8> kernel needs 132.
+  // segment-pass CTAs of <2, 8> (18 warps, 5 on one) allow 96 (the grouped value rows made
+  // that pass 11% faster on the H200); the general <2, 8> kernel needs 132.
   int resident;
   int states_resident;
   // Whether the whole-sequence passes (kPlain, kGeneral) are built for 32-token chunks
   // (design §4.8): <1, 4> and <1, 8>; <2, 8>'s 32-token link took 1.96x its 16-token one at
-  // H=96, slower than 16-token chunks wherever measured (benchmarks/NOTES.md step 50).
+  // H=96, slower than 16-token chunks wherever measured.
   bool chunk32;
 };
 
@@ -86,7 +86,7 @@ static_assert(sizeof(kRecurrenceShapes) / sizeof(kRecurrenceShapes[0]) == kNumRe
 // Whether recurrence_kernel<s.nb, s.warps, code, blocks> is built: every 16-token one; with
 // 32-token chunks (design §4.8) only the whole-sequence passes (kPlain, kGeneral) of the
 // widths that gain from them. The segment pass and the rerun keep 16-token chunks: at one
-// CTA per SM their 32-token links were no faster (benchmarks/NOTES.md steps 48, 50).
+// CTA per SM their 32-token links were no faster.
 constexpr bool instantiated(const RecurrenceShape &s, PassCode code, int blocks) {
   return blocks == 1 || (code != PassCode::kStates && s.chunk32);
 }
@@ -102,7 +102,7 @@ constexpr int combine_rows(int64_t pairs, int64_t num_sms, bool wide) {
 // CTAs per SM the instantiation <nb, warps, code, blocks> is compiled for (its
 // __launch_bounds__): the whole-sequence kernel runs one per SM (its grid is at most one
 // wave), and so does every 32-token pass (blocks = 2): its link holds two blocks' inputs,
-// which spilled at the two-CTA register cap (benchmarks/NOTES.md step 46).
+// which spilled at the two-CTA register cap.
 constexpr int resident_ctas(int nb, int warps, PassCode code, int blocks = 1) {
   if (code == PassCode::kPlain || blocks > 1) return 1;
   for (int i = 0; i < kNumRecurrenceShapes; ++i)

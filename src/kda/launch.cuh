@@ -302,7 +302,7 @@ inline int64_t pass_ctas(const FwdParams &p, ChainPass pass, int block_v) {
 // that no more than `resident` share an SM: a ring capped at kMaxStages (~90-110 KB) let
 // two CTAs of a one-an-SM pass share an SM, where the block scheduler put them as the SMs
 // came free while the kernel before drained, and their two chains ran at half speed while
-// other SMs stayed idle (benchmarks/NOTES.md step 88).
+// other SMs stayed idle.
 inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int block_v, int blocks,
                                         int resident, const void *kernel, int threads,
                                         PassLaunch &out) {

@@ -343,7 +343,7 @@ __device__ __forceinline__ void barrier_wait(uint64_t *bar, uint32_t phase, uint
 // fence orders this thread's shared-memory reads of the stage (generic proxy) before the
 // copies' writes (async proxy), then the arrive. The arrive alone did not: on the H200,
 // with memory-bound kernels of another stream on the same SMs, fragment loads issued just
-// before it read part of the next chunk's bytes (benchmarks/NOTES.md step 56). The fence's
+// before it read part of the next chunk's bytes. The fence's
 // "memory" clobber also keeps the compiler's reads above it.
 __device__ __forceinline__ void fence_stage_reads() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -416,7 +416,7 @@ constexpr int kFlagWindow = 8;
 // after them orders the records' reads (the acquire pattern of the PTX memory model); then
 // the generic-proxy writes they made visible are ordered before this thread's later bulk
 // copies (async proxy) of the same memory. One acquire load a record put an L2 round trip
-// (~0.5 us) on each chunk of the producer, as long as a link at few heads (NOTES.md step 45).
+// (~0.5 us) on each chunk of the producer, as long as a link at few heads.
 // Bounded (check_wait).
 __device__ __forceinline__ int64_t wait_ready(const uint32_t *flags, int64_t c, int64_t end,
                                               uint64_t limit_ns) {

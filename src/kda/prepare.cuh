@@ -41,13 +41,13 @@ struct PrepareSmem {
   alignas(16) uint16_t mqk[kTileElems];       // Mqk in A-fragment order
   alignas(16) uint16_t lmat[kChunk][kChunk];  // L (fp16 bits), row-major
   alignas(8) float decay[kHeadDim];           // G[7][k] (hand-off), then e[k] = EX2(G[15][k])
-  float beta_h[kChunk];                       // f(hf(b_t)) for L, step 8
+  float beta_h[kChunk];                       // f(hf(b_t)) for L, §3.2 step 8
   alignas(16) uint16_t beta_bf[kChunk];       // bf(b_t) for K2
 };
 
 enum Tile { kQ = 0, kK = 1, kG = 2, kQd = 0, kKd = 1, kKi = 2 };
 
-// Step 0: q, k, g rows t < n (zeros beyond), beta -> b_t = sig(f(beta_t)). Thread t
+// Load: q, k, g rows t < n (zeros beyond), beta -> b_t = sig(f(beta_t)). Thread t
 // copies 16-byte vector t % 16 of rows t / 16 + kStep r (kStep = threads / 16) of each tile
 // (one row base per tensor, then one multiply-add per row: K1 is issue-bound, ncu H200)
 // straight into shared memory (cp.async: no registers held, no store), and computes beta
@@ -95,7 +95,7 @@ __device__ __forceinline__ void load_chunk(const FwdParams &p, int64_t h, const 
   load_rows<kChunk, kPrepareThreads>(p, h, ch, x, sm.beta_bf, sm.beta_h);
 }
 
-// Step 2: x_hat = bf(f(x) * RSQ(T + 1e-6)) with T the fixed reduction tree of design §3.2 step 2:
+// §3.2 step 2: x_hat = bf(f(x) * RSQ(T + 1e-6)) with T the fixed reduction tree:
 // 16 segments of 8 elements, fma partials in element order, then a butterfly (xor 8, 4, 2, 1) over
 // the segments. Required. Thread = (segment j, rows r0 + kStep rr) of q and of k; the 16 lanes
 // holding one row's segments form a half-warp.
@@ -140,7 +140,7 @@ __device__ __forceinline__ uint32_t tile_pair(const uint16_t (*tile)[kRow], int 
   return *reinterpret_cast<const uint32_t *>(&tile[row][col]);
 }
 
-// Steps 1, 3-6 run per channel, two channels and half the chunk per thread: thread =
+// §3.2 steps 1, 3-6 run per channel, two channels and half the chunk per thread: thread =
 // (channel pair cp = tid % 64, i.e. channels 2 cp and 2 cp + 1; token half th = tid / 64,
 // i.e. rows 8 th .. 8 th + 7). The pair makes every shared-memory access a 4-byte word
 // (a warp reads 128 contiguous bytes of one row) and every bf16 product a paired
@@ -148,14 +148,14 @@ __device__ __forceinline__ uint32_t tile_pair(const uint16_t (*tile)[kRow], int 
 // different warps (0-1 and 2-3) and meet once: the first hands G[7] to the second
 // through sm.decay across barrier 1, which the halves reach at different points of the
 // code (the second before its sums, the first after them), so each channel's cumulative
-// sum is still the one sequential chain of step 4. Both halves wait there: with the
+// sum is still the one sequential chain of §3.2 step 4. Both halves wait there: with the
 // first half only arriving (bar.arrive), racecheck reported the next __syncthreads'
 // accesses as hazards.
 constexpr int kPairs = kHeadDim / 2;
 constexpr uint32_t kHandoffBarrier = 1;
 static_assert(kPrepareThreads == 2 * kPairs, "thread = (channel pair, token half)");
 
-// Steps 1, 3 for the thread's channel pair cp and rows 8 th .. 8 th + 7 of the raw gate
+// §3.2 steps 1, 3 for the thread's channel pair cp and rows 8 th .. 8 th + 7 of the raw gate
 // tile: gamma[j] of both channels, 0 for rows t >= n (selected, not branched).
 __device__ __forceinline__ void gate_values(const FwdParams &p, int64_t h, int n,
                                             const uint16_t (*g)[kRow], int cp, int th,
@@ -174,8 +174,8 @@ __device__ __forceinline__ void gate_values(const FwdParams &p, int64_t h, int n
   }
 }
 
-// Steps 1, 3, 4: G[j] = cumulative sum of gamma up to row 8 th + j of both channels
-// (sequential, fp32, FTZ). Ends with sm.decay[c] = e[c] = EX2(G[15][c]) (step 5).
+// §3.2 steps 1, 3, 4: G[j] = cumulative sum of gamma up to row 8 th + j of both channels
+// (sequential, fp32, FTZ). Ends with sm.decay[c] = e[c] = EX2(G[15][c]) (§3.2 step 5).
 __device__ __forceinline__ void gate_cumsum(const FwdParams &p, int64_t h, int n, PrepareSmem &sm,
                                             float2 (&G)[kChunk / 2]) {
   const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
@@ -210,7 +210,7 @@ __device__ __forceinline__ uint32_t ex2_pair(float x0, float x1) {
   return pack_bf16x2(ex2_approx(x0), ex2_approx(x1));
 }
 
-// Step 6, in place on rows 8 th .. 8 th + 7 of both channels: Qd = (q (*) E+) (*) sb,
+// §3.2 step 6, in place on rows 8 th .. 8 th + 7 of both channels: Qd = (q (*) E+) (*) sb,
 // Kd = k (*) E+, Ki = k (*) E-. Order required (scale last). Kr = Ki (*) bf(e) is formed
 // when the record is written.
 __device__ __forceinline__ void apply_decays(const FwdParams &p, const float2 (&G)[kChunk / 2],
@@ -294,7 +294,7 @@ __device__ __forceinline__ void store_mqk(const float (&acc)[4], int nb, bool fu
   }
 }
 
-// Steps 7, 8: warp w computes columns [8 (w % 2), +8) of L = Kd Ki^T (w < 2, scaled by
+// §3.2 steps 7, 8: warp w computes columns [8 (w % 2), +8) of L = Kd Ki^T (w < 2, scaled by
 // beta, strictly lower, fp16 into lmat) or of Mqk = Qd Ki^T (w >= 2, lower with the
 // diagonal, bf16 in fragment order).
 __device__ __forceinline__ void chunk_scores(PrepareSmem &sm) {
@@ -371,7 +371,7 @@ __device__ __forceinline__ Tile16 mma16(const Tile16 &x, const Tile16 &y) {
   return d;
 }
 
-// Step 9 before its rounding (one warp): N3 = (I - L)(I + L^2)(I + L^4)(I + L^8) by the
+// §3.2 step 9 before its rounding (one warp): N3 = (I - L)(I + L^2)(I + L^4)(I + L^8) by the
 // doubling recurrence N_{m+1} = N_m (+h) MMA16(N_m, P), P = L^(2^(m+1)), all in registers.
 __device__ __forceinline__ Tile16 neumann_product(const Tile16 &l) {
   const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
@@ -395,7 +395,7 @@ __device__ __forceinline__ Tile16 neumann_product(const Tile16 &l) {
   return add_f16(n2, mma16(n2, p8));
 }
 
-// Step 9 (one warp): INV = bf(N3).
+// §3.2 step 9 (one warp): INV = bf(N3).
 __device__ __forceinline__ void neumann_inverse(PrepareSmem &sm) {
   store_bf16_frag(neumann_product(load_tile16(sm.lmat)), false, sm.inv);
 }
@@ -509,7 +509,8 @@ __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, cons
   }
 }
 
-// One record: steps 0-9 of chunk `ch` of head h, written to the workspace in kOrder.
+// One record: the load and §3.2 steps 1-9 of chunk `ch` of head h, written to the workspace
+// in kOrder.
 template <RecordOrder kOrder>
 __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                               PrepareSmem &sm) {
@@ -531,12 +532,12 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
 }
 
 // ---------------------------------------------------------------- 32-token records
-// (docs/proposals/32-token-chunks.md; AUTO mode where the plan picks them). One CTA of
+// (design §4.8; AUTO mode where the plan picks them). One CTA of
 // 256 threads makes the record of a 32-token chunk. Blocks I = 0, 1 are its rows
 // 16 I .. 16 I + 15. The chunk's cumulative gate G runs over all 32 rows; block 1 also has
 // its own, G^1, restarted at row 16 (block 0's own is G). Kd and Qd come from G, and
 // Kr = k^ (*) bf(EX2(G_31 - G)) is formed directly. Each diagonal block's L, Mqk and Neumann
-// product come from the block's own gate, i.e. the ledger's steps 6-9 on 16 rows. The
+// product come from the block's own gate, i.e. §3.2 steps 6-9 on 16 rows. The
 // cross block is taken against the end of block 0, so no factor exceeds 1:
 // B_j = k^_j (*) bf(EX2(G_15 - G_j)), L10 = hf(hf(Kd^1 B^T) * hf(b_i)), Mqk10 =
 // bf(Qd^1 B^T) with block 1's own Kd^1, Qd^1, and INV10 = bf(-MMA16(N11, MMA16(L10, N00)))
@@ -565,15 +566,15 @@ struct PrepareSmem32 {
 enum OwnTile { kKi0 = 0, kB0 = 1, kQd1 = 2, kKd1 = 3, kKi1 = 4 };
 enum Handoff { kG7 = 0, kG15 = 1, kG23 = 2, kOwn23 = 3 };
 
-// Steps 1, 3, 4 on 32 rows: thread = (channel pair cp, quarter th, i.e. rows 8 th .. 8 th +
+// §3.2 steps 1, 3, 4 on 32 rows: thread = (channel pair cp, quarter th, i.e. rows 8 th .. 8 th +
 // 7). The chunk's sum is one sequential chain over the 32 rows, handed from quarter to
 // quarter through shared memory across CTA barriers; block 1's own sum starts from zero at
 // row 16 (quarter 2, at once) and is handed to quarter 3 with G_23. G[j] and G1[j] (block 1
 // only) are the sums up to row 8 th + j; after the CTA barrier that follows, handoff[kG15]
 // and g_end hold G_15 and G_31 of every channel. (Named barriers between pairs of quarters,
 // as the 16-token K1 hands G_7 over, made racecheck report the hand-offs through barriers
-// 2 and 3 on the H200, and accesses after later CTA barriers; NOTES.md step 48.)
-// Step 6 for block 1's own operands, rows 8 th .. 8 th + 7 (th = 2, 3), as soon as its own
+// 2 and 3 on the H200, and accesses after later CTA barriers.)
+// §3.2 step 6 for block 1's own operands, rows 8 th .. 8 th + 7 (th = 2, 3), as soon as its own
 // gate G^1 is known: Qd^1 = (q^ (*) E1+) (*) sb, Kd^1 = k^ (*) E1+, Ki^1 = k^ (*) E1-. So
 // G^1 need not live on to the chunk's decays (the overlap kernel's registers).
 __device__ __forceinline__ void own_decays32(const FwdParams &p, const float2 (&G1)[8], int cp,
@@ -625,7 +626,7 @@ __device__ __forceinline__ void gate_cumsum32(const FwdParams &p, int64_t h, int
   }
 }
 
-// Step 6 on 32 rows (thread as in gate_cumsum32), needs G_15 and G_31 of every channel.
+// §3.2 step 6 on 32 rows (thread as in gate_cumsum32), needs G_15 and G_31 of every channel.
 // Every row: Qd = (q^ (*) E+) (*) sb, Kd = k^ (*) E+ in place, Kr = k^ (*) bf(EX2(G_31 - G))
 // in place of g. Block 0 also Ki = k^ (*) E- and B = k^ (*) bf(EX2(G_15 - G)) (block 1's own
 // operands are made in gate_cumsum32). Quarters are warp-uniform, so the branch is too.
@@ -654,7 +655,7 @@ __device__ __forceinline__ void apply_decays32(const FwdParams &p, const float2 
   }
 }
 
-// Steps 7, 8 on 32 rows: warp w < 6 computes block pair w / 2 (00, 11, 10) of L (w even) or
+// §3.2 steps 7, 8 on 32 rows: warp w < 6 computes block pair w / 2 (00, 11, 10) of L (w even) or
 // Mqk (w odd), both column halves. The diagonal pairs score a block's own operands against
 // its own Ki; the cross pair scores block 1's own Kd^1 / Qd^1 against B, in full.
 __device__ __forceinline__ void chunk_scores32(PrepareSmem32 &sm) {
@@ -677,10 +678,10 @@ __device__ __forceinline__ void chunk_scores32(PrepareSmem32 &sm) {
 }
 
 // The 32-token record (workspace.h RecordLayout<2>) goes straight to global memory in
-// 16-byte vectors, in two parts that overlap step 9: while warps 0 and 1 compute the
+// 16-byte vectors, in two parts that overlap §3.2 step 9: while warps 0 and 1 compute the
 // diagonal blocks' Neumann products, warps 2-7 store everything that does not depend on
-// INV (ncu on the H200: with step 9 and the store in sequence, seven warps waited at the
-// barriers around step 9 for ~10% of K1's stall samples); warp 0 then forms INV10 and
+// INV (ncu on the H200: with that step and the store in sequence, seven warps waited at the
+// barriers around it for ~10% of K1's stall samples); warp 0 then forms INV10 and
 // stores the INV plane itself.
 constexpr int kStoreWarps32 = kPrepare32Threads / 32 - 2;
 
@@ -723,7 +724,7 @@ static_assert(Record32::kPairs * (kTileBytes / 16) + 32 +
                   32 * kStoreWarps32,
               "one vector a thread for the small planes");
 
-// Step 9 on 32 rows, warps 0 and 1: the diagonal blocks' Neumann products (kept in fp16 for
+// §3.2 step 9 on 32 rows, warps 0 and 1: the diagonal blocks' Neumann products (kept in fp16 for
 // the cross block) and their INV.
 __device__ __forceinline__ void neumann_diagonal32(PrepareSmem32 &sm) {
   const int warp = threadIdx.x / 32, pair = block_pair(warp, warp);
@@ -802,8 +803,8 @@ struct K1Shape<2> {
   using Smem = PrepareSmem32;
   static constexpr int kThreads = kPrepare32Threads;
   // Three CTAs an SM (80 registers) on sm_90a: bounded to four (64), its item loop spilled
-  // 24-44 bytes (NOTES.md step 50); the other arches' ptxas spills 4-8 bytes at 80 (CUDA
-  // 13.0), so two there (128).
+  // 24-44 bytes; the other arches' ptxas spills 4-8 bytes at 80 (CUDA 13.0), so two there
+  // (128).
   static constexpr int kOverlapCtas = FLASH_KDA_CC == 90 ? 3 : 2;
   static constexpr int kDynamicSmem = static_cast<int>(sizeof(PrepareSmem32));
   __device__ __forceinline__ static Smem &smem() {

@@ -44,8 +44,7 @@ static_assert(2 * kMaxStages * 8 + 4 * kMaxComputeWarps <= kBarrierBytes, "barri
 // A chunk's value rows in a stage: 8-column groups, [block_v / 8][tokens][8] (the tensor
 // copy's box, launch.cuh make_value_map), so that the 8 token rows a warp's lanes read at
 // once are 128 contiguous bytes. In token rows of block_v columns (64-256 bytes apart) those
-// reads met in the same banks: 4-8 way conflicts on every value load (benchmarks/NOTES.md
-// step 69).
+// reads met in the same banks: 4-8 way conflicts on every value load.
 constexpr int kValueGroup = 8;  // columns of a group (16 bytes)
 
 __host__ __device__ constexpr int value_bytes(int block_v, int tokens) {
@@ -218,7 +217,7 @@ __device__ __forceinline__ void load_link_inputs(const uint8_t *stage, int n, in
   }
 }
 
-// Step 2: Pk = Kd S^T, Pq = Qd S^T for every 16-row block, fp32 accumulation over
+// §3.3 step 2: Pk = Kd S^T, Pq = Qd S^T for every 16-row block, fp32 accumulation over
 // k-blocks 0..7 in order (required); the chains interleave. kd(blk, kb) / qd(blk, kb) give
 // the A fragments; after(kb) runs once the HMMAs of k-block kb are issued. Without
 // kQueries (the segment pass writes no output) only Pk: a third of the link's HMMAs fewer.
@@ -250,7 +249,7 @@ __device__ __forceinline__ void chunk_projections(KdOf kd, QdOf qd, After after,
   }
 }
 
-// Steps 1, 3, 4: u = (v (-) bf(Pk)) (*) beta; U_I = bf(sum over J <= I of INV_IJ u_J), one
+// §3.3 steps 1, 3, 4: u = (v (-) bf(Pk)) (*) beta; U_I = bf(sum over J <= I of INV_IJ u_J), one
 // fp32 accumulator in J order (the 32-token chunk's forward substitution: U_1 takes
 // INV10 u_0 first). Returns U as B fragments. The bf16 steps run on column pairs
 // (numerics.cuh: bf16x2_sub, bf16x2_mul), the same correctly rounded results as per
@@ -283,7 +282,7 @@ __device__ __forceinline__ void solve_u(const LinkInputs<kNB, kBlocks> &in,
   }
 }
 
-// Step 5, first half: Mqk U (for block I, the sum over J <= I of Mqk_IJ U_J in J order,
+// §3.3 step 5, first half: Mqk U (for block I, the sum over J <= I of Mqk_IJ U_J in J order,
 // fp32). Issued before the state update so that it overlaps with it; the output is
 // finished by store_output afterwards.
 template <int kNB, int kBlocks>
@@ -303,7 +302,7 @@ __device__ __forceinline__ void output_scores(const Frag (&mqk)[RecordLayout<kBl
   }
 }
 
-// Steps 5, 8: O = bf(Pq) (+) bf(Mqk U); rows t < n stored.
+// §3.3 steps 5, 8: O = bf(Pq) (+) bf(Mqk U); rows t < n stored.
 template <int kNB, int kBlocks>
 __device__ __forceinline__ void store_output(const float (&pq)[kBlocks][kNB][4],
                                              const float (&mu)[kBlocks][kNB][4], int n,
@@ -325,7 +324,7 @@ __device__ __forceinline__ void store_output(const float (&pq)[kBlocks][kNB][4],
   }
 }
 
-// Steps 6, 7: Delta = Kr^T U (fp32, k16 steps over the token blocks in order), S' =
+// §3.3 steps 6, 7: Delta = Kr^T U (fp32, k16 steps over the token blocks in order), S' =
 // bf(fma(f(S), e[k], Delta)) with one FFMA per element (required); the new state is also
 // kept as B fragments. krt(mb, blk) gives the A fragment of key block mb, token block blk.
 template <int kNB, int kBlocks, typename KrtOf>
@@ -417,7 +416,7 @@ __device__ __forceinline__ void run_in_intervals(const WarpChain &w, const SeqSp
   }
 }
 
-// Steps 5, 8 for chunk c, unless the pass writes no output (the segment pass).
+// §3.3 steps 5, 8 for chunk c, unless the pass writes no output (the segment pass).
 template <bool kOutput, int kNB, int kBlocks>
 __device__ __forceinline__ void store_chunk_output(const WarpChain &w, int64_t c, int n,
                                                    const float (&pq)[kBlocks][kNB][4],
@@ -452,14 +451,13 @@ __host__ __device__ constexpr bool prefetched_schedule(int nb, int warps) {
 // warp), since an mbarrier arrive releases the arriving thread's own reads. With one lane
 // arriving after __syncwarp(), racecheck reported the other 31 lanes' reads against the
 // producer's next copy into the stage, in both schedules, once a chain wraps the ring
-// (H200; benchmarks/NOTES.md steps 28 and 32). Each lane's arrive follows a proxy fence
+// (H200). Each lane's arrive follows a proxy fence
 // (release_stage: the copy writes through the async proxy), whose MEMBAR waits for the
 // warp's shared-memory accesses still in flight. Lane 0 first stores a word of the new
 // state to the warp's mark, a store the fence must follow: so the fence comes after the
 // link's last use of the stage, where only that store is in flight (right after the
 // stage's last load it cost the exact path 10% at T=8192 H=6; here the exact path is 1-2%
-// faster than without a fence, streamed and segmented passes 2-3.5% slower; NOTES.md
-// steps 56-57).
+// faster than without a fence, streamed and segmented passes 2-3.5% slower).
 constexpr int kReleaseLanes = 32;
 
 template <int kNB>
@@ -478,7 +476,7 @@ __device__ __forceinline__ void release_chunk(const WarpChain &w, RingPos pos,
 // link holds its stage and the next link releases both behind one fence, which halves the
 // fences' waits (the producer then runs at most stages - 2 chunks ahead). Not in the
 // prefetched schedule (4-10% slower: its registers), the segment pass (96 registers: it
-// spilled) or 32-token links (three stages) (H200, NOTES.md steps 57, 58).
+// spilled) or 32-token links (three stages) (H200).
 constexpr int kPairedStages = 4;
 template <PassCode kCode, int kBlocks>
 __host__ __device__ constexpr bool paired_releases() {
@@ -611,7 +609,7 @@ __device__ __forceinline__ void init_ring(int stages, uint64_t *full, uint64_t *
 // passes existed), although the link had the same instructions. It runs one CTA per SM
 // (its grid is at most one wave); kGeneral and kStates run resident_ctas (config.h), as
 // the segment passes fill the GPU, within register_cap's registers. kStates, the segment
-// pass, writes states only: no Pq, no Mqk U and no Qd copy (benchmarks/NOTES.md step 25).
+// pass, writes states only: no Pq, no Mqk U and no Qd copy.
 // kBlocks = 2: 32-token chunks (AUTO mode where the plan picks them), one CTA per SM.
 template <int kNB, int kWarps, PassCode kCode, int kBlocks>
 __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, kCode, kBlocks))

@@ -15,11 +15,11 @@
 //   Y = U^T Mqk^T                  m64n16k16;  O^T = bf(Pq^T) (+) bf(Y)
 //   Delta = U^T Kr                 m64n128k16; S' = bf(fma(f(S), e[k], Delta))
 // Every element is the same dot product, in the same k order and with the same roundings,
-// as in recurrence_kernel, and wgmma's k16 step gives the bits of mma.sync m16n8k16 (H200
-// probe, benchmarks/NOTES.md step 61): the pass is bitwise equal to recurrence_kernel's
-// kPlain pass, which it replaces on sm_90a at block_v 64 and 128 (launch.cuh configure_pass;
-// H200, the pass alone: 0.56 us a link against 0.88, and 0.73 against 1.10; NOTES.md steps
-// 62-69), and its kStates pass and the rerun likewise (step 70). Threads: kGroups warpgroups
+// as in recurrence_kernel, and wgmma's k16 step gives the bits of mma.sync m16n8k16 (a probe
+// on the H200, design §4.9): the pass is bitwise equal to recurrence_kernel's kPlain pass,
+// which it replaces on sm_90a at block_v 64 and 128 (launch.cuh configure_pass; H200, the
+// pass alone: 0.56 us a link against 0.88, and 0.73 against 1.10), and its kStates pass and
+// the rerun likewise. Threads: kGroups warpgroups
 // plus the producer of recurrence.cuh (produce_chunks and its ring, the value rows in 8-column
 // groups); 16-token chunks, no checkpoints.
 #pragma once
@@ -178,8 +178,8 @@ struct RowChain {
 };
 
 // What a link reads from its stage with ordinary loads, before its first wgmma (behind the
-// wgmma's operand reads they waited in the shared-memory pipe: ncu, H200, the top stall;
-// benchmarks/NOTES.md step 62): the lane's value pairs (t, t + 1) of rows row + 8 (q % 2),
+// wgmma's operand reads they waited in the shared-memory pipe: ncu, H200, the top stall):
+// the lane's value pairs (t, t + 1) of rows row + 8 (q % 2),
 // t = 8 (q / 2) + 2 cq, zero for tokens t >= n (the stage holds the next sequence's rows
 // there), and beta pairs (t, t + 1) for t = 2 cq and 2 cq + 8.
 struct RowInputs {
@@ -236,7 +236,7 @@ __device__ __forceinline__ void tokens_as_a(const float *d, uint32_t (&a)[4], Fn
   }
 }
 
-// Steps 5, 8: O = bf(Pq) (+) bf(Mqk U) for tokens t < n. A lane holds pairs along t of one
+// §3.3 steps 5, 8: O = bf(Pq) (+) bf(Mqk U) for tokens t < n. A lane holds pairs along t of one
 // value column; lanes g and g ^ 1 swap halves (shfl.xor 4) so that each writes a pair of
 // adjacent columns of one token row: the even lane row t, the odd one row t + 1.
 __device__ __forceinline__ void store_rows_output(const RowChain &w, int64_t c, int n,
@@ -255,7 +255,7 @@ __device__ __forceinline__ void store_rows_output(const RowChain &w, int64_t c, 
   }
 }
 
-// Steps 6, 7 on key blocks 4 half .. 4 half + 3 of the lane's rows: S' = bf(fma(f(S), e[k],
+// §3.3 steps 6, 7 on key blocks 4 half .. 4 half + 3 of the lane's rows: S' = bf(fma(f(S), e[k],
 // Delta)), Delta's 8-column block j (keys 8 j + 2 cq, + 1) into register 2 (j % 2) + r of
 // key block j / 2.
 __device__ __forceinline__ void update_rows(int half, const float4 (&e)[4],
@@ -347,8 +347,8 @@ __device__ __forceinline__ void run_chain_rows(const RowChain &w, const SeqSpan 
 // Threads of warpgroup_recurrence_kernel<kGroups, ...>: one warpgroup and the producer warp
 // (160), or kGroups warpgroups and a producer warpgroup whose three other warps only hand
 // their registers to the compute warpgroups (setmaxnreg): with nine warps the fullest
-// sub-partition holds three, which capped a thread at 168 registers and spilled the link
-// (benchmarks/NOTES.md step 62); with twelve, the compute warps get kComputeRegs.
+// sub-partition holds three, which capped a thread at 168 registers and spilled the link's
+// decays; with twelve, the compute warps get kComputeRegs.
 constexpr int warpgroup_threads(int groups) {
   return groups == 1 ? 128 + 32 : 128 * (groups + 1);
 }
@@ -369,11 +369,11 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // kGroups warpgroups (block_v = 64 kGroups columns) and the producer (warpgroup_threads).
 // kGroups = 1: kResident CTAs per SM, 1 (194 registers) or 2 within register_cap's 168,
 // for grids of more than one wave and K1 CTAs beside the pass (launch.cuh
-// configure_warpgroup_64; benchmarks/NOTES.md steps 64, 66). kGroups = 2: one CTA per SM,
-// its compute warps at kComputeRegs (step 68). kCode (config.h): the whole-sequence pass
+// configure_warpgroup_64). kGroups = 2: one CTA per SM, its compute warps at
+// kComputeRegs. kCode (config.h): the whole-sequence pass
 // (kPlain), or the segments' passes without checkpoints: the segment pass (kStates) and
 // the rerun (kRerun), the same links as recurrence_kernel's kStates and kGeneral passes
-// (design §6.2; benchmarks/NOTES.md step 70). Every pass copies whole records: tile order
+// (design §6.2). Every pass copies whole records: tile order
 // interleaves Kd and Qd, so the segment pass cannot leave Qd out.
 template <int kGroups, int kResident, PassCode kCode>
 __global__ void __launch_bounds__(warpgroup_threads(kGroups), kResident)
@@ -423,7 +423,7 @@ __global__ void __launch_bounds__(warpgroup_threads(kGroups), kResident)
     // (an .aligned instruction: the warp runs converged) lets the compiler keep the ring's
     // position and the stage and barrier addresses in uniform registers, as it does after the
     // two-group form's setmaxnreg; without them it kept them per thread and moved them to
-    // uniform registers (R2UR) for each barrier and descriptor, 20-22 a link (NOTES.md step 78).
+    // uniform registers (R2UR) for each barrier and descriptor, 20-22 a link.
     wgmma_fence();
     SeqSpan span = task.span;
     span.num_chunks = __shfl_sync(0xffffffffu, span.num_chunks, 0);

@@ -5,7 +5,7 @@
 //
 // Record of one (head, chunk), in the order K2 consumes it. A chunk is kBlocks = 1 or 2
 // blocks of 16 tokens (16 everywhere in exact mode; 32 where the AUTO plan picks them,
-// docs/proposals/32-token-chunks.md). 16x16 operand tiles are stored in mma.m16n8k16
+// design §4.8). 16x16 operand tiles are stored in mma.m16n8k16
 // A-fragment order (frag_a_index), so each lane of a K2 warp reads its fragment as one
 // 16-byte vector, conflict-free, with no ldmatrix:
 //   Kd   [blocks][8 k-blocks]  A tiles of Kd  (rows t, cols k)         4096 B a block
@@ -113,7 +113,7 @@ constexpr int decay_key(int f) {
 // design §4.9): the same 13,952 bytes as Record16, the operands as wgmma reads them from
 // shared memory (B operands, no swizzle, K-major). A 16 x 16 tile (rows n, columns k) is
 // four 8 x 8 core matrices of 16-byte rows: core (n / 8, k / 8) at 256 (n / 8) + 128
-// (k / 8), row n % 8 at 16 (n % 8) within it, so a descriptor steps 128 bytes between the
+// (k / 8), row n % 8 at 16 (n % 8) within it, so a descriptor advances 128 bytes between the
 // k halves (its leading-dimension offset) and 256 between row groups (its stride offset).
 //   Kd, Qd  k-block kb: the Kd tile (rows t) at 1024 kb, the Qd tile at 1024 kb + 512,
 //           so that one N = 32 descriptor covers [Kd; Qd]
@@ -157,7 +157,7 @@ constexpr uint32_t tile_vec_col(uint32_t v) {
 // state-update accumulators), in that order p = 2 j + h, as eight float4: float4 m of quad
 // position cq at 16-byte slot 4 m + cq, so that one load of the quad's four lanes reads 64
 // contiguous bytes (with each lane's 32 floats contiguous, the four were 128 bytes apart, in
-// the same banks: a four-way conflict on every load; benchmarks/NOTES.md step 69).
+// the same banks: a four-way conflict on every load).
 constexpr int tile_decay_index(int k) {
   const int cq = (k % 8) / 2, p = 2 * (k / 8) + k % 2;
   return 16 * (p / 4) + 4 * cq + p % 4;
