@@ -2,11 +2,12 @@
 """The build's resource summary from its log (ptxas -v): per arch, per kernel, registers,
 spill stores and loads, static shared memory and stack frame; and each TU's compile time.
 
-    python ci/resource_summary.py BUILD_LOG [--markdown] [--check]
+    python ci/resource_summary.py BUILD_LOG [--markdown] [--update docs/build.md] [--check]
 
-Prints a table (markdown with --markdown, the form docs/build.md keeps); with --check, exits 1
-when any kernel spills (the build's rule: no spill on any arch) and names them. .ci/run prints
-it after the wheel build; docs/build.md's table is this script's --markdown output.
+Prints one line per arch and kernel (a markdown table of kernels by arch with --markdown);
+--update writes that table into the file's summary section (docs/build.md's, between its
+marker comments); --check exits 1 when any kernel spills (the build's rule: no spill on any
+arch) and names them. .ci/run prints it after the wheel build.
 """
 
 import argparse
@@ -86,22 +87,58 @@ def rows(kernels):
     return [seen[key] for key in sorted(seen, key=lambda a: (int(re.sub(r"\D", "", a[0])), a[1]))]
 
 
-def table(kernels, markdown):
-    header = ("arch", "kernel", "registers", "spill stores", "spill loads", "static smem", "stack")
-    out = []
-    if markdown:
-        out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for k in rows(kernels):
-        cells = (k["arch"], f"`{k['kernel']}`" if markdown else k["kernel"], k["registers"], k["spill_stores"],
-                 k["spill_loads"], k["smem"], k["stack"])  # fmt: skip
-        out.append("| " + " | ".join(map(str, cells)) + " |" if markdown else "  ".join(map(str, cells)))
+def table(kernels):
+    """One line per (arch, kernel): registers, spill stores and loads, static smem, stack."""
+    return [f"{k['arch']}  {k['kernel']}  {k['registers']} registers  {k['spill_stores']} / {k['spill_loads']} "
+            f"bytes spilled (stores / loads)  {k['smem']} bytes static smem  {k['stack']} bytes stack"
+            for k in rows(kernels)]  # fmt: skip
+
+
+def markdown(kernels, tus):
+    """docs/build.md's table: one row per kernel, a column per arch (registers; spilled bytes
+    where any), its static shared memory; then the TUs' compile times."""
+    arches = sorted({k["arch"] for k in kernels}, key=lambda a: int(re.sub(r"\D", "", a)))
+    cells = {(k["arch"], k["kernel"]): k for k in rows(kernels)}
+    names = sorted({k["kernel"] for k in kernels})
+    out = ["| kernel | " + " | ".join(arches) + " | static smem (B) |", "|---|" + "---:|" * (len(arches) + 1)]
+    for name in names:
+        row = []
+        for arch in arches:
+            k = cells.get((arch, name))
+            if k is None:
+                row.append("")
+            else:
+                spill = k["spill_stores"] + k["spill_loads"]
+                row.append(f"{k['registers']}" + (f" (spills {k['spill_stores']} B)" if spill else ""))
+        smem = max(k["smem"] for k in rows(kernels) if k["kernel"] == name)
+        out.append(f"| `{name}` | " + " | ".join(row) + f" | {smem} |")
+    spilled = sum(1 for k in rows(kernels) if k["spill_stores"] or k["spill_loads"])
+    out.append("")
+    out.append(f"Registers a thread (ptxas -v); {len(rows(kernels))} kernels on {len(arches)} arches, "
+               f"{spilled} with spills. Compile time a TU: " + ", ".join(f"{tu} {sec} s" for tu, sec in tus) + ".")  # fmt: skip
     return out
+
+
+BEGIN, END = "<!-- resource summary: begin (ci/resource_summary.py) -->", "<!-- resource summary: end -->"
+
+
+def update(path, lines):
+    """Replace the text between BEGIN and END in the file at `path` with `lines`."""
+    with open(path) as f:
+        text = f.read()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path}: no {BEGIN!r} ... {END!r} section")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(path, "w") as f:
+        f.write(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + tail)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("log", help="the build log (ptxas -v output included)")
-    parser.add_argument("--markdown", action="store_true", help="a markdown table (docs/build.md)")
+    parser.add_argument("--markdown", action="store_true", help="the markdown table (docs/build.md's)")
+    parser.add_argument("--update", metavar="FILE", help="write the markdown table into FILE's summary section")
     parser.add_argument("--check", action="store_true", help="exit 1 when any kernel spills")
     args = parser.parse_args(argv)
     with open(args.log, errors="replace") as f:
@@ -109,9 +146,12 @@ def main(argv=None):
     if not kernels:
         print(f"{args.log}: no ptxas -v output (was the build verbose?)", file=sys.stderr)
         return 1
-    print("\n".join(table(kernels, args.markdown)))
-    for tu, seconds in tus:
-        print(f"{tu}: compiled in {seconds} s")
+    if args.update:
+        update(args.update, markdown(kernels, tus))
+    print("\n".join(markdown(kernels, tus) if args.markdown else table(kernels)))
+    if not args.markdown:
+        for tu, seconds in tus:
+            print(f"{tu}: compiled in {seconds} s")
     spilled = [k for k in rows(kernels) if k["spill_stores"] or k["spill_loads"]]
     arches = sorted({k["arch"] for k in kernels})
     print(f"{len(rows(kernels))} kernels on {len(arches)} arches ({', '.join(arches)}); {len(spilled)} spill")

@@ -229,7 +229,7 @@ constexpr ReferenceDevice kReferenceDevices[] = {
                .k1_beside = {{3, 5, 3}, {1, 0, 0}}, .combine_wide = true}},
     {"sm120", {.cc = 120, .generic = true, .sms = 170, .smem_optin = 101376,
                .smem_sm = 102400, .k1_alone = {6, 1}, .k1_overlap = {6, 1},
-               .k1_beside = {{0, 0, 0}, {0, 0, 0}}, .combine_wide = false}},
+               .k1_beside = {{0, 0, 0}, {0, 0, 0}}, .combine_wide = true}},
 };
 
 }  // namespace flash_kda

@@ -93,8 +93,9 @@ constexpr bool instantiated(const RecurrenceShape &s, PassCode code, int blocks)
 
 // combine_kernel (design §6.2 phase B): the value rows of one CTA, so that a (sequence,
 // head) takes 128 / rows CTAs: 8 rows (16 CTAs a head) where all fit one per SM, else 16
-// (8 a head) where two stages of 16 rows fit the device's shared memory per block (`wide`;
-// not on sm_120). launch.cuh launches it and the plan's cost model counts it.
+// (8 a head) where two stages of 16 rows fit the device's shared memory per block (`wide`:
+// sm_120's 99 KB hold them exactly). launch.cuh launches it and the plan's cost model counts
+// it.
 constexpr int combine_rows(int64_t pairs, int64_t num_sms, bool wide) {
   return pairs * 16 <= num_sms || !wide ? 8 : 16;
 }

@@ -537,8 +537,8 @@ inline cudaError_t make_segment_map(const FwdParams &p, int rows, CUtensorMap *m
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// Whether two stages of 16-row combine CTAs fit a block's shared memory (not on sm_120,
-// whose 99 KB hold 8 rows in two stages).
+// Whether two stages of 16-row combine CTAs fit a block's shared memory (sm_120's 99 KB
+// hold them exactly).
 inline bool combine_wide(const DeviceFacts &d) {
   return combine_smem_bytes(16, 2) <= d.smem_optin;
 }
