@@ -147,6 +147,8 @@ constexpr size_t kPlanInfoV3Bytes = offsetof(flash_kda_fwd_plan_info, chunk_toke
 // head_dim, sizes and the request: what the plan needs besides a device. "" or what is wrong.
 std::string check_plan_args(const flash_kda_fwd_args &a) {
   if (a.head_dim != kHeadDim) return "head_dim must be 128, got " + std::to_string(a.head_dim);
+  if (a.block_v == 0 && a.num_sms < 1)
+    return "num_sms must be >= 1 when block_v is 0, got " + std::to_string(a.num_sms);
   std::string err = check_sizes(sizes_of(a));
   return err.empty() ? check_request(sizes_of(a), request_of(a)) : err;
 }

@@ -557,7 +557,7 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, const PlanDev
   plan = Plan{};
   std::string err = check_request(z, r);
   if (err.empty() && r.block_v == 0 && d.sms < 1)
-    err = "num_sms must be >= 1 when block_v is 0, got " + str(d.sms);
+    err = "the device's SM count must be >= 1 when block_v is 0, got " + str(d.sms);
   if (err.empty()) err = choose_chunks(z, r, d, plan);
   if (!err.empty()) return err;
   plan_k1(model_of(d, plan.chunk_tokens), z, r, plan);

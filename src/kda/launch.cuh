@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <mutex>
+#include <string>
 #include <utility>
 
 #include <flash_kda/flash_kda.h>
@@ -97,22 +99,26 @@ struct DeviceFacts {
 struct K1Launch {
   const void *kernel, *overlap;
   int threads, smem;
+  const char *name, *overlap_name;
 };
 
 inline K1Launch k1_launch(int blocks, RecordOrder order = RecordOrder::kFragments) {
   if (blocks == 2)
     return {reinterpret_cast<const void *>(prepare_kernel<2>),
             reinterpret_cast<const void *>(prepare_overlap_kernel<2>), K1Shape<2>::kThreads,
-            K1Shape<2>::kDynamicSmem};
+            K1Shape<2>::kDynamicSmem, "prepare_kernel<2, RecordOrder::kFragments>",
+            "prepare_overlap_kernel<2, RecordOrder::kFragments>"};
 #if FLASH_KDA_CC == 90
   if (order == RecordOrder::kTiles)
     return {reinterpret_cast<const void *>(prepare_kernel<1, RecordOrder::kTiles>),
             reinterpret_cast<const void *>(prepare_overlap_kernel<1, RecordOrder::kTiles>),
-            K1Shape<1>::kThreads, K1Shape<1>::kDynamicSmem};
+            K1Shape<1>::kThreads, K1Shape<1>::kDynamicSmem, "prepare_kernel<1, RecordOrder::kTiles>",
+            "prepare_overlap_kernel<1, RecordOrder::kTiles>"};
 #endif
   return {reinterpret_cast<const void *>(prepare_kernel<1>),
           reinterpret_cast<const void *>(prepare_overlap_kernel<1>), K1Shape<1>::kThreads,
-          K1Shape<1>::kDynamicSmem};
+          K1Shape<1>::kDynamicSmem, "prepare_kernel<1, RecordOrder::kFragments>",
+          "prepare_overlap_kernel<1, RecordOrder::kFragments>"};
 }
 
 // Chunks of the call, in 16-token blocks (1 or 2).
@@ -279,12 +285,32 @@ struct PassLaunch {
   int resident;                                   // CTAs per SM it is compiled for
   int32_t kind = kLaunchedRecurrence;             // or kLaunchedWarpgroup
   PassCode code = PassCode::kPlain;               // the instantiation's
+  const char *name = "";                          // the instantiation (record_launch)
+  CUtensorMap value_map;                          // seal_pass
+  int launch_smem = 0;                            // seal_pass: padded under simulated limits
 };
 
-// A test's record of what a call launched (TestSwitches::record).
-inline void record_launch(const FwdParams &p, const LaunchedKernel &k) {
+// A test's record of what a call launched (TestSwitches::record): the kernel's name as the
+// source writes it (recurrence_kernel<1, 8, kGeneral, 1>) and what it was launched with.
+inline void record_launch(const FwdParams &p, const char *name, LaunchedKernel k) {
   LaunchRecord *r = p.test.record;
-  if (r != nullptr && r->count < kMaxLaunches) r->kernels[r->count++] = k;
+  if (r == nullptr || r->count >= kMaxLaunches) return;
+  std::snprintf(k.name, sizeof(k.name), "%s", name);
+  r->kernels[r->count++] = k;
+}
+
+inline const char *code_name(PassCode code) {
+  constexpr const char *kNames[] = {"kPlain", "kGeneral", "kStates", "kRerun"};
+  return kNames[static_cast<int>(code)];
+}
+
+// "recurrence_kernel<1, 8, kGeneral, 1>": an instantiation's name, built once.
+template <int kA, int kB, PassCode kCode, int kD = 0>
+const char *instantiation_name(const char *kernel) {
+  static const std::string name = std::string(kernel) + "<" + std::to_string(kA) + ", " +
+                                  std::to_string(kB) + ", " + code_name(kCode) +
+                                  (kD > 0 ? ", " + std::to_string(kD) : std::string()) + ">";
+  return name.c_str();
 }
 
 // CTAs of pass `pass` at width block_v: units (sequences, or segments) x heads x column
@@ -334,6 +360,7 @@ inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int 
 template <int kNB, int kWarps, PassCode kCode, int kBlocks>
 LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch &out) {
   out.code = kCode;
+  out.name = instantiation_name<kNB, kWarps, kCode, kBlocks>("recurrence_kernel");
   return configure_ring_pass(
       p, pass, 8 * kNB * kWarps, kBlocks, resident_ctas(kNB, kWarps, kCode, kBlocks),
       reinterpret_cast<const void *>(recurrence_kernel<kNB, kWarps, kCode, kBlocks>),
@@ -401,6 +428,7 @@ LaunchStatus configure_warpgroup(const FwdParams &p, PassLaunch &out) {
   out.records = RecordOrder::kTiles;
   out.kind = kLaunchedWarpgroup;
   out.code = kCode;
+  out.name = instantiation_name<kGroups, kResident, kCode>("warpgroup_recurrence_kernel");
   return configure_ring_pass(
       p, fixed_pass(kCode), 64 * kGroups, 1, kResident,
       reinterpret_cast<const void *>(warpgroup_recurrence_kernel<kGroups, kResident, kCode>),
@@ -477,43 +505,34 @@ inline cudaError_t launch_kernel(const void *kernel, int64_t ctas, int threads, 
   return cudaLaunchKernelExC(&config, kernel, args);
 }
 
-// Launches a configured pass. `programmatic`: the pass may start while the previous
-// kernel still runs: K1 beside it (design §4.7), or its CTAs wait for the previous kernel's
-// end (wait_prerequisites, design §4.1).
-inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_t stream) {
-  CUtensorMap value_map;
-  cudaError_t err = make_value_map(pass.params, &value_map);
+// The last of a pass's configuration, once its shared memory is final (plan_overlap may
+// raise it): v's tensor map and the shared memory it is launched with (padded under
+// simulated limits).
+inline LaunchStatus seal_pass(PassLaunch &pass) {
+  cudaError_t err = make_value_map(pass.params, &pass.value_map);
   if (err != cudaSuccess) return {err, "recurrence_kernel tensor map of v"};
   DeviceFacts d;
   err = device_facts(pass.params.test, d);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
-  const int smem = padded_smem(d, pass.kernel, pass.threads, pass.smem);
-  if (smem < 0) return {cudaErrorInvalidConfiguration, "recurrence_kernel simulated residency"};
-  void *args[] = {&pass.params, &value_map};
-  const cudaError_t launch =
-      launch_kernel(pass.kernel, pass.ctas, pass.threads, smem, args, programmatic, stream);
-  if (launch != cudaSuccess) return {launch, "recurrence_kernel launch"};
-  record_launch(pass.params,
-                {pass.kind, static_cast<int32_t>(pass.code), chunk_blocks(pass.params),
-                 pass.params.block_v, pass.params.stages, pass.resident, smem,
-                 static_cast<int32_t>(pass.records), pass.ctas});
-  return launch_status("recurrence_kernel launch");
+  pass.launch_smem = padded_smem(d, pass.kernel, pass.threads, pass.smem);
+  if (pass.launch_smem < 0)
+    return {cudaErrorInvalidConfiguration, "recurrence_kernel simulated residency"};
+  return {cudaSuccess, nullptr};
 }
 
-// More CTAs of prepare_overlap_kernel, launched programmatically after the pass: they start
-// once every pass CTA is resident.
-inline LaunchStatus launch_prepare_extra(FwdParams k1, const DeviceFacts &d, int64_t ctas,
-                                         RecordOrder order, cudaStream_t stream) {
-  void *args[] = {&k1};
-  const K1Launch shape = k1_launch(chunk_blocks(k1), order);
-  const int smem = padded_smem(d, shape.overlap, shape.threads, shape.smem);
-  if (smem < 0) return {cudaErrorInvalidConfiguration, "prepare_overlap_kernel simulated residency"};
-  const cudaError_t launch =
-      launch_kernel(shape.overlap, ctas, shape.threads, smem, args, true, stream);
-  if (launch != cudaSuccess) return {launch, "prepare_overlap_kernel launch (free SMs)"};
-  record_launch(k1, {kLaunchedPrepareOverlap, 1, chunk_blocks(k1), 0, 0, d.k1_alone[chunk_blocks(k1) - 1],
-                     smem, static_cast<int32_t>(order), ctas});
-  return launch_status("prepare_overlap_kernel launch (free SMs)");
+// Launches a configured pass. `programmatic`: the pass may start while the previous
+// kernel still runs: K1 beside it (design §4.7), or its CTAs wait for the previous kernel's
+// end (wait_prerequisites, design §4.1).
+inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_t stream) {
+  void *args[] = {&pass.params, &pass.value_map};
+  const cudaError_t launch = launch_kernel(pass.kernel, pass.ctas, pass.threads, pass.launch_smem,
+                                           args, programmatic, stream);
+  if (launch != cudaSuccess) return {launch, "recurrence_kernel launch"};
+  record_launch(pass.params, pass.name,
+                {{}, pass.kind, static_cast<int32_t>(pass.code), chunk_blocks(pass.params),
+                 pass.params.block_v, pass.params.stages, pass.resident, pass.launch_smem,
+                 static_cast<int32_t>(pass.records), pass.ctas});
+  return launch_status("recurrence_kernel launch");
 }
 
 // The segment states as a 2-D tensor [max_segments x heads x 256 rows][128 columns] for the
@@ -543,33 +562,44 @@ inline bool combine_wide(const DeviceFacts &d) {
   return combine_smem_bytes(16, 2) <= d.smem_optin;
 }
 
-// Phase B: config.h's rows per CTA (combine_wide), and the ring as deep as the device's
-// shared memory per block allows (three stages on sm_90 / sm_100, two on sm_120).
-inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
+// The combine (phase B) as launched: config.h's rows per CTA (combine_wide), the ring as deep
+// as the device's shared memory per block allows (three stages on sm_90 / sm_100, two on
+// sm_120), the tensor maps of X_j's 128 rows and of the CTA's rows of S^_j.
+struct CombineLaunch {
+  const void *kernel;
+  int rows, stages, smem;
+  int64_t ctas;
+  CUtensorMap xmap, smap;
+};
+
+inline LaunchStatus configure_combine(const FwdParams &p, CombineLaunch &c) {
   DeviceFacts device;
   cudaError_t err = device_facts(p.test, device);
   if (err != cudaSuccess) return {err, "combine_kernel device query"};
-  const int rows = combine_rows(p.num_seqs * p.heads, device.sms, combine_wide(device));
-  int stages = kCombineMaxStages;
-  while (stages > 2 && combine_smem_bytes(rows, stages) > device.smem_optin) --stages;
-  const auto kernel = rows == 8 ? combine_kernel<8> : combine_kernel<16>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             combine_smem_bytes(rows, stages));
+  c.rows = combine_rows(p.num_seqs * p.heads, device.sms, combine_wide(device));
+  c.stages = kCombineMaxStages;
+  while (c.stages > 2 && combine_smem_bytes(c.rows, c.stages) > device.smem_optin) --c.stages;
+  c.kernel = reinterpret_cast<const void *>(c.rows == 8 ? combine_kernel<8> : combine_kernel<16>);
+  const int bytes = combine_smem_bytes(c.rows, c.stages);
+  err = cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return {err, "combine_kernel shared-memory attribute"};
-  const int smem = padded_smem(device, reinterpret_cast<const void *>(kernel), kCombineThreads,
-                               combine_smem_bytes(rows, stages));
-  if (smem < 0) return {cudaErrorInvalidConfiguration, "combine_kernel shared memory"};
-  const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / rows);
-  FwdParams params = p;
-  CUtensorMap xmap, smap;  // X_j's 128 rows, the CTA's rows of S^_j
-  err = make_segment_map(p, kHeadDim, &xmap);
-  if (err == cudaSuccess) err = make_segment_map(p, rows, &smap);
+  c.smem = padded_smem(device, c.kernel, kCombineThreads, bytes);
+  if (c.smem < 0) return {cudaErrorInvalidConfiguration, "combine_kernel shared memory"};
+  c.ctas = p.num_seqs * p.heads * (kHeadDim / c.rows);
+  err = make_segment_map(p, kHeadDim, &c.xmap);
+  if (err == cudaSuccess) err = make_segment_map(p, c.rows, &c.smap);
   if (err != cudaSuccess) return {err, "combine_kernel tensor maps of the segment states"};
-  void *args[] = {&params, &stages, &xmap, &smap};
-  err = launch_kernel(reinterpret_cast<const void *>(kernel), ctas, kCombineThreads, smem, args,
-                      true, stream);  // it waits for the segment pass (wait_prerequisites)
+  return {cudaSuccess, nullptr};
+}
+
+inline LaunchStatus launch_combine(const FwdParams &p, CombineLaunch &c, cudaStream_t stream) {
+  FwdParams params = p;
+  void *args[] = {&params, &c.stages, &c.xmap, &c.smap};
+  const cudaError_t err = launch_kernel(c.kernel, c.ctas, kCombineThreads, c.smem, args, true,
+                                        stream);  // it waits for the segment pass
   if (err != cudaSuccess) return {err, "combine_kernel launch"};
-  record_launch(p, {kLaunchedCombine, 0, 1, rows, stages, 1, smem, 0, ctas});
+  record_launch(p, c.rows == 8 ? "combine_kernel<8>" : "combine_kernel<16>",
+                {{}, kLaunchedCombine, 0, 1, c.rows, c.stages, 1, c.smem, 0, c.ctas});
   return launch_status("combine_kernel launch");
 }
 
@@ -605,75 +635,123 @@ inline LaunchStatus plan_overlap(const FwdParams &p, const DeviceFacts &d, PassL
   return {cudaSuccess, nullptr};
 }
 
-// K1 and the first recurrence pass (design §4.1, §4.7): K1 first, or beside the pass, which
-// is then launched while K1 runs and waits on each record's ready flag, with a second K1
-// grid for the SMs the pass leaves free. `k1` returns K1's parameters (ready null where K1
-// ran first).
-inline LaunchStatus launch_first(const FwdParams &p, PassLaunch &first, FwdParams &k1,
-                                 cudaStream_t stream) {
+// K1 as launched (design §4.1, §4.7): first (prepare_kernel, one record per CTA), or beside
+// the first pass (prepare_overlap_kernel, `keep` CTAs an SM taking items from a counter), then
+// `extra` more CTAs on the SMs the pass leaves free. `params.ready` is null where K1 runs
+// first.
+struct K1Config {
+  const void *kernel;
+  const char *name;
+  dim3 grid;
+  int threads, smem, keep;
+  int64_t extra;
+  int extra_smem, extra_resident;
+  FwdParams params;
+};
+
+inline LaunchStatus configure_k1(const FwdParams &p, PassLaunch &first, K1Config &k1) {
   DeviceFacts d;
-  cudaError_t err = device_facts(p.test, d);
+  const cudaError_t err = device_facts(p.test, d);
   if (err != cudaSuccess) return {err, "prepare_kernel device query"};
-  int keep = 0, leave_sms = 0;
-  LaunchStatus st = plan_overlap(p, d, first, keep, leave_sms);
+  int leave_sms = 0;
+  const LaunchStatus st = plan_overlap(p, d, first, k1.keep, leave_sms);
   if (st.error != cudaSuccess) return st;
-  const bool overlap = keep > 0;
   const int blocks = chunk_blocks(p), alone = d.k1_alone[blocks - 1];
-  k1 = p;
-  k1.leave_sms = leave_sms;
+  const bool overlap = k1.keep > 0;
+  k1.params = p;
+  k1.params.leave_sms = leave_sms;
+  if (!overlap) k1.params.ready = first.params.ready = nullptr;
   const K1Launch shape = k1_launch(blocks, first.records);
-  const void *kernel = overlap ? shape.overlap : shape.kernel;
-  const int smem = padded_smem(d, kernel, shape.threads, shape.smem);
-  if (smem < 0) return {cudaErrorInvalidConfiguration, "prepare_kernel simulated residency"};
-  void *args[] = {&k1};
-  dim3 grid(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads));
+  k1.kernel = overlap ? shape.overlap : shape.kernel;
+  k1.name = overlap ? shape.overlap_name : shape.name;
+  k1.threads = shape.threads;
+  k1.grid = overlap ? dim3(static_cast<unsigned>(k1.keep * d.sms))
+                    : dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads));
+  k1.smem = padded_smem(d, k1.kernel, shape.threads, shape.smem);
+  // More K1 CTAs, launched once every pass CTA is resident, fill the SMs the pass leaves
+  // free (on its own SMs `keep` CTAs already leave no room) and share K1's counter.
+  k1.extra = overlap && first.ctas < d.sms && alone > k1.keep
+                 ? int64_t{alone - k1.keep} * (d.sms - first.ctas)
+                 : 0;
+  k1.extra_smem = k1.smem;
+  k1.extra_resident = alone;
+  if (k1.smem < 0) return {cudaErrorInvalidConfiguration, "prepare_kernel simulated residency"};
+  return {cudaSuccess, nullptr};
+}
+
+// K1, the first pass beside K1 or after it, and the extra K1 grid. The extra grid is best
+// effort: the first grid's CTAs take every item whether it runs or not, so a failed launch of
+// it (cleared: launch errors are not sticky) leaves the call correct.
+inline LaunchStatus launch_first(K1Config &k1, PassLaunch &first, cudaStream_t stream) {
+  const FwdParams &p = k1.params;
+  const bool overlap = p.ready != nullptr;
   if (overlap) {
     const size_t bytes = static_cast<size_t>(ready_bytes(p.heads, p.tiles_per_head));
-    err = cudaMemsetAsync(p.ready, 0, bytes, stream);
+    const cudaError_t err = cudaMemsetAsync(p.ready, 0, bytes, stream);
     if (err != cudaSuccess) return {err, "ready flags (memset)"};
-    grid = dim3(static_cast<unsigned>(keep * d.sms));
-  } else {
-    k1.ready = first.params.ready = nullptr;
   }
-  err = cudaLaunchKernel(kernel, grid, dim3(shape.threads), args, smem, stream);
+  void *args[] = {&k1.params};
+  cudaError_t err = cudaLaunchKernel(k1.kernel, k1.grid, dim3(k1.threads), args, k1.smem, stream);
   if (err != cudaSuccess) return {err, "prepare_kernel launch"};
-  record_launch(p, {overlap ? kLaunchedPrepareOverlap : kLaunchedPrepare, 0, blocks, 0, 0,
-                    overlap ? keep : d.k1_prepare[blocks - 1], smem,
-                    static_cast<int32_t>(first.records), int64_t{grid.x} * grid.y});
-  st = launch_status("prepare_kernel launch");
+  record_launch(p, k1.name,
+                {{}, overlap ? kLaunchedPrepareOverlap : kLaunchedPrepare, 0, chunk_blocks(p), 0,
+                 0, k1.keep, k1.smem, static_cast<int32_t>(first.records),
+                 int64_t{k1.grid.x} * k1.grid.y});
+  LaunchStatus st = launch_status("prepare_kernel launch");
   if (st.error == cudaSuccess) st = launch_pass(first, true, stream);  // beside K1, or after it
-  if (st.error != cudaSuccess || !overlap || first.ctas >= d.sms || alone <= keep) return st;
-  // More K1 CTAs, launched once every pass CTA is resident: they fill the SMs the pass
-  // leaves free (on its own SMs keep CTAs already leave no room) and share K1's counter.
-  const int64_t extra = int64_t{alone - keep} * (d.sms - first.ctas);
-  return launch_prepare_extra(k1, d, extra, first.records, stream);
+  if (st.error != cudaSuccess || k1.extra == 0) return st;
+  err = launch_kernel(k1.kernel, k1.extra, k1.threads, k1.extra_smem, args, true, stream);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return {cudaSuccess, nullptr};
+  }
+  record_launch(p, k1.name,
+                {{}, kLaunchedPrepareOverlap, 1, chunk_blocks(p), 0, 0, k1.extra_resident,
+                 k1.extra_smem, static_cast<int32_t>(first.records), k1.extra});
+  return {cudaSuccess, nullptr};
+}
+
+// The segments' passes after the first (design §6.2): the combine and the rerun. The rerun
+// reads the combine's starts, so it must wait for the combine's end, which a pass does only
+// without ready flags (wait_prerequisites): segmented calls never overlap K1 (plan.cpp
+// can_overlap), so K1 runs first.
+inline LaunchStatus configure_after_segments(const K1Config &k1, CombineLaunch &combine,
+                                             PassLaunch &rerun) {
+  if (k1.params.ready != nullptr) return {cudaErrorInvalidValue, "recurrence_kernel rerun beside K1"};
+  FwdParams after = k1.params;
+  after.test.stall = 0;  // the first pass's only
+  LaunchStatus st = configure_combine(after, combine);
+  if (st.error == cudaSuccess)
+    st = configure_pass(after, ChainPass::kRerun, after.chain_block_v, rerun);
+  if (st.error == cudaSuccess) st = seal_pass(rerun);
+  return st;
 }
 
 // Prefixes (varlen) -> K1 over all chunks -> K2: one pass over whole sequences, or the
-// segment pass, the combine and the rerun (design §4.1, §6.2).
+// segment pass, the combine and the rerun (design §4.1, §6.2). Every launch is configured
+// before the first one, so that a configuration the device cannot run launches nothing:
+// where this returns an error, no kernel has written out, final_state or checkpoints (only
+// the last pass writes them, and its launch is the last).
 inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
-  if (p.cu_seqlens != nullptr) {
-    prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
-    const LaunchStatus st = launch_status("prefix_kernel launch");
-    if (st.error != cudaSuccess) return st;
-    record_launch(p, {kLaunchedPrefix, 0, 0, 0, 0, 1, 0, 0, 1});
-  }
   const bool segmented = p.segment_chunks > 0;
-  PassLaunch first;
+  PassLaunch first, rerun;
+  CombineLaunch combine;
+  K1Config k1;
   LaunchStatus st = configure_pass(p, segmented ? ChainPass::kSegment : ChainPass::kWhole,
                                    segmented ? p.segment_block_v : p.chain_block_v, first);
-  FwdParams k1;
-  if (st.error == cudaSuccess) st = launch_first(p, first, k1, stream);
-  if (st.error != cudaSuccess || !segmented) return st;
-  st = launch_combine(p, stream);
+  if (st.error == cudaSuccess) st = configure_k1(p, first, k1);
+  if (st.error == cudaSuccess) st = seal_pass(first);
+  if (st.error == cudaSuccess && segmented) st = configure_after_segments(k1, combine, rerun);
   if (st.error != cudaSuccess) return st;
-  // The rerun reads the combine's starts, so it must wait for the combine's end, which a pass
-  // does only without ready flags (wait_prerequisites): segmented calls never overlap K1
-  // (plan.cpp can_overlap), so K1 ran first and left k1.ready null.
-  if (k1.ready != nullptr) return {cudaErrorInvalidValue, "recurrence_kernel rerun beside K1"};
-  k1.test.stall = 0;  // the first pass's only
-  PassLaunch rerun;
-  st = configure_pass(k1, ChainPass::kRerun, p.chain_block_v, rerun);
+  if (p.cu_seqlens != nullptr) {
+    prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
+    st = launch_status("prefix_kernel launch");
+    if (st.error != cudaSuccess) return st;
+    record_launch(p, "prefix_kernel", {{}, kLaunchedPrefix, 0, 0, 0, 0, 1, 0, 0, 1});
+  }
+  st = launch_first(k1, first, stream);
+  if (st.error != cudaSuccess || !segmented) return st;
+  st = launch_combine(k1.params, combine, stream);
   if (st.error != cudaSuccess) return st;
   return launch_pass(rerun, true, stream);
 }

@@ -33,6 +33,7 @@ enum class ChainPass : int32_t {
 constexpr int32_t kLaunchedPrefix = 1, kLaunchedPrepare = 2, kLaunchedPrepareOverlap = 3,
                   kLaunchedRecurrence = 4, kLaunchedWarpgroup = 5, kLaunchedCombine = 6;
 struct LaunchedKernel {
+  char name[64];     // "recurrence_kernel<1, 8, kGeneral, 1>": as the source names it
   int32_t kind;      // kLaunched*
   int32_t code;      // recurrence passes: the PassCode; K1 overlap: 1 for the second grid
   int32_t blocks;    // 16-token blocks a chunk (1, 2)
