@@ -10,7 +10,7 @@ vL1,L2,...xH for varlen lengths (v700,324x12). A library named LIB:hint runs LIB
 flash_kda.fwd's max_seqlen hint (the longest sequence) on varlen shapes, so that
 ``--libs new.so new.so:hint`` compares the plan without and with it. flash_kda loads one library a process
 ($FLASH_KDA_LIBRARY), so each library's round runs in a process of its own; rounds alternate
-between the libraries. Prints a markdown table: each library's plan (bench_fwd.describe_plan)
+between the libraries. Prints a markdown table: each library's plan (report.describe_plan)
 and its milliseconds a round (the lowest of three medians of triton.testing.do_bench over
 graph replays, bf16 state in and out, the automatic path unless --exact).
 """
@@ -38,7 +38,8 @@ def parse_shape(shape):
 def measure(shapes, exact, hint):
     """One JSON line per shape for the library this process loaded: its plan and graph ms."""
     import torch
-    from bench_fwd import describe_plan, graphed, make_inputs, plan_of, runner, time_ms
+    from bench_fwd import graphed, make_inputs, plan_of, runner, time_ms
+    from report import describe_plan
     from triton.testing import do_bench
 
     for shape in shapes:

@@ -1,16 +1,20 @@
 # SPDX-License-Identifier: MIT
-"""Time flash_kda's forward (automatic and exact paths) against the hardware floor and
-fla's Triton chunk_kda on the same inputs.
+"""Time flash_kda's forward (automatic and exact paths) against the hardware floor, upstream
+FlashKDA and fla's Triton chunk_kda on the same inputs.
 
-    python benchmarks/bench_fwd.py --out benchmarks/results/h200.json [--fla T8192-N1-H96 ...]
+    python benchmarks/bench_fwd.py --out benchmarks/results/h200.json --readme README.md \
+        --pools --sustained 3 --plot --fla T8192-N1-H96 T8192-N1-H6
     python benchmarks/bench_fwd.py --out sweep.json --sweep T8192-N1-H6 ...   (cost-model data)
-    python benchmarks/bench_fwd.py --out h200.json --sustained 3   (also back-to-back replays)
+
+The JSON records the command, the library's commit, the date and the GPU; report.py renders
+it as the markdown table beside it (h200.md) and, with --readme, the README's table.
 
 Medians of ``triton.testing.do_bench`` (CUDA events, warm-up, L2 flushed between runs) of
 eager calls, and of CUDA-graph replays of the same call (what a serving engine runs: no
 Python in the timed region). bf16 state in and out. The floor column is the hardware
 bound: the larger of 1,290 bytes per token per head at the measured copy bandwidth and
-118 kFLOP per token per head at the measured bf16 matrix rate (design section 7). fla
+118 kFLOP per token per head at the measured bf16 matrix rate (design section 7). FlashKDA
+is timed through its extension module ``flash_kda_C`` wherever that imports. fla
 autotunes each new shape on its first call (minutes), so it is timed only for the shapes
 named by ``--fla``. ``--sustained S`` adds, per row, the automatic path's graph replayed
 back to back for S seconds (a busy server: no gaps, no L2 flush) with the SM clock and
@@ -20,6 +24,8 @@ assert correctness; the tests do.
 """
 
 import argparse
+import datetime
+import importlib
 import json
 import os
 import subprocess
@@ -27,6 +33,7 @@ import sys
 import time
 
 import torch
+from report import write
 
 BYTES_PER_TOKEN_HEAD = 1290
 FLOPS_PER_TOKEN_HEAD = 118_000
@@ -207,9 +214,31 @@ def time_fla(p, do_bench):
             )
 
     try:
-        return time_ms(do_bench, run)
+        eager = time_ms(do_bench, run)
+        # fla reads a varlen call's lengths on the host, which a graph capture cannot hold.
+        return eager, time_ms(do_bench, graphed(run)) if cu is None else None
     finally:
         os.environ.pop("FLA_FLASH_KDA", None)
+
+
+def time_flashkda(p, do_bench):
+    """Upstream FlashKDA's forward (its extension module, bf16 state in and out) on problem
+    p: (eager ms, graph ms), or None where flash_kda_C does not import."""
+    try:
+        ext = importlib.import_module("flash_kda_C")
+    except ImportError:
+        return None
+    q = p["q"]
+    B, T, H = q.shape[:3]
+    N = p["cu_seqlens"].numel() - 1 if p["cu_seqlens"] is not None else B
+    workspace = torch.empty(ext.get_workspace_size(B * T, H, N), dtype=torch.uint8, device=q.device)
+    out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
+    args = (q, p["k"], p["v"], p["g"], p["beta"], 128**-0.5, out, workspace, p["A_log"], p["dt_bias"], -5.0)
+
+    def run():
+        ext.fwd(*args, initial_state=p["initial_state"], final_state=final, cu_seqlens=p["cu_seqlens"])
+
+    return time_ms(do_bench, run), time_ms(do_bench, graphed(run))
 
 
 def plan_of(p, exact, max_seqlen=None):
@@ -234,21 +263,6 @@ PLAN_FIELDS = (
 def plan_fields(plan):
     """The fields of a library plan (flash_kda_fwd_plan_info) that h200.json records."""
     return {name: getattr(plan, name) for name in PLAN_FIELDS}
-
-
-def describe_plan(plan):
-    """A plan (plan_of's dict) in the table's words: 'L=47 bv=64/64' (segments of L chunks,
-    segment pass / rerun widths) or 'whole bv=64', 'C32 ' for 32-token chunks, and where K1 runs."""
-    plan_s = f"L={plan['segment_chunks']} bv={plan['segment_block_v']}/{plan['block_v']}"
-    if not plan["segment_chunks"]:
-        plan_s = f"whole bv={plan['block_v']}"
-    if plan.get("chunk_tokens") == 32:
-        plan_s = "C32 " + plan_s
-    if plan.get("overlap_min_ctas") and plan.get("overlap_max_ctas") == 0:
-        plan_s += f" K1 leaves the pass's SMs after {plan.get('overlap_lead', 0)} records"
-    elif plan.get("overlap_min_ctas"):
-        plan_s += f" K1 beside if >={plan['overlap_min_ctas']} fit, keeps {plan.get('overlap_max_ctas', 'all')}"
-    return plan_s
 
 
 def environment():
@@ -281,6 +295,7 @@ def environment():
         fla=version("fla-core"),
         triton=version("triton"),
         git=os.environ.get("GIT_SHA") or sha,  # the device's copy of the tree may carry an older .git
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
     )
 
 
@@ -302,8 +317,11 @@ def bench_shape(shape, do_bench, env, with_fla, sustain_s=0.0):
     if sustain_s > 0:
         r["auto_sustained"] = sustained(graphed(runner(p, False)), sustain_s)
     r["floor_ms"] = floor_ms(lens, heads, env)
+    upstream = time_flashkda(p, do_bench)
+    if upstream is not None:
+        r["flashkda_ms"], r["flashkda_graph_ms"] = upstream
     if with_fla:
-        r["fla_ms"] = time_fla(p, do_bench)
+        r["fla_ms"], r["fla_graph_ms"] = time_fla(p, do_bench)
     del p
     torch.cuda.empty_cache()
     return r
@@ -370,66 +388,10 @@ def sweep_shape(shape, do_bench, widths=(0, 32, 64, 128)):
     return rows
 
 
-def sustained_cell(s):
-    clock = f" ({s['sm_mhz']:.0f} MHz, {s['power_w']:.0f} W)" if s["sm_mhz"] is not None else ""
-    return f"{s['sustained_ms']:.3f}{clock}"
-
-
-def markdown(results, env, command):
-    sus = any("auto_sustained" in r for r in results)
-    lines = [
-        f"# flash_kda forward on {env['gpu']}",
-        "",
-        f"`{command}`",
-        "",
-        f"GPU {env['gpu']} ({env['sms']} SMs), torch {env['torch']}, CUDA {env['cuda']}, "
-        f"fla {env['fla']}, triton {env['triton']}, git {env['git']}. Measured copy bandwidth "
-        f"{env['copy_tb_s']:.2f} TB/s, bf16 matmul {env['matmul_tflop_s']:.0f} TFLOP/s. Times in ms: "
-        "medians of eager calls and of CUDA-graph replays; `auto` is the default path, `exact` "
-        "the bit-exact one (FLASH_KDA_EXACT=1); plan = segment chunks / block_v of the auto path "
-        "('C32': 32-token chunks, docs/proposals/32-token-chunks.md; else 16); "
-        "'K1 beside if >=k fit, keeps m': K1 overlaps the whole-sequence pass where k of its CTAs per SM "
-        "fit beside the pass (design 4.7; on the H200 3 fit beside block_v 32; beside block_v 64's "
-        "warpgroup pass 2, or 4 beside its two-CTA form, and none beside block_v 128's, design 4.9), and its "
-        "first grid keeps at most m there (more fill the SMs the pass leaves free); 'K1 leaves the pass's SMs "
-        "after n records': K1 starts on every SM and, after n records, only the SMs the pass leaves free keep it "
-        "(design 4.7).",
-        "",
-        "| shape | H | plan | auto | auto graph | exact | exact graph | floor | auto graph / floor | fla |"
-        + (" auto sustained (SM MHz, W) |" if sus else ""),
-        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if sus else ""),
-    ]
-    for r in results:
-        plan_s = describe_plan(r["plan"])
-        fla = f"{r['fla_ms']:.3f}" if r.get("fla_ms") else "-"
-        lines.append(
-            f"| {r['shape']} | {r['heads']} | {plan_s} | {r['auto_ms']:.3f} | {r['auto_graph_ms']:.3f} | "
-            f"{r['exact_ms']:.3f} | {r['exact_graph_ms']:.3f} | {r['floor_ms']:.3f} | "
-            f"{r['auto_graph_ms'] / r['floor_ms']:.1f} | {fla} |"
-            + (f" {sustained_cell(r['auto_sustained'])} |" if "auto_sustained" in r else (" - |" if sus else ""))
-        )
-    return "\n".join(lines) + "\n"
-
-
-def pool_markdown(pools):
-    if not pools:
-        return ""
-    lines = [
-        "",
-        "State pools (fp32 pool, states read and written in place through ssm_state_indices; ms, eager / graph):",
-        "",
-        "| shape | contiguous states | pooled in place | gather + call + scatter |",
-        "|---|---|---|---|",
-    ]
-    for r in pools:
-        cells = [f"{r[f'{n}_ms']:.3f} / {r[f'{n}_graph_ms']:.3f}" for n in ("contiguous", "pooled", "gather_scatter")]
-        lines.append(f"| {r['shape']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="results JSON; the markdown table goes beside it")
+    parser.add_argument("--readme", help="also rewrite this file's perf-table block (README.md)")
     parser.add_argument("--fla", nargs="*", default=[], help="shape ids to time with fla too")
     parser.add_argument("--shapes", nargs="*", default=None, help="only these shape ids (default: the table)")
     parser.add_argument("--plot", action="store_true", help="also the H sweeps at T=8192 and T=32768")
@@ -467,11 +429,7 @@ def main():
     with open(args.out, "w") as f:
         json.dump(data, f, indent=1)
     if data["results"]:
-        table = markdown([r for r in data["results"] if r["shape"] in {s for s, _, _ in TABLE}], env, command)
-        table += pool_markdown(data["pools"])
-        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-            f.write(table)
-        print(table)
+        print(write(data, args.out, readme=args.readme))
 
 
 if __name__ == "__main__":

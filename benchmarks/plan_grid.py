@@ -8,14 +8,15 @@ what a change to the plan (src/plan.cpp, src/kda/config.h) moves, before any dev
         python benchmarks/ab_graph.py --libs old.so new.so $(cat moved.txt))
 
 The library is the one flash_kda loads ($FLASH_KDA_LIBRARY or the package's). Batched calls
-of N sequences of T tokens with H heads, N T <= 2^20; the plan's words are bench_fwd.py's.
+of N sequences of T tokens with H heads, N T <= 2^20; the plan's words are report.py's.
 """
 
 import argparse
 import os
 
-from bench_fwd import describe_plan, plan_fields
+from bench_fwd import plan_fields
 from flash_kda import _native
+from report import describe_plan
 
 TOKENS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 1048576)
 HEADS = (1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 24, 28, 32, 48, 64, 96)

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Plot time against heads at T = 8192 and T = 32768 (one sequence) from a results JSON of
-bench_fwd.py --plot: the automatic path, the exact path (CUDA-graph replays) and the
-hardware floor. Reads the JSON only; writes a PNG.
+bench_fwd.py --plot: the automatic path, the exact path (CUDA-graph replays), FlashKDA and fla
+Triton where measured, and the hardware floor. Reads the JSON only; writes a PNG.
 
     python benchmarks/plot.py benchmarks/results/h200.json benchmarks/results/h200-heads.png
 """
@@ -30,6 +30,10 @@ def main(src, dst):
         heads, rows = series(data["results"], T)
         ax.plot(heads, [r["auto_graph_ms"] for r in rows], "o-", label="automatic path")
         ax.plot(heads, [r["exact_graph_ms"] for r in rows], "s--", label="exact path (bit-exact)")
+        for key, label in (("flashkda_graph_ms", "FlashKDA"), ("fla_graph_ms", "fla Triton")):
+            measured = [(h, r[key]) for h, r in zip(heads, rows) if r.get(key) is not None]
+            if measured:
+                ax.plot(*zip(*measured), "^-.", label=label)
         ax.plot(heads, [r["floor_ms"] for r in rows], ":", color="gray", label="hardware floor")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

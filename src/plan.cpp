@@ -31,8 +31,9 @@ std::string str(int64_t x) {
 }
 
 // ---------------------------------------------------------------- cost model
-// Microseconds (costs.h: the device's family's row). Only the ratio of the two paths
-// matters: both run the same K1, which is left out.
+// Microseconds (costs.h: the device's family's row, fitted to per-kernel profiles at forced
+// segment lengths, benchmarks/profile_kernels.py), K1 included (prepare_us and the overlap
+// models below).
 
 // The cost model's inputs for one chunk length: the family's costs (costs.h) and the
 // device's facts (plan.h PlanDevice).
