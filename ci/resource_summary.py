@@ -114,8 +114,9 @@ def markdown(kernels, tus):
         out.append(f"| `{name}` | " + " | ".join(row) + f" | {smem} |")
     spilled = sum(1 for k in rows(kernels) if k["spill_stores"] or k["spill_loads"])
     out.append("")
+    times = ", ".join(f"{tu} {sec} s" for tu, sec in tus)
     out.append(f"Registers a thread (ptxas -v); {len(rows(kernels))} kernels on {len(arches)} arches, "
-               f"{spilled} with spills. Compile time a TU: " + ", ".join(f"{tu} {sec} s" for tu, sec in tus) + ".")  # fmt: skip
+               f"{spilled} with spills. Compile time a TU: {times}.")  # fmt: skip
     return out
 
 
