@@ -118,15 +118,16 @@ def fwd_args(p):
 def runner(p, exact, max_seqlen=None, **hook):
     """A closure running one forward on problem p (bf16 state in and out), with flash_kda.fwd's
     max_seqlen hint if given. Without hook arguments it is the public flash_kda.fwd; with them
-    (block_v, segment_chunks) the library's plan is overridden through the test hook."""
+    (flash_kda.testing's overrides: block_v, segment_chunks, overlap, chunk_tokens) the library's
+    plan is forced through its test entry point."""
     import flash_kda
-    from flash_kda import dispatch
+    from flash_kda import testing
 
     args, _, _ = fwd_args(p)
     if not hook:
         return lambda: flash_kda.fwd(*args, exact=exact, max_seqlen=max_seqlen)
-    call = dispatch.validated(*args, exact=exact, max_seqlen=max_seqlen)
-    return lambda: dispatch.run_native(call, **hook)
+    call = testing.validated(*args, exact=exact, max_seqlen=max_seqlen)
+    return lambda: testing.run_native(call, **hook)
 
 
 def graphed(fn):
@@ -244,9 +245,9 @@ def time_flashkda(p, do_bench):
 def plan_of(p, exact, max_seqlen=None):
     """The library's plan (chunk_tokens, block_v, segment_chunks, segment_block_v,
     overlap_min_ctas, overlap_max_ctas, overlap_lead) for problem p."""
-    from flash_kda import dispatch
+    from flash_kda import testing
 
-    return plan_fields(dispatch.plan_of(dispatch.validated(*fwd_args(p)[0], exact=exact, max_seqlen=max_seqlen)))
+    return plan_fields(testing.plan_of(testing.validated(*fwd_args(p)[0], exact=exact, max_seqlen=max_seqlen)))
 
 
 PLAN_FIELDS = (

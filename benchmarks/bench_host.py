@@ -1,46 +1,56 @@
 # SPDX-License-Identifier: MIT
-"""Host (CPU) time of one eager forward, split by layer: where an eager call that does little
-GPU work spends its time. Diagnostics, not a table:
+"""Host time of eager forwards, and eager against CUDA-graph time for the table's rows:
 
-    python benchmarks/bench_host.py [--shape 8x1024-H8] [--bursts 100] [--burst 20] [--exact]
-    python benchmarks/bench_host.py --mock-library    (CPU machine: the Python path of a native call)
-    python benchmarks/bench_host.py --distinct 100    (every call of a new shape)
+    python benchmarks/bench_host.py --json benchmarks/results/host.json   (H200 machine, ~1 minute)
+    python benchmarks/bench_host.py --mock-library     (CPU machine: the Python of a native call)
+    python benchmarks/bench_host.py --layers           (also each layer of the path apart)
 
-Each row times one layer, outermost first: the public ``flash_kda.fwd``; the custom op
-``torch.ops.flash_kda.fwd`` called directly (as a ``torch.compile``'d graph calls it, without
-the public function's Python wrapper); validation alone
-(``check_fwd``); the native call of a validated call (``dispatch.run_native``: argument
-struct, workspace, stream, the C library); the C entry alone (``lib.fwd``: checks, plan and
-kernel launches). Method: synchronise the device, then time ``--burst`` consecutive calls
-one by one with ``time.perf_counter``; repeat for ``--bursts`` bursts and report the median
-(and the 90th percentile) of the per-call times. A burst queues at most ``--burst`` calls'
-kernels, so the launch queue never fills and the numbers are host time, not GPU time (a
-long loop without synchronisation ends up waiting for the GPU once it falls behind).
+Host time: synchronise the device, then time ``--burst`` consecutive calls one by one with
+``time.perf_counter``; repeat for ``--bursts`` bursts and report the median of the per-call
+times (and the 90th percentile). A burst queues at most ``--burst`` calls' kernels, so the
+launch queue never fills and the numbers are host time, not GPU time.
 
-``--distinct n`` cycles the calls through n token counts (views of the inputs, 0 to n - 1
-tokens shorter), so that a call's signature is new to validation's cache whenever n exceeds
-the cache (64): the cost of a call of a shape not seen recently.
+- ``repeat_signature_us``: ``flash_kda.fwd`` of the tiny batched call (T=256, H=4, bf16 states
+  in and out; its plan launches K1 and K2), every call the same signature with new data
+  pointers (the inputs rotate through several copies); ``varlen_repeat_us`` the same tokens as
+  two sequences (a third kernel, the prefix);
+- ``new_signature_us``: the tiny call with every call a new token count (more than the
+  signature records and the library's plans hold), the case of a varlen serving step;
+- ``flashkda_us``: upstream FlashKDA's ``flash_kda_C.fwd`` on the same call with its workspace
+  allocated per call as its Python wrapper does (null where ``flash_kda_C`` is not importable);
+- ``fla_routed_us``: fla's ``chunk_kda`` with FlashKDA's flags, which fla's backend routes to
+  ``flash_kda.fwd`` (null without fla).
 
-Without a CUDA device only validation is timed (on CPU tensors). ``--mock-library`` (CPU
-only) also times the public call and ``dispatch.run_native`` with the C library, the device
-queries, the device switch and the stream replaced by stand-ins that do nothing: the Python
-part of a native call, everything except the C entry, measurable on a machine without a GPU.
+Then for each row of benchmarks/results/h200.md (bench_fwd.TABLE, automatic path, bf16 states)
+the eager call and its CUDA graph, each back to back (``--reps`` runs of enough calls for
+20 ms; CUDA events around each run; the median ms a call): the eager call keeps up with the
+GPU where its host time hides behind the kernels of the calls before it. Without a CUDA
+device (``--mock-library``) the Python part is timed with the library replaced by a stand-in
+that answers at once (``flash_kda.testing.simulated_native``).
 """
 
 import argparse
 import contextlib
+import datetime
+import json
+import os
 import statistics
+import subprocess
 import time
-import types
 
 import torch
-from bench_fwd import SHAPES, make_inputs
+from bench_fwd import TABLE, make_inputs
+
+TINY = ([256], 4)  # the issue's tiny call: T=256, H=4
+TINY_VARLEN = ([100, 156], 4)
+COPIES = 4  # input copies the repeated call rotates through (new pointers, one signature)
+DISTINCT = 320  # token counts of the new-signature run: more than the records (64) and plans (256) hold
 
 
 def host_us(fn, bursts, burst, cuda):
     """(median, 90th percentile) host time of one ``fn()`` in microseconds, from ``bursts``
     bursts of ``burst`` calls, the device synchronised before each burst when ``cuda``."""
-    for _ in range(min(50, bursts * burst)):  # warm-up (a signature's first two calls validate fully)
+    for _ in range(min(50, bursts * burst)):  # warm-up
         fn()
     times = []
     for _ in range(bursts):
@@ -56,104 +66,205 @@ def host_us(fn, bursts, burst, cuda):
     return statistics.median(times) * 1e6, times[int(0.9 * (len(times) - 1))] * 1e6
 
 
-def mock_native_library():
-    """Route CUDA-path calls of CPU tensors through dispatch.run_native with stand-ins for
-    everything that needs a GPU (the C library answers instantly and launches nothing)."""
-    from flash_kda import _native, dispatch
+def calls_of(lens, heads, device, copies=COPIES):
+    """``copies`` (arguments of flash_kda.fwd, max_seqlen) for one problem, each with its own
+    tensors: one signature, new pointers in turn."""
+    out = []
+    for seed in range(copies):
+        p = make_inputs(lens, heads, seed=seed, device=device)
+        outs, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
+        args = (p["q"], p["k"], p["v"], p["g"], p["beta"], 128**-0.5, outs, p["A_log"], p["dt_bias"], -5.0)
+        out.append(
+            (args + (p["initial_state"], final, p["cu_seqlens"]), None if p["cu_seqlens"] is None else max(lens))
+        )
+    return out
 
-    class Library:
-        archs = [_native.ArchInfo("sm_90a", 90, _native.FEATURE_FWD)]
 
-        def cuda_versions(self):
-            return 13000, 13000
+def new_signatures(lens, heads, device, count=DISTINCT):
+    """``count`` argument tuples of flash_kda.fwd, each of another token count: views of one
+    batched problem of ``lens[0] + count`` tokens, 0 .. count - 1 tokens shorter."""
+    ((args, _),) = calls_of([lens[0] + count], heads, device, copies=1)
+    sliced = []
+    for cut in range(count):
+        short = [x[:, : x.shape[1] - cut] for x in args[:5]]
+        sliced.append((*short, args[5], args[6][:, : args[6].shape[1] - cut], *args[7:]))
+    return sliced
 
-        def plan(self, args):
-            return types.SimpleNamespace(workspace_bytes=256)
 
-        def fwd(self, cc, args, stream):
-            pass
+def rotating(fn, calls):
+    turn = iter(range(1 << 62))
+    return lambda: fn(*calls[next(turn) % len(calls)])
 
-    library, cuda0 = Library(), torch.device("cuda", 0)
-    torch.cuda.is_available = lambda: True
-    torch.cuda.device_count = lambda: 1
-    torch.cuda.current_device = lambda: 0
-    torch.cuda.current_stream = lambda device=None: types.SimpleNamespace(cuda_stream=0)
-    torch.cuda.device = lambda device: contextlib.nullcontext()
-    dispatch.device_facts = lambda index: (90, 132)
-    dispatch._raw_stream = lambda index: 0
-    dispatch._exchange_device = dispatch._maybe_exchange_device = lambda index: 0
-    _native.load, _native.load_error = (lambda: library), (lambda: None)
-    explain = dispatch.explain
-    dispatch.explain = lambda device: explain(cuda0)  # the facts of a CUDA device, asked every call
+
+def flashkda_call(lens, heads, device):
+    """Upstream FlashKDA's call of the tiny problem, its workspace allocated per call (its
+    Python wrapper's way), or None without flash_kda_C."""
+    try:
+        import flash_kda_C
+    except ImportError:
+        return None
+    ((args, _),) = calls_of(lens, heads, device, copies=1)
+    q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial, final, cu = args
+    B, T, H = q.shape[:3]
+
+    def run():
+        workspace = torch.empty(flash_kda_C.get_workspace_size(B * T, H, B), dtype=torch.uint8, device=device)
+        flash_kda_C.fwd(q, k, v, g, beta, scale, out, workspace, A_log, dt_bias, lower_bound,
+                        initial_state=initial, final_state=final, cu_seqlens=cu)  # fmt: skip
+
+    return run
+
+
+def fla_call(lens, heads, device):
+    """fla's chunk_kda on the tiny problem with FlashKDA's flags (routed to flash_kda.fwd by
+    fla's backend), or None without fla."""
+    try:
+        from fla.ops.kda import chunk_kda
+    except Exception:
+        return None
+    from flash_kda.fallback import FLASH_KDA_FLAGS
+
+    ((args, _),) = calls_of(lens, heads, device, copies=1)
+    q, k, v, g, beta, scale, _, A_log, dt_bias, lower_bound, initial, _, cu = args
+
+    def run():
+        with torch.no_grad():
+            chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial, output_final_state=True,
+                      lower_bound=lower_bound, cu_seqlens=cu, A_log=A_log, dt_bias=dt_bias,
+                      **FLASH_KDA_FLAGS)  # fmt: skip
+
+    return run
+
+
+def back_to_back_ms(fn, reps, target_ms=20.0):
+    """Median ms a call of ``fn`` run back to back (CUDA events around ``n`` calls, ``n``
+    chosen for ``target_ms`` a run), over ``reps`` runs."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    n = max(5, min(2000, int(target_ms / max(start.elapsed_time(end), 1e-3))))
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / n)
+    return statistics.median(times)
+
+
+def eager_against_graph(reps):
+    """[{shape, eager_ms, graph_ms, ratio}] for the table's rows (automatic path)."""
+    import flash_kda
+
+    rows = []
+    for shape, lens, heads in TABLE:
+        ((args, longest),) = calls_of(lens, heads, "cuda", copies=1)
+
+        def eager(args=args, longest=longest):
+            flash_kda.fwd(*args, max_seqlen=longest)
+
+        eager_ms = back_to_back_ms(eager, reps)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            eager()
+        graph_ms = back_to_back_ms(graph.replay, reps)
+        rows.append(dict(shape=shape, eager_ms=round(eager_ms, 5), graph_ms=round(graph_ms, 5),
+                         ratio=round(eager_ms / graph_ms, 4)))  # fmt: skip
+        ratio = eager_ms / graph_ms
+        print(f"  {shape:16s} eager {eager_ms:8.4f} ms  graph {graph_ms:8.4f} ms  eager/graph {ratio:6.3f}", flush=True)
+        del graph, args
+        torch.cuda.empty_cache()
+    return rows
+
+
+def layers(lens, heads, device):
+    """(name, fn) of each layer of the native path of the tiny call, outermost first."""
+    import flash_kda
+    from flash_kda import testing
+
+    calls = [args for args, _ in calls_of(lens, heads, device)]
+    op = torch.ops.flash_kda.fwd
+    rows = [
+        ("flash_kda.fwd (repeated signature)", rotating(lambda *a: flash_kda.fwd(*a), calls)),
+        ("torch.ops.flash_kda.fwd (the op)", rotating(lambda *a: op(*a), calls)),
+        ("validation (signature hit)", rotating(lambda *a: testing.validated(*a), calls)),
+    ]
+    call = testing.validated(*calls[0])
+    rows.append(("validated call -> library", lambda: testing.run_native(call)))
+    return rows
+
+
+def git_commit():
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
+                         cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()  # fmt: skip
+    return os.environ.get("GIT_SHA") or sha or None
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shape", default="8x1024-H8", help="a shape id of bench_fwd.py")
+    parser.add_argument("--json", help="write the results here (benchmarks/results/host.json)")
     parser.add_argument("--bursts", type=int, default=100)
     parser.add_argument("--burst", type=int, default=20, help="calls timed between two synchronisations")
-    parser.add_argument("--exact", action="store_true", help="the exact path (default: automatic)")
+    parser.add_argument("--reps", type=int, default=5, help="back-to-back runs per table row")
     parser.add_argument("--mock-library", action="store_true", help="CPU only: see the module docstring")
-    parser.add_argument(
-        "--distinct", type=int, default=1, help="cycle through this many token counts (new signatures; batched shapes)"
-    )
+    parser.add_argument("--layers", action="store_true", help="also time each layer of the native path")
+    parser.add_argument("--no-table", action="store_true", help="skip the eager-against-graph table")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
-    if args.mock_library:
-        if cuda:
-            parser.error("--mock-library is for machines without a CUDA device")
-        mock_native_library()
+    if args.mock_library and cuda:
+        parser.error("--mock-library is for machines without a CUDA device")
+    if not cuda and not args.mock_library:
+        parser.error("no CUDA device: use --mock-library for the Python part")
     import flash_kda
-    from flash_kda import _native, dispatch
 
-    lens, heads = SHAPES[args.shape]
-    if args.distinct < 1:
-        parser.error(f"--distinct must be at least 1, got {args.distinct}")
-    if args.distinct > 1 and (len(set(lens)) != 1 or args.distinct >= lens[0]):
-        parser.error("--distinct needs a batched shape (equal lengths) longer than its value")
-    p = make_inputs(lens, heads, device="cuda" if cuda else "cpu")
-    out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
-    # --distinct n: n views of the inputs, 0 .. n - 1 tokens shorter: n signatures, used in turn
-    calls = []
-    for cut in range(args.distinct):
-        short = {n: p[n][:, : p[n].shape[1] - cut] for n in ("q", "k", "v", "g", "beta")}
-        fwd_args = (short["q"], short["k"], short["v"], short["g"], short["beta"], 128**-0.5)
-        fwd_args += (out[:, : out.shape[1] - cut], p["A_log"], p["dt_bias"], -5.0, p["initial_state"], final)
-        calls.append(fwd_args + (p["cu_seqlens"],))
-    turn = iter(range(1 << 62))
+    device = "cuda" if cuda else "cpu"
+    command = "python benchmarks/bench_host.py" + (" --mock-library" if args.mock_library else "")
+    command += f" --json {args.json}" if args.json else ""
+    result = dict(gpu=torch.cuda.get_device_name() if cuda else None, commit=git_commit(),
+                  date=datetime.date.today().isoformat(), torch=torch.__version__, command=command)  # fmt: skip
+    simulated = contextlib.nullcontext()
+    if args.mock_library:
+        from flash_kda import testing
 
-    def each(fn):  # fn(the next call's arguments)
-        return lambda: fn(calls[next(turn) % len(calls)])
-
-    rows = [("check_fwd (validation)", each(lambda a: dispatch.validated(*a, exact=args.exact)))]
-    if cuda or args.mock_library:
-        call = dispatch.validated(*calls[0], exact=args.exact)
-        op = torch.ops.flash_kda.fwd  # what a torch.compile'd graph calls: no Python wrapper
-        tail = (None, None, None, None, args.exact, None, False)  # indices .. max_seqlen, state_in_place
-        rows = [
-            ("flash_kda.fwd", each(lambda a: flash_kda.fwd(*a, exact=args.exact))),
-            ("torch.ops.flash_kda.fwd (the op)", each(lambda a: op(*a, *tail))),
-        ] + rows
-        rows += [("dispatch.run_native (validated call)", lambda: dispatch.run_native(call))]
-    if cuda:
-        lib = _native.load()
-        device = torch.device("cuda", torch.cuda.current_device())
-        cc, num_sms = dispatch.device_facts(device.index)
-        c_args, keep = dispatch.native_args(call, num_sms, 0, 0)
-        workspace = torch.empty(lib.plan(c_args).workspace_bytes, dtype=torch.uint8, device=device)
-        c_args.workspace, c_args.workspace_bytes = workspace.data_ptr(), workspace.numel()
-        stream = torch.cuda.current_stream().cuda_stream
-        rows += [("lib.fwd (C: checks, plan, launches)", lambda: lib.fwd(cc, c_args, stream))]
-    mode = "exact" if args.exact else "automatic"
-    where = "C library mocked" if args.mock_library else ("CUDA" if cuda else "CPU tensors")
-    shapes = f", {args.distinct} token counts in turn" if args.distinct > 1 else ""
-    print(
-        f"{args.shape}{shapes}, {mode} path, {where}: host time per call in us "
-        f"(median and p90 of {args.bursts} bursts x {args.burst} calls, synchronised between bursts):"
-    )
-    for name, fn in rows:
-        median, p90 = host_us(fn, args.bursts, args.burst, cuda)
-        print(f"  {name:40s} {median:8.1f} {p90:8.1f}", flush=True)
+        simulated = testing.simulated_native(testing.stand_in_library())
+    fwd = flash_kda.fwd
+    with simulated:
+        batched = [a for a, _ in calls_of(*TINY, device)]
+        varlen = calls_of(*TINY_VARLEN, device)
+        runs = [
+            ("repeat_signature_us", rotating(lambda *a: fwd(*a), batched)),
+            ("varlen_repeat_us", rotating(lambda a, longest: fwd(*a, max_seqlen=longest), varlen)),
+            ("new_signature_us", rotating(lambda *a: fwd(*a), new_signatures(*TINY, device))),
+            ("flashkda_us", flashkda_call(*TINY, device) if cuda else None),
+            ("fla_routed_us", fla_call(*TINY, device) if cuda else None),
+        ]
+        where = result["gpu"] or "CPU, library mocked"
+        print(f"host time per call in us (median and p90 of {args.bursts} bursts of {args.burst}), {where}:")
+        for name, fn in runs:
+            timed = None if fn is None else host_us(fn, args.bursts, args.burst, cuda)
+            print(f"  {name:22s} " + ("n/a" if timed is None else f"{timed[0]:8.1f} {timed[1]:8.1f}"), flush=True)
+            result[name] = None if timed is None else round(timed[0], 2)
+            result[name.replace("_us", "_p90_us")] = None if timed is None else round(timed[1], 2)
+        if args.layers:
+            for name, fn in layers(*TINY, device):
+                median, p90 = host_us(fn, args.bursts, args.burst, cuda)
+                print(f"  {name:40s} {median:8.1f} {p90:8.1f}", flush=True)
+    if cuda and not args.no_table:
+        print("eager against CUDA graph, back to back (automatic path, bf16 states; ms a call):")
+        result["eager_against_graph"] = eager_against_graph(args.reps)
+        slow = [r for r in result["eager_against_graph"] if r["graph_ms"] >= 0.030 and r["ratio"] > 1.05]
+        print(f"rows of >= 30 us GPU time with eager more than 5% above the graph: {len(slow)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
 
 
 if __name__ == "__main__":

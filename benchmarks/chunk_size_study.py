@@ -18,7 +18,7 @@ Chunks longer than 16 cannot take the ledger's Ki = k 2^-G (over 32 tokens G rea
 sub-chunk form of fla's chunk_kda); within 16 rows, L, Mqk and the inverse are the ledger's
 (fp16 L and Neumann product), and the inverse's other blocks come by forward substitution.
 An emulation of that design in plain fp32 arithmetic, for any multiple of 16 rows;
-python/flash_kda/_chunk_model.py is its ledger-level model at 16 and 32 rows (the oracle for
+tests/chunk_model.py is its ledger-level model at 16 and 32 rows (the oracle for
 a kernel), whose accuracy tests/test_chunk_model.py checks.
 """
 

@@ -15,7 +15,7 @@ import argparse
 import os
 
 from bench_fwd import plan_fields
-from flash_kda import _native
+from flash_kda import testing
 from report import describe_plan
 
 TOKENS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 1048576)
@@ -26,8 +26,8 @@ SEQUENCES = (1, 2, 4, 8)
 def plan_of(lib, num_seqs, seqlen, heads, sms, exact):
     """lib's plan (bench_fwd.plan_of's dict) for a batched call; the pointers are never read."""
     pointers = dict(q=0x1000, k=0x2000, v=0x3000, g=0x4000, beta=0x5000, out=0x6000, A_log=0x7000, dt_bias=0x8000)
-    args = _native.FwdArgs(
-        mode=0 if exact else 1, block_v=0, batch=num_seqs, seqlen=seqlen, heads=heads, head_dim=128,
+    args = testing.FwdArgs(
+        mode=0 if exact else 1, batch=num_seqs, seqlen=seqlen, heads=heads, head_dim=128,
         num_seqs=num_seqs, scale=0.088, lower_bound=-5.0, workspace=0x9000, workspace_bytes=1 << 40,
         num_sms=sms, **pointers,
     )  # fmt: skip
@@ -43,10 +43,10 @@ def main():
     args = parser.parse_args()
     if args.moved and not args.against:
         parser.error("--moved needs --against")
-    lib = _native.load()
+    lib = testing.native_library()
     if lib is None:
-        parser.error(_native.load_error())
-    other = _native.NativeLibrary(os.path.abspath(args.against)) if args.against else None
+        parser.error(testing.native_error())
+    other = testing.load_library(os.path.abspath(args.against)) if args.against else None
     shapes = [(n, t, h) for t in TOKENS for h in HEADS for n in SEQUENCES if n * t <= 1 << 20]
     moved = []
     for n, t, h in shapes:

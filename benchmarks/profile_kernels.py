@@ -35,7 +35,7 @@ def kernel_name(key):
 
 def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0, block_v=0, overlap=0, chunk=0):
     lens, heads = SHAPES[shape_id]
-    hook = dict(segment_chunks=segment_chunks, block_v=block_v, overlap=overlap, chunk=chunk)
+    hook = dict(segment_chunks=segment_chunks, block_v=block_v, overlap=overlap, chunk_tokens=chunk)
     hook = {k: v for k, v in hook.items() if v}
     run = runner(make_inputs(lens, heads), exact, **hook)
     run()

@@ -5,7 +5,7 @@
 # (FLASH_KDA_CUDA_ARCHS=90a or all), fla-core and flash-linear-attention (pytest,
 # hypothesis, einops, transformers and matplotlib are in the device image). Usage, from
 # the repository root:
-#   bash ci/device_run.sh [stage ...]   stages: info tests slow sanitize bench (default: all)
+#   bash ci/device_run.sh [stage ...]   stages: info tests slow sanitize bench host (default: all)
 # Logs and results go to $OUT (the device tool's output folder) or ./device-out; at most
 # eight files come back, so every stage appends to one log.
 set -uo pipefail
@@ -14,7 +14,7 @@ mkdir -p "$out"
 log=$out/log.txt
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-stages=${*:-info tests slow sanitize bench}
+stages=${*:-info tests slow sanitize bench host}
 limit=${STAGE_TIMEOUT:-540}  # seconds per command: a hung kernel must not eat the lease
 status=0
 run() { timeout "$limit" "$@" >> "$log" 2>&1 || { status=1; echo "FAILED: $*" >> "$log"; }; }
@@ -36,6 +36,8 @@ for stage in $stages; do
     bench)
       run python3 benchmarks/bench_fwd.py --out "$out/bench.json" --plot --pools --sustained 3
       run python3 benchmarks/plot.py "$out/bench.json" "$out/heads.png" ;;
+    host)  # host time of eager calls, eager against graph per table row (benchmarks/results/host.json)
+      run python3 benchmarks/bench_host.py --json "$out/host.json" ;;
     *) echo "unknown stage $stage" | tee -a "$log"; status=2 ;;
   esac
 done

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, "tests")
 from conftest import check, fused_projection_views, make_problem, pooled_problem
-from flash_kda import dispatch
+from flash_kda import testing
 
 CASES = [
     dict(batch=2, seqlen=37, heads=2, initial=torch.float32, final=torch.float32),
@@ -40,7 +40,7 @@ LENS = [150, 0, 70, 1]  # 221 tokens: several segments of 2 chunks, an empty and
 
 
 def run(name, p, segment_chunks=0, chunk=0, **overrides):
-    dispatch.run_native(check(p, **overrides), segment_chunks=segment_chunks, chunk=chunk)
+    testing.run_native(check(p, **overrides), segment_chunks=segment_chunks, chunk_tokens=chunk)
     torch.cuda.synchronize()
     print(f"{name}: done")
 
@@ -78,7 +78,9 @@ for block_v in (32, 64, 128):
             plans += [(False, 0, -1, 32), (False, 0, 1, 32), (False, 0, 2, 32)]
         for exact, segment_chunks, overlap, chunk in plans:
             call = check(p, exact=exact)
-            dispatch.run_native(call, block_v=block_v, segment_chunks=segment_chunks, overlap=overlap, chunk=chunk)
+            testing.run_native(
+                call, block_v=block_v, segment_chunks=segment_chunks, overlap=overlap, chunk_tokens=chunk
+            )
         torch.cuda.synchronize()
         print(f"block_v={block_v} {case}: out finite {bool(torch.isfinite(p['out']).all())}")
 
@@ -89,13 +91,13 @@ run("auto-segments-2 combine-16-rows", wide, 2, exact=False)
 # Forty heads of the same four sequences at block_v 128: 160 CTAs, more than one wave on any
 # GPU of up to 159 SMs, so the whole pass takes the sequences longest first (design 4.2).
 many = make_problem(1, 0, 40, lens=LENS, initial=torch.bfloat16, final=torch.bfloat16, device="cuda", seed=7)
-dispatch.run_native(check(many, exact=True), block_v=128)
+testing.run_native(check(many, exact=True), block_v=128)
 torch.cuda.synchronize()
 print("exact longest-first: done")
 # K1 beside a batched pass of more CTAs than SMs (design 4.7): its items wave by wave.
 sms = torch.cuda.get_device_properties("cuda").multi_processor_count
 waves = make_problem(sms // 8 + 3, 100, 4, initial=torch.float32, final=torch.float32, device="cuda", seed=8)
-dispatch.run_native(check(waves, exact=True), block_v=64, overlap=1)
+testing.run_native(check(waves, exact=True), block_v=64, overlap=1)
 torch.cuda.synchronize()
 print("exact overlapped multi-wave: done")
 # sm_90a's warpgroup passes two CTAs an SM (design 4.9): block_v 64 over more CTAs than SMs, K1
@@ -104,10 +106,10 @@ print("exact overlapped multi-wave: done")
 # SM, which fit only beside that form).
 shared = make_problem(sms // 2 + 3, 100, 1, initial=torch.bfloat16, final=torch.bfloat16, device="cuda", seed=9)
 for overlap in (-1, 1):
-    dispatch.run_native(check(shared, exact=True), block_v=64, overlap=overlap)
-dispatch.run_native(check(shared, exact=False), block_v=64, segment_chunks=2)
+    testing.run_native(check(shared, exact=True), block_v=64, overlap=overlap)
+testing.run_native(check(shared, exact=False), block_v=64, segment_chunks=2)
 beside = make_problem(8, 256, 8, initial=torch.float32, final=torch.float32, device="cuda", seed=10)
-dispatch.run_native(check(beside, exact=True))
+testing.run_native(check(beside, exact=True))
 torch.cuda.synchronize()
 print("exact warpgroup pass two an SM: done")
 
@@ -116,3 +118,15 @@ for mode, options, segment_chunks, chunk in MODES:
         if chunk == 32 and overrides.get("checkpoint_every", 0) % 32:  # 32-token chunks need
             overrides = dict(overrides, checkpoint_every=32)  # checkpoints every multiple of 32
         run(f"{mode} {name}", p, segment_chunks, chunk, **options, **overrides)
+
+# Calls without tokens (the state copy alone, src/kda/empty.cuh): T = 0 with fp32 states, a
+# bf16 pool with padding and has_initial_state, and tokens no sequence holds (cu_seqlens all
+# zero on the device: the whole forward runs over empty sequences).
+empty = make_problem(3, 0, 2, initial=torch.float32, final=torch.float32, device="cuda", seed=11)
+run("exact no tokens", empty, exact=True)
+empty_pool = pooled_problem(1, 0, 2, [2, -1, 0], 3, lens=[0, 0, 0], has_initial=[True, True, False],
+                            dtype=torch.bfloat16, device="cuda", seed=12)  # fmt: skip
+run("auto no tokens pool", empty_pool, exact=False)
+outside = make_problem(1, 0, 2, lens=[40, 24], initial=torch.float32, final=torch.float32, device="cuda", seed=13)
+outside["cu_seqlens"] = torch.zeros(3, dtype=torch.int64, device="cuda")
+run("auto tokens outside every sequence", outside, exact=False)

@@ -1,18 +1,18 @@
 // SPDX-License-Identifier: MIT
-// api.cpp: the C ABI (flash_kda.h). Checks arguments (docs/api.md), finds the arch table
-// for the caller's compute capability, plans the call (plan.h), fills FwdParams and
-// launches. Host-only; every export is a noexcept shim that turns failures into a status
-// and a thread-local message.
+// api.cpp: the C ABI (flash_kda.h) and the test entry points (flash_kda_testing.h). Checks
+// arguments (args.h, docs/api.md), finds the arch table for the caller's compute capability,
+// plans the call (plan.h, remembered per plan input), fills FwdParams and launches.
+// Host-only; every export is a noexcept shim that turns failures into a status and a
+// thread-local message.
 #include <flash_kda/flash_kda.h>
+#include <flash_kda/flash_kda_testing.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <string>
 
 #include "arch/table.h"
+#include "args.h"
 #include "costs.h"
 #include "kda/config.h"
 #include "kda/workspace.h"
@@ -34,8 +34,8 @@ const ArchTable *const kTables[] = {
 #undef FLASH_KDA_ARCH_ENTRY
 constexpr int kNumTables = static_cast<int>(sizeof(kTables) / sizeof(kTables[0])) - 1;
 
-// The ABI 1 prefix of flash_kda_fwd_args: what an older caller passes.
-constexpr size_t kArgsV1Bytes = offsetof(flash_kda_fwd_args, q_strides);
+// The ABI 3 prefix of flash_kda_fwd_plan_info: what an older caller passes.
+constexpr size_t kPlanInfoV3Bytes = offsetof(flash_kda_fwd_plan_info, chunk_tokens);
 
 thread_local std::string g_last_error;
 
@@ -85,238 +85,134 @@ flash_kda_status launch_result(const char *fn, const LaunchStatus &st) {
               std::string(st.stage) + " failed: " + cudaGetErrorName(st.error));
 }
 
-bool aligned(const void *p, uintptr_t bytes) {
-  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
-}
-
-// Round-to-nearest-even fp32 -> bf16 (finite inputs), design §3.2 step 6: sb = bf(fp32(scale)).
-uint32_t bf16_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-
-// The caller's struct, zero-extended to this header's layout (flash_kda.h: an older caller
-// passes only the ABI 1 prefix). "" or what is wrong.
-std::string read_args(const flash_kda_fwd_args *in, flash_kda_fwd_args &a) {
-  std::memset(&a, 0, sizeof(a));
-  if (in == nullptr) return "args must not be NULL";
-  if (in->struct_size < kArgsV1Bytes || in->struct_size > sizeof(flash_kda_fwd_args))
-    return "args->struct_size must be in [" + std::to_string(kArgsV1Bytes) + ", " +
-           std::to_string(sizeof(flash_kda_fwd_args)) + "], got " + std::to_string(in->struct_size);
-  std::memcpy(&a, in, in->struct_size);
-  return "";
-}
-
-ProblemSizes sizes_of(const flash_kda_fwd_args &a) {
-  const bool varlen = a.cu_seqlens != nullptr;
-  return {a.batch, a.seqlen, a.heads, a.num_seqs, varlen, a.checkpoint_every, a.max_seqlen};
-}
-
-PlanRequest request_of(const flash_kda_fwd_args &a) {
-  return {a.mode, a.block_v, a.segment_chunks, a.overlap, a.chunk_tokens};
-}
-
-// The facts of the device a call runs on (the table's query, under the test switches); the
-// caller's num_sms, where given, is the SM count the plan spreads the work over, unless a
-// test simulates one. "" or what failed.
-std::string device_of(const ArchTable &table, const TestSwitches &t, int32_t num_sms,
-                      PlanDevice &d) {
-  const LaunchStatus st = table.plan_device(t, d);
-  if (st.error != cudaSuccess)
-    return std::string(st.stage) + " failed: " + cudaGetErrorName(st.error);
-  if (num_sms > 0 && t.sms <= 0) d.sms = num_sms;
-  return "";
-}
-
-// The facts of a reference device (costs.h) with `num_sms` multiprocessors: the plan of
-// flash_kda_fwd_plan, which has no device.
-PlanDevice reference_device(const char *name, int32_t num_sms) {
-  for (const ReferenceDevice &r : kReferenceDevices)
-    if (std::strcmp(r.name, name) == 0) {
-      PlanDevice d = r.facts;
-      d.sms = num_sms;
-      return d;
-    }
-  return PlanDevice{};
-}
-
-// The ABI 3 prefix of flash_kda_fwd_plan_info: what an older caller passes.
-constexpr size_t kPlanInfoV3Bytes = offsetof(flash_kda_fwd_plan_info, chunk_tokens);
-
-// head_dim, sizes and the request: what the plan needs besides a device. "" or what is wrong.
-std::string check_plan_args(const flash_kda_fwd_args &a) {
-  if (a.head_dim != kHeadDim) return "head_dim must be 128, got " + std::to_string(a.head_dim);
-  if (a.block_v == 0 && a.num_sms < 1)
-    return "num_sms must be >= 1 when block_v is 0, got " + std::to_string(a.num_sms);
-  std::string err = check_sizes(sizes_of(a));
-  return err.empty() ? check_request(sizes_of(a), request_of(a)) : err;
-}
-
-// The plan on `device` of checked arguments (check_plan_args). "" or what is wrong.
-std::string plan_on(const flash_kda_fwd_args &a, const PlanDevice &device, Plan &plan) {
-  return make_plan(sizes_of(a), request_of(a), device, plan);
-}
-
-// The strides of an activation (elements): zeros mean contiguous. Every stride of a
-// dimension longer than one must be positive and, for 16-byte vector loads and tensor
-// copies, a multiple of `multiple`.
-std::string check_strides(const char *name, const flash_kda_strides &in,
-                          const flash_kda_fwd_args &a, int64_t row, int64_t multiple,
-                          Strides &out) {
-  if (in.batch == 0 && in.token == 0 && in.head == 0) {
-    out = {a.seqlen * a.heads * row, a.heads * row, row};
-    return "";
+// The facts of the device a call is planned for: the reference device overrides->device
+// (costs.h, no GPU asked), else the current device's through `table` (launch.cuh
+// plan_device, under the test switches). The plan spreads the work over sim_sms SMs where a
+// test sets it, else over the caller's num_sms. FLASH_KDA_OK, or the failure recorded.
+flash_kda_status device_for(const char *fn, int32_t cc, const flash_kda_fwd_args &a,
+                            const flash_kda_testing_overrides &o, PlanDevice &d) {
+  if (o.device != FLASH_KDA_TESTING_DEVICE_CURRENT) {
+    for (const ReferenceDevice &r : kReferenceDevices)
+      if (r.id == o.device) d = r.facts;
+  } else {
+    const ArchTable *table = nullptr;
+    flash_kda_status st = find_table(fn, cc, table);
+    if (st == FLASH_KDA_OK) st = check_driver(fn);
+    if (st != FLASH_KDA_OK) return st;
+    const LaunchStatus query = table->plan_device(switches_of(o), d);
+    if (query.error != cudaSuccess) return launch_result(fn, query);
   }
-  out = {in.batch, in.token, in.head};
-  const int64_t strides[3] = {in.batch, in.token, in.head};
-  const int64_t dims[3] = {a.batch, a.seqlen, a.heads};
-  const int64_t limit = int64_t{1} << 39;  // tensor copies take byte strides below 2^40
-  for (int i = 0; i < 3; ++i) {
-    if (dims[i] == 1) continue;
-    if (strides[i] <= 0 || strides[i] % multiple != 0 || strides[i] >= limit)
-      return std::string(name) + " strides must be positive multiples of " +
-             std::to_string(multiple) + " below 2^39 elements, got (" + std::to_string(in.batch) +
-             ", " + std::to_string(in.token) + ", " + std::to_string(in.head) + ")";
-  }
-  return "";
+  d.sms = o.sim_sms > 0 ? o.sim_sms : a.num_sms;
+  return FLASH_KDA_OK;
 }
 
-std::string check_state(const char *name, const void *ptr, int32_t dtype) {
-  if (dtype != FLASH_KDA_DTYPE_NONE && dtype != FLASH_KDA_DTYPE_BF16 &&
-      dtype != FLASH_KDA_DTYPE_FP32)
-    return std::string(name) + " dtype must be NONE, BF16 or FP32, got " + std::to_string(dtype);
-  if ((dtype == FLASH_KDA_DTYPE_NONE) != (ptr == nullptr))
-    return std::string(name) + " pointer and dtype disagree (NULL iff NONE)";
-  if (ptr != nullptr && !aligned(ptr, 16)) return std::string(name) + " must be 16-byte aligned";
-  return "";
+// flash_kda_fwd_plan with overrides: the plan info of the checked arguments.
+flash_kda_status plan_call(const char *fn, int32_t cc, const flash_kda_fwd_args *args,
+                           const flash_kda_testing_overrides *overrides,
+                           flash_kda_fwd_plan_info *out) {
+  if (out == nullptr ||
+      (out->struct_size != sizeof(flash_kda_fwd_plan_info) && out->struct_size != kPlanInfoV3Bytes))
+    return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
+                "plan must not be NULL and plan->struct_size must be " +
+                    std::to_string(sizeof(flash_kda_fwd_plan_info)) + " (or " +
+                    std::to_string(kPlanInfoV3Bytes) + ", ABI 3)");
+  flash_kda_fwd_args a;
+  flash_kda_testing_overrides o;
+  std::string err = read_args(args, a);
+  if (err.empty()) err = read_overrides(overrides, o);
+  if (err.empty()) err = check_call(a, o);
+  if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
+  PlanDevice device{};
+  if (has_tokens(a)) {
+    const flash_kda_status st = device_for(fn, cc, a, o, device);
+    if (st != FLASH_KDA_OK) return st;
+  }
+  Plan plan{};
+  err = check_plan(a, o, device, plan);
+  if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
+  out->block_v = plan.block_v;
+  out->segment_chunks = plan.segment_chunks;
+  out->segment_block_v = plan.segment_block_v;
+  out->max_segments = plan.max_segments;
+  out->workspace_bytes = plan.workspace_bytes;
+  out->overlap_min_ctas = plan.overlap_min_ctas;
+  out->overlap_max_ctas = plan.overlap_max_ctas;
+  if (out->struct_size == sizeof(flash_kda_fwd_plan_info)) {
+    out->chunk_tokens = plan.chunk_tokens;
+    out->overlap_lead = plan.overlap_lead;
+  }
+  return FLASH_KDA_OK;
 }
 
-std::string check_index_dtype(const char *name, int32_t dtype, bool none_ok) {
-  if (dtype == FLASH_KDA_DTYPE_INT32 || dtype == FLASH_KDA_DTYPE_INT64 ||
-      (none_ok && dtype == FLASH_KDA_DTYPE_NONE))
-    return "";
-  return std::string(name) + " dtype must be INT32 or INT64, got " + std::to_string(dtype);
+// flash_kda_fwd with overrides: every check that needs no device, then the device's facts,
+// the plan and the workspace, then the launches (none for a call without sequences; only
+// the state copy for one without tokens).
+flash_kda_status forward(const char *fn, int32_t compute_capability, const flash_kda_fwd_args *args,
+                         const flash_kda_testing_overrides *overrides, void *stream) {
+  flash_kda_fwd_args a;
+  flash_kda_testing_overrides o;
+  std::string err = read_args(args, a);
+  if (err.empty()) err = read_overrides(overrides, o);
+  if (err.empty() && o.device != FLASH_KDA_TESTING_DEVICE_CURRENT)
+    err = "overrides->device plans for a reference device: flash_kda_testing_fwd runs the current one";
+  if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
+  const ArchTable *table = nullptr;
+  flash_kda_status st = find_table(fn, compute_capability, table);
+  if (st != FLASH_KDA_OK) return st;
+  FwdParams params{};
+  err = check_call(a, o);
+  if (err.empty()) err = check_tensors(a, params);
+  if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
+  if (a.num_seqs == 0) return FLASH_KDA_OK;
+  st = check_driver(fn);
+  if (st != FLASH_KDA_OK) return st;
+  PlanDevice device{};
+  if (has_tokens(a)) {
+    st = device_for(fn, compute_capability, a, o, device);
+    if (st != FLASH_KDA_OK) return st;
+  }
+  Plan plan{};
+  err = check_plan(a, o, device, plan);
+  if (err.empty()) err = check_workspace(a, plan);
+  if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
+  fill_params(a, plan, params);
+  params.test = switches_of(o);
+  if (o.wait_limit_ns > 0) params.wait_limit_ns = static_cast<uint64_t>(o.wait_limit_ns);
+  if (params.test.record != nullptr) params.test.record->count = 0;
+  return launch_result(fn, table->fwd(params, static_cast<cudaStream_t>(stream)));
 }
 
-// Pointers, strides, states, pool, checkpoints and values (docs/api.md); fills the
-// arch-independent part of p. "" or what is wrong.
-std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p) {
-  const void *required[] = {a.q, a.k, a.v, a.g, a.out, a.A_log, a.dt_bias, a.workspace};
-  const char *names[] = {"q", "k", "v", "g", "out", "A_log", "dt_bias", "workspace"};
-  for (int i = 0; i < 8; ++i) {
-    if (required[i] == nullptr) return std::string(names[i]) + " must not be NULL";
-    if (!aligned(required[i], 16)) return std::string(names[i]) + " must be 16-byte aligned";
+// The facts of flash_kda_testing_device_facts.
+flash_kda_status device_facts_call(const char *fn, int32_t cc,
+                                   const flash_kda_testing_overrides *overrides,
+                                   flash_kda_testing_device *out) {
+  flash_kda_testing_overrides o;
+  std::string err = read_overrides(overrides, o);
+  if (err.empty() && (out == nullptr || out->struct_size != sizeof(flash_kda_testing_device)))
+    err = "facts must not be NULL and facts->struct_size must be " +
+          std::to_string(sizeof(flash_kda_testing_device));
+  if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
+  flash_kda_fwd_args a{};
+  a.num_sms = 0;
+  PlanDevice d{};
+  const flash_kda_status st = device_for(fn, cc, a, o, d);
+  if (st != FLASH_KDA_OK) return st;
+  if (o.device == FLASH_KDA_TESTING_DEVICE_CURRENT && o.sim_sms <= 0) {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
+      d.sms = sms;
+  } else if (o.sim_sms <= 0) {
+    for (const ReferenceDevice &r : kReferenceDevices)
+      if (r.id == o.device) d.sms = r.facts.sms;
   }
-  if (a.beta == nullptr) return "beta must not be NULL";
-  if (!aligned(a.beta, 2)) return "beta must be 2-byte aligned";
-  const flash_kda_strides *in[] = {&a.q_strides, &a.k_strides, &a.v_strides, &a.g_strides,
-                                   &a.out_strides};
-  Strides *out[] = {&p.q_strides, &p.k_strides, &p.v_strides, &p.g_strides, &p.out_strides};
-  const char *act[] = {"q", "k", "v", "g", "out"};
-  for (int i = 0; i < 5; ++i) {
-    std::string err = check_strides(act[i], *in[i], a, kHeadDim, 8, *out[i]);
-    if (!err.empty()) return err;
-  }
-  std::string err = check_strides("beta", a.beta_strides, a, 1, 1, p.beta_strides);
-  if (err.empty()) err = check_state("initial_state", a.initial_state, a.initial_state_dtype);
-  if (err.empty()) err = check_state("final_state", a.final_state, a.final_state_dtype);
-  if (err.empty()) err = check_state("checkpoints", a.checkpoints, a.checkpoints_dtype);
-  if (!err.empty()) return err;
-  if (a.initial_state_dtype != FLASH_KDA_DTYPE_NONE &&
-      a.final_state_dtype != FLASH_KDA_DTYPE_NONE && a.initial_state_dtype != a.final_state_dtype)
-    return "initial_state and final_state must have the same dtype";
-  if (a.cu_seqlens != nullptr) {
-    err = check_index_dtype("cu_seqlens", a.cu_seqlens_dtype, true);
-    if (err.empty() && !aligned(a.cu_seqlens, 8)) err = "cu_seqlens must be 8-byte aligned";
-    if (!err.empty()) return err;
-  }
-  if (a.state_indices != nullptr) {
-    err = check_index_dtype("state_indices", a.state_indices_dtype, false);
-    if (!err.empty()) return err;
-    if (!aligned(a.state_indices, 8)) return "state_indices must be 8-byte aligned";
-    if (a.state_pool_size < 1 || a.state_pool_size > kMaxSeqs)
-      return "state_pool_size must be in [1, 2^30] with state_indices, got " +
-             std::to_string(a.state_pool_size);
-  } else if (a.state_indices_dtype != FLASH_KDA_DTYPE_NONE) {
-    return "state_indices is NULL but state_indices_dtype is " +
-           std::to_string(a.state_indices_dtype);
-  }
-  if (a.checkpoints != nullptr &&
-      (a.checkpoint_every <= 0 || a.checkpoint_slots < 0 || a.checkpoint_slots > kMaxTokens))
-    return "checkpoints need checkpoint_every > 0 and checkpoint_slots in [0, 2^31), got " +
-           std::to_string(a.checkpoint_every) + " and " + std::to_string(a.checkpoint_slots);
-  const float scale = static_cast<float>(a.scale);
-  if (!std::isfinite(a.scale) || !std::isfinite(scale) ||
-      ((bf16_bits(scale) >> 7) & 0xffu) == 0xffu)
-    return "scale must be finite in bfloat16 (|scale| < 3.39e38), got " + std::to_string(a.scale);
-  if (!(a.lower_bound >= -5.0 && a.lower_bound <= 0.0))
-    return "lower_bound must be in [-5, 0], got " + std::to_string(a.lower_bound);
-  return "";
-}
-
-Dtype dtype_or(int32_t d, Dtype none) {
-  return d == FLASH_KDA_DTYPE_NONE ? none : static_cast<Dtype>(d);
-}
-
-// The pointers and sizes of a checked call, laid out by its plan.
-void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
-  p.q = static_cast<const uint16_t *>(a.q);
-  p.k = static_cast<const uint16_t *>(a.k);
-  p.v = static_cast<const uint16_t *>(a.v);
-  p.g = static_cast<const uint16_t *>(a.g);
-  p.beta = static_cast<const uint16_t *>(a.beta);
-  p.out = static_cast<uint16_t *>(a.out);
-  p.A_log = a.A_log;
-  p.dt_bias = a.dt_bias;
-  p.initial_state = a.initial_state;
-  p.final_state = a.final_state;
-  p.initial_dtype = static_cast<Dtype>(a.initial_state_dtype);
-  p.final_dtype = static_cast<Dtype>(a.final_state_dtype);
-  p.state_indices = a.state_indices;
-  p.index_dtype = dtype_or(a.state_indices_dtype, Dtype::kNone);
-  p.pool_size = a.state_indices != nullptr ? a.state_pool_size : a.num_seqs;
-  p.has_initial_state = a.has_initial_state;
-  p.checkpoints = a.checkpoints;
-  p.checkpoint_dtype = static_cast<Dtype>(a.checkpoints_dtype);
-  p.checkpoint_chunks = a.checkpoints != nullptr ? a.checkpoint_every / plan.chunk_tokens : 0;
-  p.checkpoint_slots = a.checkpoints != nullptr ? a.checkpoint_slots : 0;
-  p.cu_seqlens = a.cu_seqlens;
-  p.cu_seqlens_dtype = dtype_or(a.cu_seqlens_dtype, Dtype::kInt64);
-  p.batch = a.batch;
-  p.seqlen = a.seqlen;
-  p.total_tokens = a.batch * a.seqlen;
-  p.heads = a.heads;
-  p.num_seqs = a.num_seqs;
-  uint8_t *base = static_cast<uint8_t *>(a.workspace);
-  p.records = base;
-  p.chunk_shift = plan.chunk_tokens == 32 ? 5 : 4;
-  p.tiles_per_head = tiles_per_head(p.total_tokens, a.num_seqs, plan.chunk_tokens);
-  const int64_t chunks = ceil_div(a.seqlen, plan.chunk_tokens);  // per sequence, batched mode
-  p.prepare_tiles = a.cu_seqlens != nullptr ? p.tiles_per_head : a.num_seqs * chunks;
-  // K1's order beside the pass (design §4.7): the sequences of one wave of the pass together.
-  p.order_group = plan.overlap_group;
-  p.prepare_items =
-      static_cast<int32_t>(std::min<int64_t>(chunks * a.num_seqs * a.heads, INT32_MAX));
-  p.ready = plan.overlap_min_ctas > 0 ? reinterpret_cast<uint32_t *>(base + plan.ready) : nullptr;
-  p.overlap_min_ctas = plan.overlap_min_ctas;
-  p.overlap_max_ctas = plan.overlap_max_ctas;
-  p.leave_sms = 0;  // the launch decides (launch.cuh plan_overlap)
-  p.leave_after = plan.overlap_lead;
-  p.sync = reinterpret_cast<OverlapSync *>(base + plan.overlap_sync);
-  p.tile_prefix = reinterpret_cast<int32_t *>(base + plan.tile_prefix);
-  p.segment_prefix = reinterpret_cast<int32_t *>(base + plan.segment_prefix);
-  p.checkpoint_prefix = reinterpret_cast<int32_t *>(base + plan.checkpoint_prefix);
-  p.seq_order = plan.longest_first ? p.segment_prefix : nullptr;
-  p.segment_chunks = plan.segment_chunks;
-  p.max_segments = plan.max_segments;
-  p.segment_states = reinterpret_cast<uint16_t *>(base + plan.segment_states);
-  p.segment_starts = reinterpret_cast<uint16_t *>(base + plan.segment_starts);
-  p.gate_scale = static_cast<float>(a.lower_bound * 1.4426950408889634);  // design §3.2 step 1
-  p.scale_bf16 = bf16_bits(static_cast<float>(a.scale));
-  p.chain_block_v = plan.block_v;
-  p.segment_block_v = plan.segment_block_v;
-  p.wait_limit_ns = kWaitLimitNs;
+  *out = {sizeof(flash_kda_testing_device), d.cc, d.generic ? 1 : 0, d.sms, d.smem_optin,
+          d.smem_sm, d.threads_sm, d.regs_sm, {d.k1_alone[0], d.k1_alone[1]},
+          {d.k1_overlap[0], d.k1_overlap[1]},
+          {{d.k1_beside[0][0], d.k1_beside[0][1], d.k1_beside[0][2]},
+           {d.k1_beside[1][0], d.k1_beside[1][1], d.k1_beside[1][2]}},
+          d.combine_wide ? 1 : 0};
+  return FLASH_KDA_OK;
 }
 
 }  // namespace
@@ -379,69 +275,59 @@ int32_t flash_kda_pick_block_v(int64_t num_seqs, int64_t heads, int32_t num_sms)
   return flash_kda::pick_block_v(num_seqs * heads, num_sms);
 }
 
-flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
-                                    flash_kda_fwd_plan_info *out) noexcept {
-  const char *fn = "flash_kda_fwd_plan";
+flash_kda_status flash_kda_fwd_plan(int32_t compute_capability, const flash_kda_fwd_args *args,
+                                    flash_kda_fwd_plan_info *plan) noexcept {
   try {
-    if (out == nullptr || (out->struct_size != sizeof(flash_kda_fwd_plan_info) &&
-                           out->struct_size != flash_kda::kPlanInfoV3Bytes))
-      return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
-                  "plan must not be NULL and plan->struct_size must be " +
-                      std::to_string(sizeof(flash_kda_fwd_plan_info)) + " (or " +
-                      std::to_string(flash_kda::kPlanInfoV3Bytes) + ", ABI 3)");
-    flash_kda_fwd_args a;
-    std::string err = flash_kda::read_args(args, a);
-    flash_kda::Plan plan{};
-    if (err.empty()) err = flash_kda::check_plan_args(a);
-    if (err.empty())
-      err = flash_kda::plan_on(a, flash_kda::reference_device("h200", a.num_sms), plan);
-    if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
-    out->block_v = plan.block_v;
-    out->segment_chunks = plan.segment_chunks;
-    out->segment_block_v = plan.segment_block_v;
-    out->max_segments = plan.max_segments;
-    out->workspace_bytes = plan.workspace_bytes;
-    out->overlap_min_ctas = plan.overlap_min_ctas;
-    out->overlap_max_ctas = plan.overlap_max_ctas;
-    if (out->struct_size == sizeof(flash_kda_fwd_plan_info)) {
-      out->chunk_tokens = plan.chunk_tokens;
-      out->overlap_lead = plan.overlap_lead;
-    }
-    return FLASH_KDA_OK;
+    return flash_kda::plan_call("flash_kda_fwd_plan", compute_capability, args, nullptr, plan);
   } catch (...) {
-    return fail(FLASH_KDA_INTERNAL, fn, "unexpected C++ exception");
+    return fail(FLASH_KDA_INTERNAL, "flash_kda_fwd_plan", "unexpected C++ exception");
   }
 }
 
 flash_kda_status flash_kda_fwd(int32_t compute_capability, const flash_kda_fwd_args *args,
                                void *stream) noexcept {
-  const char *fn = "flash_kda_fwd";
   try {
-    flash_kda_fwd_args a;
-    std::string err = flash_kda::read_args(args, a);
-    if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
-    const flash_kda::ArchTable *table = nullptr;
-    flash_kda_status st = flash_kda::find_table(fn, compute_capability, table);
-    if (st != FLASH_KDA_OK) return st;
-    flash_kda::Plan plan{};
-    flash_kda::FwdParams params{};
-    err = flash_kda::check_plan_args(a);
-    if (err.empty()) err = flash_kda::check_tensors(a, params);
-    if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
-    st = flash_kda::check_driver(fn);
-    if (st != FLASH_KDA_OK) return st;
-    flash_kda::PlanDevice device{};
-    err = flash_kda::device_of(*table, params.test, a.num_sms, device);
-    if (!err.empty()) return fail(FLASH_KDA_CUDA_ERROR, fn, err);
-    err = flash_kda::plan_on(a, device, plan);
-    if (err.empty() && a.workspace_bytes < plan.workspace_bytes)
-      err = "workspace must hold " + std::to_string(plan.workspace_bytes) + " bytes, got " +
-            std::to_string(a.workspace_bytes);
-    if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
-    flash_kda::fill_params(a, plan, params);
-    return flash_kda::launch_result(fn, table->fwd(params, static_cast<cudaStream_t>(stream)));
+    return flash_kda::forward("flash_kda_fwd", compute_capability, args, nullptr, stream);
   } catch (...) {
-    return fail(FLASH_KDA_INTERNAL, fn, "unexpected C++ exception");
+    return fail(FLASH_KDA_INTERNAL, "flash_kda_fwd", "unexpected C++ exception");
+  }
+}
+
+// ---- flash_kda_testing.h: the same checks, plan and launches with forced plan parts ----
+
+int32_t flash_kda_testing_version(void) noexcept {
+  return FLASH_KDA_TESTING_VERSION;
+}
+
+flash_kda_status flash_kda_testing_plan(int32_t compute_capability, const flash_kda_fwd_args *args,
+                                        const flash_kda_testing_overrides *overrides,
+                                        flash_kda_fwd_plan_info *plan) noexcept {
+  try {
+    return flash_kda::plan_call("flash_kda_testing_plan", compute_capability, args, overrides,
+                                plan);
+  } catch (...) {
+    return fail(FLASH_KDA_INTERNAL, "flash_kda_testing_plan", "unexpected C++ exception");
+  }
+}
+
+flash_kda_status flash_kda_testing_device_facts(int32_t compute_capability,
+                                                const flash_kda_testing_overrides *overrides,
+                                                flash_kda_testing_device *facts) noexcept {
+  try {
+    return flash_kda::device_facts_call("flash_kda_testing_device_facts", compute_capability,
+                                        overrides, facts);
+  } catch (...) {
+    return fail(FLASH_KDA_INTERNAL, "flash_kda_testing_device_facts", "unexpected C++ exception");
+  }
+}
+
+flash_kda_status flash_kda_testing_fwd(int32_t compute_capability, const flash_kda_fwd_args *args,
+                                       const flash_kda_testing_overrides *overrides,
+                                       void *stream) noexcept {
+  try {
+    return flash_kda::forward("flash_kda_testing_fwd", compute_capability, args, overrides, stream);
+  } catch (...) {
+    return fail(FLASH_KDA_INTERNAL, "flash_kda_testing_fwd", "unexpected C++ exception");
   }
 }
 

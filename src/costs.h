@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include <flash_kda/flash_kda_testing.h>
+
 #include "kda/config.h"
 #include "plan.h"
 
@@ -204,11 +206,12 @@ constexpr const ArchCosts &costs_for(int32_t cc, bool generic) {
 // ---------------------------------------------------------------- reference devices
 // The facts the launch code finds (launch.cuh plan_device) on the devices the plan is
 // evaluated for without a GPU (flash_kda_testing_plan; benchmarks/plan_grid.py), the SM
-// count aside. Each is what an H200 reports in a test mode (tests/test_port_gpu.py checks
+// count aside. Each is what an H200 reports in a test mode (tests/test_arches_gpu.py checks
 // them there): itself, the other arches' passes (generic; sm_100's limits are the H200's),
 // and those with sm_120's limits (99 KB a block, 100 KB and 1,536 threads an SM). The
 // registers are sm_90a's; a real sm_100 or sm_120 finds its own.
 struct ReferenceDevice {
+  int32_t id;  // flash_kda_testing_device_id
   const char *name;
   PlanDevice facts;
 };
@@ -221,14 +224,17 @@ struct ReferenceDevice {
 // (89 registers, 3 warps on one sub-partition) 5 and <2, 8> (118) 3. On sm_120 a pass
 // CTA's ring takes the SM's shared memory: no K1 CTA beside any pass, and 6 (or 1) alone.
 constexpr ReferenceDevice kReferenceDevices[] = {
-    {"h200", {.cc = 90, .generic = false, .sms = 132, .smem_optin = 232448,
-              .smem_sm = 233472, .k1_alone = {12, 4}, .k1_overlap = {12, 3},
+    {FLASH_KDA_TESTING_DEVICE_H200, "h200", {.cc = 90, .generic = false, .sms = 132, .smem_optin = 232448,
+              .smem_sm = 233472, .threads_sm = 2048, .regs_sm = 65536, .k1_alone = {12, 4},
+              .k1_overlap = {12, 3},
               .k1_beside = {{3, 4, 0}, {1, 0, 0}}, .combine_wide = true}},
-    {"sm100", {.cc = 100, .generic = true, .sms = 148, .smem_optin = 232448,
-               .smem_sm = 233472, .k1_alone = {12, 4}, .k1_overlap = {12, 3},
+    {FLASH_KDA_TESTING_DEVICE_SM100, "sm100", {.cc = 100, .generic = true, .sms = 148, .smem_optin = 232448,
+               .smem_sm = 233472, .threads_sm = 2048, .regs_sm = 65536, .k1_alone = {12, 4},
+               .k1_overlap = {12, 3},
                .k1_beside = {{3, 5, 3}, {1, 0, 0}}, .combine_wide = true}},
-    {"sm120", {.cc = 120, .generic = true, .sms = 170, .smem_optin = 101376,
-               .smem_sm = 102400, .k1_alone = {6, 1}, .k1_overlap = {6, 1},
+    {FLASH_KDA_TESTING_DEVICE_SM120, "sm120", {.cc = 120, .generic = true, .sms = 170, .smem_optin = 101376,
+               .smem_sm = 102400, .threads_sm = 1536, .regs_sm = 65536, .k1_alone = {6, 1},
+               .k1_overlap = {6, 1},
                .k1_beside = {{0, 0, 0}, {0, 0, 0}}, .combine_wide = true}},
 };
 

@@ -430,17 +430,17 @@ int32_t pick_block_v(int64_t pairs, int32_t num_sms) {
 }
 
 std::string check_sizes(const ProblemSizes &z) {
-  if (z.batch < 1 || z.seqlen < 1 || z.heads < 1)
-    return "batch, seqlen and heads must be >= 1, got " + str(z.batch) + ", " + str(z.seqlen) +
-           ", " + str(z.heads);
+  if (z.batch < 0 || z.seqlen < 0 || z.heads < 1)
+    return "batch and seqlen must be >= 0 and heads >= 1, got " + str(z.batch) + ", " +
+           str(z.seqlen) + ", " + str(z.heads);
   if (z.heads > kMaxHeads) return "heads must be <= " + str(kMaxHeads) + ", got " + str(z.heads);
   if (mul_within(z.batch, z.seqlen, kMaxTokens) < 0)
     return "batch * seqlen must be at most 2^31 - 1, got batch " + str(z.batch) + " and seqlen " +
            str(z.seqlen);
   if (z.varlen && z.batch != 1)
     return "batch must be 1 when cu_seqlens is given, got " + str(z.batch);
-  if (z.num_seqs < 1 || z.num_seqs > kMaxSeqs || (!z.varlen && z.num_seqs != z.batch))
-    return "num_seqs must be batch (batched) or numel(cu_seqlens) - 1 in [1, 2^30], got " +
+  if (z.num_seqs < 0 || z.num_seqs > kMaxSeqs || (!z.varlen && z.num_seqs != z.batch))
+    return "num_seqs must be batch (batched) or numel(cu_seqlens) - 1 in [0, 2^30], got " +
            str(z.num_seqs);
   if (z.checkpoint_every < 0 || z.checkpoint_every % kChunk != 0)
     return "checkpoint_every must be a positive multiple of 16 (or 0 for none), got " +

@@ -68,6 +68,7 @@ struct PlanDevice {
                     // passes a test switch turns off)
   int32_t sms;      // multiprocessors the plan spreads the work over
   int32_t smem_optin, smem_sm;  // shared memory per block (opt-in) and per SM, bytes
+  int32_t threads_sm, regs_sm;  // threads and registers per SM
   int32_t k1_alone[2];          // prepare_kernel CTAs an SM by itself
   int32_t k1_overlap[2];        // prepare_overlap_kernel CTAs an SM by itself
   // prepare_overlap_kernel CTAs that fit on an SM beside one CTA of each width's
@@ -78,7 +79,8 @@ struct PlanDevice {
 };
 
 // "" when the sizes are within the limits, else what is wrong ("batch * seqlen must be
-// ..."); never overflows, whatever the inputs.
+// ..."); never overflows, whatever the inputs. Calls without tokens or sequences pass (they
+// have no plan: make_plan needs tokens).
 std::string check_sizes(const ProblemSizes &sizes);
 
 // "" when a request is one make_plan can honour (given a device), else what is wrong.

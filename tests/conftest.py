@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-from flash_kda import _validate  # noqa: E402
+from flash_kda import testing  # noqa: E402
 from flash_kda.reference import FWD_ARGS, FWD_KEYWORDS, GOLD_ARGS, rel_err  # noqa: E402, F401 (re-exported)
 from flash_kda.reference import random_problem as make_problem  # noqa: E402 (re-exported)
 
@@ -52,11 +52,10 @@ def native_gpu():
     native path does not run (no table for the GPU's arch, FLA_FLASH_KDA=0, no library);
     where it runs, the reference and the chunk model must use the library's probes."""
     from flash_kda import dispatch
-    from flash_kda._numerics import Ops
 
     if dispatch.backend_for("cuda") != "native":
         pytest.skip(f"no native path here: {dispatch.explain('cuda')[1]}")
-    assert Ops(torch.device("cuda")).exact_instructions, "the reference must run the probes"
+    assert testing.Ops(torch.device("cuda")).exact_instructions, "the reference must run the probes"
 
 
 def call(fn, p, **overrides):
@@ -65,9 +64,9 @@ def call(fn, p, **overrides):
     return fn(*[q[name] for name in FWD_ARGS], **{name: q[name] for name in FWD_KEYWORDS if name in q})
 
 
-def check(p, **overrides) -> _validate.FwdCall:
+def check(p, **overrides) -> testing.FwdCall:
     """The validated call of problem p (with overrides)."""
-    return call(_validate.check_fwd, p, **overrides)
+    return call(testing.validated, p, **overrides)
 
 
 def gold_of(p):

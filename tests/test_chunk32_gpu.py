@@ -2,7 +2,7 @@
 """The automatic path's 32-token chunks (design section 4.8) on a GPU.
 
 The native forward with 32-token chunks is bit for bit the chunk model's arithmetic
-(python/flash_kda/_chunk_model.py, its approximate instructions and tensor-core products
+(tests/chunk_model.py, its approximate instructions and tensor-core products
 run through the library's probes): for both widths built for them (block_v 32, 64),
 batched and varlen with empty, one-token and partial last chunks, every state variant, with
 K1 before the pass, beside it on its SMs or leaving them, the same bits run to run. Its
@@ -10,6 +10,7 @@ checkpoints are the model's states after those tokens; it stays within the accur
 contract; graph replay equals eager. (Segments keep 16-token chunks: test_native.py checks
 that the plan refuses them with 32.)"""
 
+import chunk_model
 import pytest
 import torch
 from conftest import (
@@ -27,8 +28,8 @@ from conftest import (
     sequence_spans,
     state_id,
 )
-from flash_kda import _chunk_model, dispatch
-from flash_kda._numerics import Ops
+from flash_kda import testing
+from flash_kda.testing import Ops
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
 DEV = "cuda"
@@ -37,14 +38,14 @@ DEV = "cuda"
 def run(p, *, chunk=32, exact=False, **native):
     """The native forward on problem p (in place), AUTO mode with `chunk`-token chunks."""
     keywords = {name: p[name] for name in ("checkpoint_every", "checkpoints") if name in p}
-    call = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=exact, **keywords)
-    dispatch.run_native(call, chunk=chunk, **native)
+    call = testing.validated(*[p[name] for name in FWD_ARGS], exact=exact, **keywords)
+    testing.run_native(call, chunk_tokens=chunk, **native)
 
 
 def model(p):
     """(out, final state as bf16) of the chunk model on problem p."""
     args = [p[name] for name in GOLD_ARGS]
-    return _chunk_model.fwd(*args, chunk=32, ops=Ops(torch.device(DEV)))
+    return chunk_model.fwd(*args, chunk=32, ops=Ops(torch.device(DEV)))
 
 
 def assert_model_bits(p, got):
@@ -95,8 +96,8 @@ def test_k1_overlapping_the_pass_gives_the_same_bits_run_to_run(overlap):
     first. Beside the pass, 3 to 10% of such calls gave a few output rows other bits on the
     H200 before the stage releases carried a proxy fence."""
     p = make_problem(1, 8192, 24, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=16)
-    call = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=False)
-    plan = dispatch.plan_of(call, chunk=32, overlap=overlap, block_v=32)
+    call = testing.validated(*[p[name] for name in FWD_ARGS], exact=False)
+    plan = testing.plan_of(call, chunk_tokens=32, overlap=overlap, block_v=32)
     if overlap == 1:
         assert plan.overlap_min_ctas > 0 and plan.overlap_max_ctas > 0
     else:
@@ -136,12 +137,12 @@ def test_checkpoints_every_48_tokens_keep_16_token_chunks():
     p = make_problem(1, 4096, 2, initial=None, final=torch.bfloat16, device=DEV, seed=15)
     p["checkpoint_every"] = 48
     p["checkpoints"] = torch.zeros((4096 // 48, 2, 128, 128), dtype=torch.bfloat16, device=DEV)
-    call = dispatch.validated(
+    call = testing.validated(
         *[p[name] for name in FWD_ARGS], exact=False, checkpoint_every=48, checkpoints=p["checkpoints"]
     )
-    assert dispatch.plan_of(call).chunk_tokens == 16
+    assert testing.plan_of(call).chunk_tokens == 16
     with pytest.raises(RuntimeError, match="chunk_tokens 32 needs checkpoint_every a multiple of 32"):
-        dispatch.run_native(call, chunk=32)
+        testing.run_native(call, chunk_tokens=32)
 
 
 @pytest.mark.parametrize("lower_bound", (-5.0, -0.25), ids=("short-memory", "long-memory"))

@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: MIT
-"""The 32-token chunk model (python/flash_kda/_chunk_model.py, design §4.8):
+"""The 32-token chunk model (tests/chunk_model.py, design §4.8):
 with 16-token chunks and the ledger's Kr it is the exact ledger bit for bit; its 32-token
 records hold the inverse and the scores they claim to; and its forward stays within the
 issue's accuracy bound of 1.1x the exact path's error. CPU, exact math."""
 
+import chunk_model
 import pytest
 import torch
-from flash_kda import _chunk_model, reference
-from flash_kda._numerics import Ops
+from flash_kda import reference
+from flash_kda.testing import Ops
 
 PROBLEMS = {
     "batched-fp32": dict(batch=2, seqlen=96, heads=2, initial=torch.float32, final=torch.float32),
@@ -35,7 +36,7 @@ def ledger(p):
 @pytest.mark.parametrize("name", sorted(PROBLEMS))
 def test_sixteen_token_chunks_with_the_ledgers_kr_are_the_ledger(name):
     p = problem(name)
-    out, state = _chunk_model.fwd(*[p[n] for n in reference.GOLD_ARGS], chunk=16, ledger_kr=True)
+    out, state = chunk_model.fwd(*[p[n] for n in reference.GOLD_ARGS], chunk=16, ledger_kr=True)
     ledger_out, ledger_state = ledger(p)
     assert torch.equal(out, ledger_out)
     assert torch.equal(state.float(), ledger_state.float())
@@ -56,7 +57,7 @@ def test_a_32_token_record_holds_the_inverse_and_the_scores_it_claims():
     p = problem("batched-fp32", long_memory=True)
     ops = Ops(torch.device("cpu"))
     chunks = reference.chunk_table(2, 96, None, torch.device("cpu"), size=32)
-    rec = _chunk_model.prepare(
+    rec = chunk_model.prepare(
         ops, p["q"], p["k"], p["g"], p["beta"], p["A_log"], p["dt_bias"], p["scale"], p["lower_bound"], chunks
     )
     q_hat = reference.l2_normalize(ops, reference.gather_chunks(p["q"], chunks)).float()
@@ -84,7 +85,7 @@ def test_32_token_chunks_stay_within_the_accuracy_bound(name, long_memory):
     args = [p[n] for n in reference.GOLD_ARGS]
     gold_out, gold_state = reference.gold(*args)
     ledger_out, ledger_state = ledger(p)
-    out, state = _chunk_model.fwd(*args, chunk=32)
+    out, state = chunk_model.fwd(*args, chunk=32)
     assert reference.rel_err(out, gold_out) <= 1.1 * reference.rel_err(ledger_out, gold_out)
     assert reference.rel_err(state, gold_state) <= 1.1 * reference.rel_err(ledger_state, gold_state)
 
@@ -95,4 +96,4 @@ def test_other_chunk_lengths_are_refused(chunk, ledger_kr):
     overflows past 16 rows: anything else is an error, not a silently wrong record."""
     p = problem("batched-none")
     with pytest.raises(ValueError, match="chunk"):
-        _chunk_model.fwd(*[p[n] for n in reference.GOLD_ARGS], chunk=chunk, ledger_kr=ledger_kr)
+        chunk_model.fwd(*[p[n] for n in reference.GOLD_ARGS], chunk=chunk, ledger_kr=ledger_kr)

@@ -275,16 +275,17 @@ def test_driver_of_the_runtime_major_version_runs_native(simulated_gpu, runtime,
 
 
 @pytest.mark.parametrize(
-    "runtime,driver,switch,checkpoints",
-    [(13000, 13000, None, 0), (13000, 12080, None, 0), (13000, 13000, "0", 0), (13000, 13000, "0", 16)],
-    ids=["native", "old-driver", "switch-off", "switch-off-checkpoints"],
-)
+    "runtime,driver,switch,checkpoints,tokens",
+    [(13000, 13000, None, 0, True), (13000, 12080, None, 0, True), (13000, 13000, "0", 0, True),
+     (13000, 13000, "0", 16, True), (13000, 13000, "0", 0, False), (13000, 13000, None, 0, False)],
+    ids=["native", "old-driver", "switch-off", "switch-off-checkpoints", "switch-off-no-tokens", "native-no-tokens"],
+)  # fmt: skip
 def test_run_takes_the_path_explain_gives_for_a_cuda_call(simulated_gpu, monkeypatch, runtime, driver, switch,
-                                                          checkpoints):  # fmt: skip
+                                                          checkpoints, tokens):  # fmt: skip
     """run() leaves out explain's availability checks for a call whose tensors are on a CUDA
-    device; the path and reason it runs and logs are still explain's (fla
-    turned to torch for checkpoints): native, fla for an old driver or the switch, torch for
-    the switch with checkpoints."""
+    device; the path and reason it runs and logs are still explain's (fla turned to torch for
+    checkpoints and for calls without tokens, the state copy alone): native, fla for an old
+    driver or the switch, torch for the switch with checkpoints or without tokens."""
     simulated_gpu(runtime, driver)
     if switch is not None:
         monkeypatch.setenv(dispatch.ENV_SWITCH, switch)
@@ -293,11 +294,13 @@ def test_run_takes_the_path_explain_gives_for_a_cuda_call(simulated_gpu, monkeyp
     monkeypatch.setattr(fallback, "fla_fwd", lambda c: taken.append(dispatch.FLA))
     monkeypatch.setattr(fallback, "torch_fwd", lambda c: taken.append(dispatch.TORCH))
     monkeypatch.setattr(dispatch, "_log_once", lambda device, path, reason: logged.append((path, reason)))
-    cuda_call = types.SimpleNamespace(device=torch.device("cuda", 0), checkpoint_every=checkpoints)
+    cuda_call = types.SimpleNamespace(device=torch.device("cuda", 0), checkpoint_every=checkpoints, has_tokens=tokens)
     dispatch.run(cuda_call)
     path, reason = dispatch.explain("cuda:0")
     if path == dispatch.FLA and checkpoints:
         path, reason = dispatch.TORCH, f"{reason}; {dispatch._CHECKPOINTS}"
+    elif path == dispatch.FLA and not tokens:
+        path, reason = dispatch.TORCH, f"{reason}; {dispatch._NO_TOKENS}"
     assert taken == [path] and logged == [(path, reason)]
 
 

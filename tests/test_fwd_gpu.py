@@ -20,8 +20,8 @@ from conftest import (
     rel_err,
     state_id,
 )
-from flash_kda import _sizes, _validate, dispatch, reference
-from flash_kda._numerics import Ops
+from flash_kda import reference, testing
+from flash_kda.testing import Ops
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
 BLOCK_VS = (32, 64, 128)
@@ -31,8 +31,8 @@ DEV = "cuda"
 def run_native(p, block_v=0, workspace=None, overlap=0):
     """The exact-mode native forward on problem p, block_v forced (0: the library's pick),
     K1 beside the recurrence as the plan decides (0), forced (1) or never (-1)."""
-    native = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=True)
-    dispatch.run_native(native, block_v=block_v, workspace=workspace, overlap=overlap)
+    native = testing.validated(*[p[name] for name in FWD_ARGS], exact=True)
+    testing.run_native(native, block_v=block_v, workspace=workspace, overlap=overlap)
 
 
 def reference_outputs(p):
@@ -98,7 +98,7 @@ def test_varlen_multiwave_pass_takes_longest_first():
     run_native(p, block_v=128, workspace=workspace)
     # The workspace opens with the records ([H][tiles][RECORD_BYTES]), then the tile prefix
     # and the segment prefix (N + 1 int32 each, 128-byte aligned; design section 1.6).
-    start = heads * (-(-total // 16) + n) * _sizes.RECORD_BYTES + -(-4 * (n + 1) // 128) * 128
+    start = heads * (-(-total // 16) + n) * testing.RECORD_BYTES + -(-4 * (n + 1) // 128) * 128
     order = workspace[start : start + 4 * n].view(torch.int32).tolist()
     chunks = [-(-length // 16) for length in lens]
     assert order == sorted(range(n), key=lambda i: (-chunks[i], i)), order
@@ -173,7 +173,7 @@ def test_deterministic_and_graph_replay(block_v):
 
 def decode_records(workspace, heads, tiles_per_head, num_tiles):
     """The K1 records of the first num_tiles chunks of every head -> reference layouts."""
-    from flash_kda._sizes import RECORD_BYTES
+    RECORD_BYTES = testing.RECORD_BYTES
 
     i = torch.arange(16).repeat_interleave(16)
     j = torch.arange(16).repeat(16)
@@ -208,7 +208,7 @@ def decode_records(workspace, heads, tiles_per_head, num_tiles):
 def test_records_equal_reference_k1(lens):
     heads = 3
     p = make_problem(2, 50, heads, lens=lens, device=DEV, seed=5)
-    problem = call(_validate.check_fwd, p)
+    problem = call(testing.validated, p)
     total, n_seqs = problem.batch * problem.seqlen, problem.num_seqs
     workspace = torch.zeros(flash_kda.get_workspace_size(total, heads, n_seqs), dtype=torch.uint8, device=DEV)
     run_native(p, workspace=workspace)
@@ -325,7 +325,7 @@ def test_the_warpgroup_pass_takes_two_ctas_an_sm_where_waves_or_k1_need_it(
         batch = sms // 2 + 3  # 2 CTAs a sequence at block_v 64: more CTAs than SMs
     p = make_problem(batch, seqlen, heads, initial=torch.float32, final=torch.float32, device=DEV, seed=24)
     if form == "plan":
-        plan = dispatch.plan_of(dispatch.validated(*[p[name] for name in FWD_ARGS], exact=True))
+        plan = testing.plan_of(testing.validated(*[p[name] for name in FWD_ARGS], exact=True))
         if plan.block_v != 64 or plan.overlap_min_ctas <= 2 or plan.overlap_max_ctas <= 2:
             pytest.skip(f"this GPU's plan keeps at most two K1 CTAs beside the pass ({plan})")
         form = "<1, 2>"

@@ -7,7 +7,8 @@ import re
 
 import flash_kda
 import pytest
-from flash_kda import _native, _sizes
+import torch
+from flash_kda import _native, _sizes, dispatch, testing
 
 KNOWN = {"sm_90a": 90, "sm_100a": 100, "sm_103a": 103, "sm_110a": 110, "sm_120a": 120, "sm_121a": 121}
 
@@ -55,30 +56,48 @@ def test_block_v_fills_one_wave(lib, pairs, expected):
 
 def valid_args(**overrides):
     """An argument struct that passes every check (pointers are never dereferenced before
-    the checks, so any 16-byte-aligned non-null integers do)."""
+    the checks, so any 16-byte-aligned non-null integers do, 4 GiB apart so that no two
+    arguments overlap; the workspace 1 TiB at 16 TiB). Plan overrides (block_v,
+    segment_chunks, overlap, chunk_tokens) are not fields of the struct since ABI 6: they
+    ride along as ``args.overrides`` for the test entry point (plan_for, fwd_for)."""
     fields = dict(
-        block_v=0,
         batch=2,
         seqlen=100,
         heads=4,
         head_dim=128,
         num_seqs=2,
-        q=0x1000,
-        k=0x2000,
-        v=0x3000,
-        g=0x4000,
-        beta=0x5000,
-        out=0x6000,
-        A_log=0x7000,
-        dt_bias=0x8000,
+        q=1 << 32,
+        k=2 << 32,
+        v=3 << 32,
+        g=4 << 32,
+        beta=5 << 32,
+        out=6 << 32,
+        A_log=7 << 32,
+        dt_bias=8 << 32,
         scale=0.088,
         lower_bound=-5.0,
-        workspace=0x9000,
+        workspace=1 << 44,
         workspace_bytes=1 << 40,
         num_sms=132,
     )
+    forced = {name: overrides.pop(name) for name in testing.OVERRIDES if name in overrides}
     fields.update(overrides)
-    return _native.FwdArgs(**fields)
+    unknown = set(fields) - {name for name, _ in _native.FwdArgs._fields_}
+    assert not unknown, unknown  # the ctypes constructor would take them silently
+    args = _native.FwdArgs(**fields)
+    args.overrides = testing.make_overrides(**forced)
+    return args
+
+
+def plan_for(lib, args, device="h200"):
+    """The plan of valid_args' struct, with its overrides, through the test entry point on a
+    reference device (the H200's facts: no GPU asked)."""
+    forced = {name: getattr(args.overrides, name) for name in testing.OVERRIDES} if args.overrides else {}
+    return testing.plan_on(device, args, **{name: value for name, value in forced.items() if value})
+
+
+def fwd_for(lib, cc, args):
+    lib.fwd(cc, args, 0, args.overrides)
 
 
 def test_unsupported_compute_capability_names_the_build(lib):
@@ -91,9 +110,9 @@ def test_unsupported_compute_capability_names_the_build(lib):
 
 BAD_ARGS = [
     (dict(head_dim=64), "head_dim must be 128, got 64"),
-    (dict(seqlen=0), "batch, seqlen and heads must be >= 1"),
+    (dict(heads=0), "batch and seqlen must be >= 0 and heads >= 1"),
     (dict(q=None), "q must not be NULL"),
-    (dict(v=0x3008), "v must be 16-byte aligned"),
+    (dict(v=(3 << 32) + 8), "v must be 16-byte aligned"),
     (dict(num_seqs=3), "num_seqs must be batch"),
     (dict(cu_seqlens=0xA000, num_seqs=2), "batch must be 1 when cu_seqlens is given, got 2"),
     (dict(initial_state_dtype=1), "initial_state pointer and dtype disagree"),
@@ -106,7 +125,6 @@ BAD_ARGS = [
     (dict(scale=float("inf")), "scale must be finite"),
     (dict(block_v=48), "block_v must be 0, 32, 64 or 128, got 48"),
     (dict(num_sms=0), "num_sms must be >= 1"),
-    (dict(workspace_bytes=100), "workspace must hold"),
     (dict(batch=1 << 20, seqlen=1 << 12, num_seqs=1 << 20), "batch * seqlen must be at most 2^31 - 1"),
 ]
 
@@ -116,10 +134,20 @@ BAD_ARGS = [
 )
 def test_invalid_arguments_are_rejected_before_launch(lib, overrides, message):
     cc = lib.archs[0].compute_capability
+    args = valid_args(**overrides)
     with pytest.raises(RuntimeError) as err:
-        lib.fwd(cc, valid_args(**overrides), 0)
-    assert str(err.value).startswith("flash_kda_fwd: ")
+        fwd_for(lib, cc, args)
+    assert str(err.value).startswith("flash_kda_testing_fwd: " if args.overrides else "flash_kda_fwd: ")
     assert message in str(err.value) and "INVALID_ARGUMENT" in str(err.value)
+
+
+@pytest.mark.gpu
+def test_a_workspace_below_the_devices_plan_is_rejected_before_launch(lib):
+    """The workspace check needs the plan, and the plan the device's facts: on a GPU."""
+    cc = dispatch.device_facts(0)[0]
+    with pytest.raises(RuntimeError) as err:
+        fwd_for(lib, cc, valid_args(workspace_bytes=100))
+    assert "workspace must hold" in str(err.value) and "INVALID_ARGUMENT" in str(err.value)
 
 
 def test_short_args_struct_is_rejected(lib):
@@ -151,7 +179,9 @@ def test_python_struct_matches_the_c_layout(lib):
     """sizeof and the ABI 1 prefix, as the library reports them in its struct_size message."""
     args = valid_args()
     args.struct_size = 0
-    assert lib._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan_info())) == 1
+    assert (
+        lib._lib.flash_kda_fwd_plan(lib.archs[0].compute_capability, ctypes.byref(args), ctypes.byref(plan_info())) == 1
+    )
     prefix = _native.FwdArgs.q_strides.offset
     expected = f"args->struct_size must be in [{prefix}, {ctypes.sizeof(_native.FwdArgs)}], got 0"
     assert expected in lib._lib.flash_kda_last_error().decode()
@@ -165,10 +195,17 @@ def plan_info():
     return _native.FwdPlan(struct_size=ctypes.sizeof(_native.FwdPlan))
 
 
-def raw_plan(lib, args, struct_size):
-    """(status, message) of flash_kda_fwd_plan with args.struct_size = struct_size."""
+def raw_plan(lib, args, struct_size, device=None):
+    """(status, message) of flash_kda_fwd_plan with args.struct_size = struct_size, or of the
+    test entry's plan on a reference device (`device`: the same struct, no GPU asked; the
+    stable entry plans a valid call for the current device, so needs a GPU)."""
     args.struct_size = struct_size
-    status = lib._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan_info()))
+    if device is None:
+        status = lib._lib.flash_kda_fwd_plan(lib.archs[0].compute_capability, ctypes.byref(args),
+                                             ctypes.byref(plan_info()))  # fmt: skip
+    else:
+        on = testing.make_overrides(device=_native.DEVICE_IDS[device])
+        status = lib._lib.flash_kda_testing_plan(0, ctypes.byref(args), ctypes.byref(on), ctypes.byref(plan_info()))
     return status, lib._lib.flash_kda_last_error().decode() if status else ""
 
 
@@ -217,19 +254,23 @@ def test_struct_size_out_of_range_is_rejected(lib, delta):
 
 def abi2_garbage(**overrides):
     """Valid ABI 1 fields, invalid ABI 2 fields (read only when struct_size covers them)."""
-    args = valid_args(mode=7, segment_chunks=-3, cu_seqlens_dtype=9, **overrides)
+    args = valid_args(mode=7, cu_seqlens_dtype=9, **overrides)
     args.q_strides = _native.Strides(3, 3, 3)
     return args
 
 
 def test_abi1_sized_struct_is_accepted_as_abi1(lib):
     prefix = _native.FwdArgs.q_strides.offset
-    assert raw_plan(lib, abi2_garbage(), prefix) == (0, "")
+    assert raw_plan(lib, abi2_garbage(), prefix, device="h200") == (0, "")
     status, error = raw_plan(lib, abi2_garbage(), ctypes.sizeof(_native.FwdArgs))
     assert status == 1 and "mode must be EXACT (0) or AUTO (1), got 7" in error
-    # flash_kda_fwd reads the same prefix: every check passes up to the (too small) workspace
+    # flash_kda_fwd reads the same prefix: every check passes up to the (too small) workspace,
+    # which needs the device's plan (without a GPU the driver check stops the call first)
     status, error = raw_fwd(lib, abi2_garbage(workspace_bytes=100), prefix)
-    assert status == 1 and "workspace must hold" in error, error
+    if torch.cuda.is_available():
+        assert status == 1 and "workspace must hold" in error, error
+    else:
+        assert status == 2 and "driver" in error, error
 
 
 # ------------------------------------------------------------------ get_workspace_size
@@ -291,7 +332,7 @@ def test_auto_plan_segments_only_chain_bound_calls(lib, seqlen, heads, segmented
     H = 16 measured 6-16% faster segmented, T = 65536 H = 18 (820-chunk segments) and
     T = 32768 H = 20 (K1 beside the 32-token pass) not."""
     sizes = dict(batch=1, seqlen=seqlen, heads=heads, num_seqs=1)
-    auto = lib.plan(valid_args(mode=1, **sizes))
+    auto = plan_for(lib, valid_args(mode=1, **sizes))
     assert auto.chunk_tokens in (16, 32), auto.chunk_tokens
     chunks = -(-seqlen // auto.chunk_tokens)
     if segmented:
@@ -299,9 +340,9 @@ def test_auto_plan_segments_only_chain_bound_calls(lib, seqlen, heads, segmented
         assert auto.max_segments == -(-chunks // auto.segment_chunks)
     else:
         assert auto.segment_chunks == 0 and auto.max_segments == 0, auto
-    exact = lib.plan(valid_args(mode=0, **sizes))
+    exact = plan_for(lib, valid_args(mode=0, **sizes))
     assert exact.segment_chunks == 0 and exact.chunk_tokens == 16
-    forced = lib.plan(valid_args(mode=1, segment_chunks=40, **sizes))  # forced segments: 16 tokens
+    forced = plan_for(lib, valid_args(mode=1, segment_chunks=40, **sizes))  # forced segments: 16 tokens
     chunks = -(-seqlen // 16)
     assert forced.chunk_tokens == 16 and forced.segment_chunks == 40 and forced.max_segments == -(-chunks // 40)
 
@@ -318,12 +359,12 @@ def test_plan_takes_a_wider_whole_pass_where_predicted_faster(lib, seqlen, heads
     H = 32 0.343 -> 0.307 ms, T = 2048 H = 28 slower and kept at 32. Exact mode alike: every
     width gives the same bits."""
     sizes = dict(batch=1, seqlen=seqlen, heads=heads, num_seqs=1)
-    plan = lib.plan(valid_args(mode=mode, **sizes))
+    plan = plan_for(lib, valid_args(mode=mode, **sizes))
     assert plan.segment_chunks == 0 and plan.block_v == block_v, plan
     assert lib.pick_block_v(1, heads, 132) == (32 if heads <= 33 else 64)
     # With checkpoints the pass is recurrence_kernel's (no warpgroup form): the narrowest width.
     checkpoints = dict(checkpoints=0xA000, checkpoints_dtype=1, checkpoint_slots=1 << 20, checkpoint_every=64)
-    checkpointed = lib.plan(valid_args(mode=mode, **sizes, **checkpoints))
+    checkpointed = plan_for(lib, valid_args(mode=mode, **sizes, **checkpoints))
     assert checkpointed.block_v == lib.pick_block_v(1, heads, 132), checkpointed
 
 
@@ -337,7 +378,7 @@ def test_auto_plan_short_segments_need_no_margin_over_32_token_chunks(lib, batch
     forward, without kSegmentsOver32Margin (kShortSegmentChunks): on the H200 T = 2048 H = 8
     ran 48.8 us segmented against 64.5 in 32-token chunks, T = 2560 H = 9 60.0 against 79.3;
     where the 32-token forward is predicted faster it stays."""
-    plan = lib.plan(valid_args(mode=1, batch=batch, seqlen=seqlen, heads=heads, num_seqs=batch))
+    plan = plan_for(lib, valid_args(mode=1, batch=batch, seqlen=seqlen, heads=heads, num_seqs=batch))
     assert plan.chunk_tokens == chunk_tokens, plan
     if chunk_tokens == 16:
         assert 0 < plan.segment_chunks <= 32, plan
@@ -356,7 +397,7 @@ def test_auto_plan_runs_the_segment_pass_at_64_columns_where_it_is_faster(lib, s
     0.311 on a hotter one (machine B): at 79-128 links the widths' order follows the power headroom), and keeps
     block_v 128 for longer chains over more than one wave (slower at 64 there: T = 131072
     H = 4 with L = 249, T = 1M with L = 512)."""
-    auto = lib.plan(valid_args(mode=1, batch=1, seqlen=seqlen, heads=heads, num_seqs=1))
+    auto = plan_for(lib, valid_args(mode=1, batch=1, seqlen=seqlen, heads=heads, num_seqs=1))
     assert auto.segment_block_v == segment_block_v, auto
     chunks = -(-seqlen // 16)
     segments = -(-chunks // auto.segment_chunks)
@@ -395,7 +436,7 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
     sizes = dict(batch=batch, seqlen=seqlen, heads=heads, num_seqs=batch)
     if varlen:
         sizes.update(cu_seqlens=0xA000, num_seqs=3)
-    plan = lib.plan(valid_args(mode=mode, **sizes))
+    plan = plan_for(lib, valid_args(mode=mode, **sizes))
     k, fit = plan.overlap_min_ctas, 4 if plan.block_v == 64 else 3
     assert {"runs": 1 <= k <= fit, "leaves": k == 1, "never": k == 0}[expect], (k, plan.block_v)
     free_sms = 132 - batch * heads * (128 // plan.block_v)
@@ -407,15 +448,15 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
         assert plan.overlap_max_ctas == k == 1, (plan.overlap_max_ctas, k, free_sms)
     else:
         assert plan.overlap_max_ctas >= fit, (plan.overlap_max_ctas, free_sms)
-    assert lib.plan(valid_args(mode=mode, overlap=-1, **sizes)).overlap_min_ctas == 0
-    forced = lib.plan(valid_args(mode=mode, overlap=1, **sizes)).overlap_min_ctas
+    assert plan_for(lib, valid_args(mode=mode, overlap=-1, **sizes)).overlap_min_ctas == 0
+    forced = plan_for(lib, valid_args(mode=mode, overlap=1, **sizes)).overlap_min_ctas
     assert forced == (0 if expect == "never" else 1)
-    leaving = lib.plan(valid_args(mode=mode, overlap=2, **sizes))
+    leaving = plan_for(lib, valid_args(mode=mode, overlap=2, **sizes))
     assert leaving.overlap_min_ctas == (0 if expect == "never" else 1)
     if expect != "never":
         assert (leaving.overlap_max_ctas == 0) == (free_sms > 0), (leaving.overlap_max_ctas, free_sms)
     with pytest.raises(RuntimeError, match=re.escape("overlap must be -1, 0, 1 or 2, got 3")):
-        lib.plan(valid_args(mode=mode, overlap=3, **sizes))
+        plan_for(lib, valid_args(mode=mode, overlap=3, **sizes))
 
 
 @pytest.mark.parametrize(
@@ -429,16 +470,16 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
     ],
     ids=["segments", "leave", "chunk32", "checkpoints", "varlen"],
 )
-def test_the_plan_reads_no_field_outside_the_workspace_cache_key(lib, sizes):
-    """dispatch._workspace_bytes remembers the workspace size by dispatch.PLAN_INPUTS and
-    whether cu_seqlens is set, so no other field of the argument struct (pointers, strides,
-    dtypes, scalars, pools, checkpoints) may change the plan: a key missing a plan input would
-    hand a later call a workspace sized for another plan. Each such field is changed alone."""
-    from flash_kda import dispatch
-
+def test_the_plan_reads_only_the_plan_inputs(lib, sizes):
+    """The library remembers plans by their inputs (src/plan_cache.cpp: the sizes, the mode,
+    num_sms, checkpoint_every, max_seqlen and whether cu_seqlens is set), and a signature
+    record keeps its workspace size: so no other field of the argument struct (pointers,
+    strides, dtypes, scalars, pools, checkpoints) may change the plan. Each such field is
+    changed alone."""
+    keyed = {"batch", "seqlen", "heads", "num_seqs", "checkpoint_every", "max_seqlen", "mode", "num_sms"}
+    keyed |= {"cu_seqlens", "head_dim", "struct_size", "reserved0", "reserved1", "reserved2", "reserved3"}
     base = valid_args(**sizes)
-    want = plan_values(lib.plan(base))
-    keyed = {*dispatch.PLAN_INPUTS, "cu_seqlens", "head_dim", "struct_size"}
+    want = plan_values(plan_for(lib, base))
     changed = 0
     for name, kind in _native.FwdArgs._fields_:
         if name in keyed:
@@ -452,10 +493,10 @@ def test_the_plan_reads_no_field_outside_the_workspace_cache_key(lib, sizes):
         else:  # integers and pointers (None for NULL)
             new = (old or 0) + 0x100
         setattr(args, name, new)
-        assert plan_values(lib.plan(args)) == want, name
+        assert plan_values(plan_for(lib, args)) == want, name
         changed += 1
     assert changed >= 30  # every pointer, stride, dtype and scalar outside the key
-    assert plan_values(lib.plan(valid_args(**{**sizes, "heads": sizes["heads"] + 40}))) != want
+    assert plan_values(plan_for(lib, valid_args(**{**sizes, "heads": sizes["heads"] + 40}))) != want
 
 
 @pytest.mark.parametrize("mode", [0, 1], ids=["exact", "auto"])
@@ -469,14 +510,14 @@ def test_k1_leaves_the_pass_sms_where_the_free_sms_carry_it(lib, mode):
     path keeps K1 beside that pass, as the next test shows)."""
 
     def plan(**sizes):
-        return lib.plan(valid_args(mode=mode, batch=1, num_seqs=1, seqlen=8192, **sizes))
+        return plan_for(lib, valid_args(mode=mode, batch=1, num_seqs=1, seqlen=8192, **sizes))
 
     h40 = plan(heads=40)
     assert (h40.overlap_min_ctas, h40.overlap_max_ctas) == (1, 0) and 0 < h40.overlap_lead < 40 * 512 // 2, h40
     h96 = plan(heads=96)
     assert (h96.block_v, h96.overlap_min_ctas, h96.overlap_max_ctas) == (128, 1, 0), h96
     assert 40 * 512 // 2 < h96.overlap_lead < 96 * 512, h96
-    waves = lib.plan(valid_args(mode=mode, batch=64, num_seqs=64, seqlen=512, heads=8))
+    waves = plan_for(lib, valid_args(mode=mode, batch=64, num_seqs=64, seqlen=512, heads=8))
     assert (waves.block_v, waves.overlap_min_ctas, waves.overlap_max_ctas) == (128, 0, 0), waves
     h24 = plan(heads=24, chunk_tokens=16)
     assert h24.overlap_max_ctas == 0 and h24.overlap_lead > 0, h24
@@ -502,7 +543,7 @@ def test_32_token_k1_runs_beside_only_the_pass_it_fits_beside(lib):
                     if block_v and heads * 128 // block_v > 132:
                         continue
                     args = valid_args(mode=1, overlap=overlap, chunk_tokens=32, block_v=block_v, **sizes)
-                    plan = lib.plan(args)
+                    plan = plan_for(lib, args)
                     assert plan.chunk_tokens == 32
                     if plan.overlap_min_ctas == 0:
                         continue
@@ -522,12 +563,12 @@ def test_chunk_length_rules(lib):
     built for them (block_v 32, 64); a forced length outside those rules is refused with
     the reason."""
     sizes = dict(batch=1, seqlen=8192, heads=6, num_seqs=1)
-    assert lib.plan(valid_args(mode=0, **sizes)).chunk_tokens == 16
-    assert lib.plan(valid_args(mode=1, chunk_tokens=16, **sizes)).chunk_tokens == 16
-    assert lib.plan(valid_args(mode=1, chunk_tokens=32, **sizes)).chunk_tokens == 32
-    assert lib.plan(valid_args(mode=1, segment_chunks=40, **sizes)).chunk_tokens == 16
+    assert plan_for(lib, valid_args(mode=0, **sizes)).chunk_tokens == 16
+    assert plan_for(lib, valid_args(mode=1, chunk_tokens=16, **sizes)).chunk_tokens == 16
+    assert plan_for(lib, valid_args(mode=1, chunk_tokens=32, **sizes)).chunk_tokens == 32
+    assert plan_for(lib, valid_args(mode=1, segment_chunks=40, **sizes)).chunk_tokens == 16
     with_checkpoints = dict(sizes, checkpoints=0xA000, checkpoints_dtype=1, checkpoint_slots=1 << 20)
-    assert lib.plan(valid_args(mode=1, checkpoint_every=48, **with_checkpoints)).chunk_tokens == 16
+    assert plan_for(lib, valid_args(mode=1, checkpoint_every=48, **with_checkpoints)).chunk_tokens == 16
     for overrides, reason in [
         (dict(mode=0, chunk_tokens=32), "chunk_tokens 32 needs mode AUTO, got mode 0"),
         (dict(mode=1, chunk_tokens=24), "chunk_tokens must be 0, 16 or 32, got 24"),
@@ -538,7 +579,7 @@ def test_chunk_length_rules(lib):
     ]:
         args = valid_args(**dict(sizes, **overrides))
         with pytest.raises(RuntimeError, match=re.escape(reason)):
-            lib.plan(args)
+            plan_for(lib, args)
 
 
 def test_32_token_workspace_holds_its_records(lib):
@@ -546,7 +587,7 @@ def test_32_token_workspace_holds_its_records(lib):
     (workspace.h RecordLayout<2>) besides its flags and segment buffers."""
     for batch, seqlen, heads in [(1, 8192, 6), (3, 1000, 2), (1, 1, 1)]:
         sizes = dict(batch=batch, seqlen=seqlen, heads=heads, num_seqs=batch)
-        plan = lib.plan(valid_args(mode=1, chunk_tokens=32, **sizes))
+        plan = plan_for(lib, valid_args(mode=1, chunk_tokens=32, **sizes))
         records = heads * (-(-batch * seqlen // 32) + batch) * 28288
         assert plan.workspace_bytes >= records, (plan.workspace_bytes, records)
 
@@ -559,7 +600,8 @@ def test_plan_info_of_abi_3_callers(lib):
     plan.struct_size = _native.FwdPlan.chunk_tokens.offset
     args = valid_args(mode=1)
     args.struct_size = ctypes.sizeof(_native.FwdArgs)
-    assert lib._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan)) == 0
+    on = testing.make_overrides(device=_native.DEVICE_IDS["h200"])  # the H200's facts, no GPU asked
+    assert lib._lib.flash_kda_testing_plan(0, ctypes.byref(args), ctypes.byref(on), ctypes.byref(plan)) == 0
     assert plan.block_v in (32, 64, 128) and plan.workspace_bytes > 0
     assert bytes(buf[_native.FwdPlan.chunk_tokens.offset :]) == b"\xab" * (
         len(buf) - _native.FwdPlan.chunk_tokens.offset
@@ -583,15 +625,15 @@ def test_varlen_plan_follows_the_longest_sequence_hint(lib, heads):
     like eleven chains of 46 chunks, so it runs one whole pass, and the 7000-token sequence is a
     chain of 438 links (H200, H = 6: 0.267 ms). With the hint it plans for that chain and splits
     it into segments."""
-    mean = lib.plan(valid_args(mode=1, heads=heads, **SKEWED))
-    hinted = lib.plan(valid_args(mode=1, heads=heads, max_seqlen=7000, **SKEWED))
+    mean = plan_for(lib, valid_args(mode=1, heads=heads, **SKEWED))
+    hinted = plan_for(lib, valid_args(mode=1, heads=heads, max_seqlen=7000, **SKEWED))
     assert mean.segment_chunks == 0, mean
     assert hinted.chunk_tokens == 16 and -(-438 // hinted.segment_chunks) >= 3, hinted
     # varlen grids are sized from the total and the count, whatever the hint
     assert hinted.max_segments == -(-(500 + 11) // hinted.segment_chunks) + 11, hinted
     # EXACT mode's plan (widths only) is not measured with the hint and ignores it
-    exact = lib.plan(valid_args(mode=0, heads=heads, **SKEWED))
-    exact_hinted = lib.plan(valid_args(mode=0, heads=heads, max_seqlen=7000, **SKEWED))
+    exact = plan_for(lib, valid_args(mode=0, heads=heads, **SKEWED))
+    exact_hinted = plan_for(lib, valid_args(mode=0, heads=heads, max_seqlen=7000, **SKEWED))
     assert plan_values(exact_hinted) == plan_values(exact)
 
 
@@ -600,12 +642,12 @@ def test_hint_at_the_mean_length_or_in_batched_mode_changes_nothing(lib, heads):
     """A hint no longer than the mean (equal lengths) gives the mean's plan, and batched calls
     ignore it."""
     varlen = dict(batch=1, seqlen=8192, heads=heads, num_seqs=4, cu_seqlens=0xA000)
-    plan = lib.plan(valid_args(mode=1, **varlen))
+    plan = plan_for(lib, valid_args(mode=1, **varlen))
     for hint in (1, 2048):
-        assert plan_values(lib.plan(valid_args(mode=1, max_seqlen=hint, **varlen))) == plan_values(plan), hint
+        assert plan_values(plan_for(lib, valid_args(mode=1, max_seqlen=hint, **varlen))) == plan_values(plan), hint
     batched = dict(batch=4, seqlen=2048, heads=heads, num_seqs=4)
-    plan = lib.plan(valid_args(mode=1, **batched))
-    assert plan_values(lib.plan(valid_args(mode=1, max_seqlen=17, **batched))) == plan_values(plan)
+    plan = plan_for(lib, valid_args(mode=1, **batched))
+    assert plan_values(plan_for(lib, valid_args(mode=1, max_seqlen=17, **batched))) == plan_values(plan)
 
 
 def test_max_seqlen_is_checked_and_absent_for_abi_4_callers(lib):
@@ -613,7 +655,132 @@ def test_max_seqlen_is_checked_and_absent_for_abi_4_callers(lib):
     without it, which reads as 0 (unknown)."""
     for bad in (-1, 8001):
         with pytest.raises(RuntimeError, match=re.escape(f"max_seqlen must be in [0, seqlen 8000], got {bad}")):
-            lib.plan(valid_args(mode=1, heads=6, max_seqlen=bad, **SKEWED))
+            plan_for(lib, valid_args(mode=1, heads=6, max_seqlen=bad, **SKEWED))
     args = valid_args(mode=1, heads=6, max_seqlen=-1, **SKEWED)
-    assert raw_plan(lib, args, _native.FwdArgs.max_seqlen.offset) == (0, "")
+    assert raw_plan(lib, args, _native.FwdArgs.max_seqlen.offset, device="h200") == (0, "")
     assert raw_plan(lib, args, ctypes.sizeof(_native.FwdArgs))[0] == 1
+
+
+# ------------------------------------------------------------------ ABI 6
+
+
+@pytest.mark.parametrize("index,field", list(enumerate(["block_v", "segment_chunks", "overlap", "chunk_tokens"])))
+def test_the_retired_plan_overrides_must_be_zero(lib, index, field):
+    """ABI 6 moved the plan overrides to flash_kda_testing.h; their slots in flash_kda_fwd_args
+    stay, reserved: a caller of ABI 5 that sets one is refused with the reason, one that
+    leaves them 0 (or passes a struct without them) runs unchanged."""
+    args = valid_args()
+    setattr(args, f"reserved{index}", 64)
+    for fn, name in ((raw_plan, "flash_kda_fwd_plan"), (raw_fwd, "flash_kda_fwd")):
+        status, error = fn(lib, args, ctypes.sizeof(_native.FwdArgs))
+        assert status == 1 and error.startswith(f"{name}: args->reserved{index} must be 0, got 64"), error
+        assert f"ABI 5's {field}" in error and "flash_kda_testing.h" in error
+    offset = getattr(_native.FwdArgs, f"reserved{index}").offset
+    if offset >= _native.FwdArgs.q_strides.offset:  # a shorter struct without the slot reads it as 0
+        assert raw_plan(lib, args, offset, device="h200") == (0, "")
+
+
+def raw_testing_plan(lib, args, overrides):
+    """(status, message) of flash_kda_testing_plan (overrides.device names the device)."""
+    args.struct_size = ctypes.sizeof(_native.FwdArgs)
+    plan = plan_info()
+    status = lib._lib.flash_kda_testing_plan(0, ctypes.byref(args), ctypes.byref(overrides), ctypes.byref(plan))
+    return status, lib._lib.flash_kda_last_error().decode() if status else "", plan
+
+
+def test_the_testing_entry_points(lib):
+    """flash_kda_testing.h: its own version; NULL overrides is the stable entry's plan; the
+    overrides' prefix rule (fields past struct_size read as 0, a larger struct is refused);
+    and the testing forward runs the same checks as flash_kda_fwd."""
+    assert lib._lib.flash_kda_testing_version() == _native.TESTING_VERSION
+    sizes = dict(mode=1, batch=1, num_seqs=1, seqlen=8192, heads=6)
+    own = plan_values(plan_for(lib, valid_args(**sizes)))
+    args = valid_args(**sizes)
+    args.struct_size = ctypes.sizeof(_native.FwdArgs)
+    h200 = _native.TestingOverrides(
+        struct_size=ctypes.sizeof(_native.TestingOverrides), device=_native.DEVICE_IDS["h200"]
+    )
+    status, error, plan = raw_testing_plan(lib, args, h200)
+    assert status == 0 and plan_values(plan) == own, error
+    if torch.cuda.is_available():  # NULL overrides: the stable entry's plan, for this GPU
+        stable, mine = plan_info(), plan_info()
+        cc = dispatch.device_facts(0)[0]
+        assert lib._lib.flash_kda_testing_plan(cc, ctypes.byref(args), None, ctypes.byref(mine)) == 0
+        assert lib._lib.flash_kda_fwd_plan(cc, ctypes.byref(args), ctypes.byref(stable)) == 0
+        assert plan_values(mine) == plan_values(stable)
+    # The device comes last in the struct: a prefix of block_v alone would leave it 0 (the GPU).
+    forced = _native.TestingOverrides(block_v=32, segment_chunks=40, overlap=-1, chunk_tokens=16,
+                                      device=_native.DEVICE_IDS["h200"])  # fmt: skip
+    forced.struct_size = ctypes.sizeof(_native.TestingOverrides)
+    status, error, plan = raw_testing_plan(lib, args, forced)
+    assert status == 0 and (plan.block_v, plan.segment_chunks) == (32, 40)
+    for size in (0, 3, ctypes.sizeof(_native.TestingOverrides) + 4):
+        forced.struct_size = size
+        status, error, _ = raw_testing_plan(lib, args, forced)
+        assert status == 1 and "overrides->struct_size must be in [4, " in error and error.endswith(f"got {size}")
+    with pytest.raises(RuntimeError, match="flash_kda_testing_fwd: v must be 16-byte aligned"):
+        fwd_for(lib, lib.archs[0].compute_capability, valid_args(v=(3 << 32) + 8, block_v=64))
+
+
+# (id, fields, the message): each output placed across another argument's bytes. valid_args'
+# activations are [2, 100, 4, 128] bf16 (204,800 bytes each) unless moved.
+ACT = 2 * 100 * 4 * 128 * 2
+OVERLAPS = [
+    ("out-on-q", dict(q=0x100000, out=0x100000 + ACT - 16), "out must not overlap q in memory"),
+    ("q-on-out", dict(q=0x100000 + ACT - 16, out=0x100000), "out must not overlap q in memory"),
+    ("out-on-beta", dict(beta=0x200000, out=0x200000 - ACT + 16), "out must not overlap beta in memory"),
+    ("final-on-dt_bias", dict(dt_bias=0x300000, final_state=0x300000 - 16, final_state_dtype=2),
+     "final_state must not overlap dt_bias in memory"),
+    ("states-partial", dict(initial_state=0x400000, initial_state_dtype=1, final_state=0x400000 + 1024,
+                            final_state_dtype=1), "final_state must not overlap initial_state in memory"),
+    ("workspace-on-out", dict(out=0x500000, workspace=0x500000 + 4096), "out must not overlap workspace in memory"),
+    ("checkpoints-on-v", dict(v=0x600000, checkpoints=0x600000 + 64, checkpoints_dtype=1, checkpoint_every=16,
+                              checkpoint_slots=1), "checkpoints must not overlap v in memory"),
+    ("out-on-cu_seqlens", dict(batch=1, seqlen=200, num_seqs=3, cu_seqlens=0x700000, out=0x700000 - ACT + 16),
+     "out must not overlap cu_seqlens in memory"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("fields,message", [c[1:] for c in OVERLAPS], ids=[c[0] for c in OVERLAPS])
+def test_outputs_overlapping_another_argument_are_refused(lib, fields, message):
+    """Since ABI 6 the library itself checks, on every call, that no output (out,
+    final_state, checkpoints, workspace) shares a byte with another argument, from each
+    pointer and the extent its sizes and strides give; nothing is launched."""
+    base = dict(workspace=1 << 44, workspace_bytes=1 << 30)
+    status, error = raw_fwd(lib, valid_args(**{**base, **fields}), ctypes.sizeof(_native.FwdArgs))
+    assert status == 1 and error == f"flash_kda_fwd: {message}", error
+
+
+def test_in_place_states_and_adjacent_arguments_pass_the_overlap_check(lib):
+    """final_state at initial_state itself (in place) and arguments that touch without
+    sharing a byte are accepted: the call gets past every check to the driver check
+    (UNSUPPORTED_DEVICE on a machine without a driver) or launches."""
+    fields = dict(q=0x100000, out=0x100000 + ACT, initial_state=0x400000, initial_state_dtype=1,
+                  final_state=0x400000, final_state_dtype=1)  # fmt: skip
+    status, error = raw_fwd(lib, valid_args(**fields), ctypes.sizeof(_native.FwdArgs))
+    assert status != 1, error
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [dict(batch=0, num_seqs=0), dict(seqlen=0), dict(batch=1, seqlen=0, num_seqs=3, cu_seqlens=0xA000),
+     dict(batch=1, seqlen=64, num_seqs=0, cu_seqlens=0xA000)],
+    ids=["B0", "T0", "varlen-T0", "varlen-N0"],
+)  # fmt: skip
+def test_calls_without_tokens_or_sequences_need_no_workspace(lib, sizes):
+    """A call without tokens (or without sequences) has the empty plan: no workspace; its
+    activations and workspace may be NULL (a tensor without elements). One without
+    sequences returns at once; one with sequences gets to the driver check or launches the
+    state copy."""
+    for mode in (0, 1):
+        plan = plan_for(lib, valid_args(mode=mode, **sizes))
+        assert plan.workspace_bytes == 0 and plan.chunk_tokens == 16, plan_values(plan)
+    nulls = dict(q=None, k=None, v=None, g=None, beta=None, out=None, workspace=None, workspace_bytes=0)
+    tokens = sizes.get("batch", 2) * sizes.get("seqlen", 100)
+    if tokens:
+        nulls = dict(workspace=None, workspace_bytes=0)
+    status, error = raw_fwd(lib, valid_args(**sizes, **nulls), ctypes.sizeof(_native.FwdArgs))
+    if sizes.get("num_seqs", 2) == 0:
+        assert (status, error) == (0, "")
+    else:
+        assert status != 1, error

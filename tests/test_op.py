@@ -3,6 +3,7 @@
 equal to eager, the traceable checks (grad refusal, inference tensors), the exact-mode
 resolution and a cheap import."""
 
+import inspect
 import os
 import subprocess
 import sys
@@ -10,22 +11,35 @@ import sys
 import flash_kda
 import pytest
 import torch
-from conftest import assert_bitwise, call, fused_projection_views, make_problem, nan_like, pooled_problem
+from conftest import (
+    FWD_ARGS,
+    FWD_KEYWORDS,
+    assert_bitwise,
+    call,
+    fused_projection_views,
+    make_problem,
+    nan_like,
+    pooled_problem,
+)
 from flash_kda import _op, dispatch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 bf16, fp32 = torch.bfloat16, torch.float32
 
 
 def op_args(p, **overrides):
-    """The positional arguments of torch.ops.flash_kda.fwd for problem p."""
+    """(args, kwargs) of torch.ops.flash_kda.fwd for problem p: FlashKDA's ten and the three
+    optional positional arguments by position, the keyword-only ones of flash_kda.fwd by name."""
     q = dict(p, **overrides)
     in_place = q.get("state_in_place", False)
-    return (
-        q["q"], q["k"], q["v"], q["g"], q["beta"], float(q["scale"]), q["out"], q["A_log"], q["dt_bias"],
-        float(q["lower_bound"]), None if in_place else q["initial_state"], q["final_state"], q["cu_seqlens"],
-        q.get("ssm_state_indices"), q.get("has_initial_state"), q.get("checkpoint_every"), q.get("checkpoints"),
-        q.get("exact"), q.get("max_seqlen"), in_place,
-    )  # fmt: skip
+    args = (q["q"], q["k"], q["v"], q["g"], q["beta"], float(q["scale"]), q["out"], q["A_log"], q["dt_bias"],
+            float(q["lower_bound"]), None if in_place else q["initial_state"], q["final_state"],
+            q["cu_seqlens"])  # fmt: skip
+    kwargs = {name: q[name] for name in FWD_KEYWORDS if q.get(name) is not None}
+    if in_place:
+        kwargs["state_in_place"] = True
+    return args, kwargs
 
 
 def samples(device="cpu"):
@@ -48,16 +62,103 @@ def samples(device="cpu"):
 @pytest.mark.parametrize("index", range(5), ids=[name for name, _ in samples()])
 def test_opcheck_on_cpu(index):
     _, p = samples()[index]
-    result = torch.library.opcheck(torch.ops.flash_kda.fwd.default, op_args(p))
+    result = torch.library.opcheck(torch.ops.flash_kda.fwd.default, *op_args(p))
     assert set(result.values()) == {"SUCCESS"}, result
 
 
-def test_fwd_calls_the_custom_op(monkeypatch):
+def ten_arguments(device="cpu"):
+    """FlashKDA's ten positional arguments of a small batched problem."""
+    p = make_problem(2, 20, 2, device=device, seed=11)
+    return tuple(p[name] for name in FWD_ARGS[:10])
+
+
+def test_opcheck_with_flashkda_s_ten_arguments_alone():
+    """The schema's defaults: the op takes FlashKDA's ten positional arguments and nothing
+    else, and equals flash_kda.fwd on them."""
+    args = ten_arguments()
+    result = torch.library.opcheck(torch.ops.flash_kda.fwd.default, args)
+    assert set(result.values()) == {"SUCCESS"}, result
+    out = args[6]
+    torch.ops.flash_kda.fwd(*args)
+    expected = nan_like(out)
+    flash_kda.fwd(*args[:6], expected, *args[7:])
+    assert_bitwise(out, expected, "out of the op with ten arguments")
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("native_gpu")
+def test_opcheck_on_cuda():
+    """opcheck of the op on the native path: the ten arguments alone and every feature."""
+    result = torch.library.opcheck(torch.ops.flash_kda.fwd.default, ten_arguments("cuda"))
+    assert set(result.values()) == {"SUCCESS"}, result
+    for name, p in samples("cuda"):
+        result = torch.library.opcheck(torch.ops.flash_kda.fwd.default, *op_args(p))
+        assert set(result.values()) == {"SUCCESS"}, (name, result)
+
+
+def test_the_op_takes_every_keyword_of_fwd_by_name():
+    """Every keyword-only argument of flash_kda.fwd has the same name and default in the op."""
+    schema = torch.ops.flash_kda.fwd.default._schema
+    defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    signature = inspect.signature(flash_kda.fwd)
+    for name, parameter in signature.parameters.items():
+        if parameter.default is not inspect.Parameter.empty:
+            assert name in defaults and defaults[name] == parameter.default, name
+    assert [a.name for a in schema.arguments][:-1] == list(signature.parameters)
+
+
+class Recording(TorchFunctionMode):
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class Dispatching(TorchDispatchMode):
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_fwd_takes_the_op_only_where_something_must_see_it(monkeypatch):
+    """Plain eager calls (also inside torch.device's default-device context) run the op's
+    implementation without the dispatcher; inside a torch function mode, a dispatch mode or
+    the profiler the call is the op, which the mode (or the profile) sees, with the same
+    result."""
+    through_op = []
+    real = _op.OP
+    monkeypatch.setattr(_op, "OP", lambda *a, **k: through_op.append(1) or real(*a, **k))
+    p = make_problem(1, 16, 2, final=fp32, seed=3)
+    expected = dict(p, out=nan_like(p["out"]), final_state=nan_like(p["final_state"]))
+    call(flash_kda.fwd, expected)
+    with torch.device("cpu"):
+        call(flash_kda.fwd, dict(p, out=nan_like(p["out"])))
+    assert through_op == []
     seen = []
-    monkeypatch.setattr(dispatch, "run", lambda c: seen.append(c))
-    p = make_problem(1, 16, 1)
-    call(flash_kda.fwd, p)
-    assert _op.OP is torch.ops.flash_kda.fwd and len(seen) == 1 and seen[0].q is not None
+    for mode in (Recording(seen), Dispatching(seen), torch.profiler.profile()):
+        q = dict(p, out=nan_like(p["out"]), final_state=nan_like(p["final_state"]))
+        with mode:
+            call(flash_kda.fwd, q)
+        assert_bitwise(q["out"], expected["out"], f"out under {type(mode).__name__}")
+        assert_bitwise(q["final_state"], expected["final_state"], "final_state")
+    assert len(through_op) == 3
+    assert "flash_kda.fwd" in seen and "flash_kda.fwd.default" in seen
+    sub = dict(p, q=p["q"].as_subclass(Subclass), out=nan_like(p["out"]), final_state=nan_like(p["final_state"]))
+    call(flash_kda.fwd, sub)  # a tensor subclass: the op, twice (a signature met before too)
+    call(flash_kda.fwd, dict(sub, out=nan_like(p["out"])))
+    assert len(through_op) == 5
+    assert_bitwise(sub["out"], expected["out"], "out of a subclass")
+
+
+class Subclass(torch.Tensor):
+    pass
 
 
 def compiled_step(q, k, v, g, beta, out, A_log, dt_bias, pool, cu_seqlens, indices, has_initial, checkpoints,
@@ -166,5 +267,5 @@ def test_state_in_place_is_not_an_undeclared_mutation():
     call(flash_kda.fwd, separate)
     call(flash_kda.fwd, p)
     assert_bitwise(p["initial_state"], separate["final_state"], "state updated in place")
-    result = torch.library.opcheck(torch.ops.flash_kda.fwd.default, op_args(p, state_in_place=True))
+    result = torch.library.opcheck(torch.ops.flash_kda.fwd.default, *op_args(p, state_in_place=True))
     assert set(result.values()) == {"SUCCESS"}, result

@@ -25,7 +25,7 @@ from conftest import (
     make_problem,
     rel_err,
 )
-from flash_kda import _sizes, dispatch
+from flash_kda import testing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
 DEV = "cuda"
@@ -33,13 +33,13 @@ DEV = "cuda"
 
 def run(p, *, exact, segment_chunks=0, block_v=0):
     """The native forward on problem p (in place)."""
-    native = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=exact)
-    dispatch.run_native(native, block_v=block_v, segment_chunks=segment_chunks)
+    native = testing.validated(*[p[name] for name in FWD_ARGS], exact=exact)
+    testing.run_native(native, block_v=block_v, segment_chunks=segment_chunks)
 
 
 def plan_of(p, exact=False):
     """The library's plan for problem p on this GPU (what run(p, exact=...) executes)."""
-    return dispatch.plan_of(dispatch.validated(*[p[name] for name in FWD_ARGS], exact=exact))
+    return testing.plan_of(testing.validated(*[p[name] for name in FWD_ARGS], exact=exact))
 
 
 def outputs(p, **kw):
@@ -106,8 +106,8 @@ def test_each_pass_runs_its_own_kernel(block_v):
     shape, _ = flash_kda.checkpoint_layout(every, 3, batch=2, seqlen=1000)
     checkpoints = torch.zeros(shape, dtype=torch.bfloat16, device=DEV)
     args = [q[name] for name in FWD_ARGS]
-    native = dispatch.validated(*args, exact=False, checkpoint_every=every, checkpoints=checkpoints)
-    with_checkpoints = kernels_of(lambda: dispatch.run_native(native, block_v=block_v, segment_chunks=8))
+    native = testing.validated(*args, exact=False, checkpoint_every=every, checkpoints=checkpoints)
+    with_checkpoints = kernels_of(lambda: testing.run_native(native, block_v=block_v, segment_chunks=8))
     assert pass_codes(with_checkpoints) == [1, 2] and warpgroup_codes(with_checkpoints) == [], with_checkpoints
 
 
@@ -177,10 +177,10 @@ def test_longest_sequence_hint_changes_the_plan_not_the_contract():
         return q
 
     args = [p[name] for name in FWD_ARGS]
-    validated = [dispatch.validated(*args, exact=False, **kw) for kw in ({}, {"max_seqlen": 4000})]
+    validated = [testing.validated(*args, exact=False, **kw) for kw in ({}, {"max_seqlen": 4000})]
     assert [c.max_seqlen for c in validated] == [0, 4000]
-    assert dispatch.plan_of(validated[0]).segment_chunks == 0
-    assert dispatch.plan_of(validated[1]).segment_chunks > 0
+    assert testing.plan_of(validated[0]).segment_chunks == 0
+    assert testing.plan_of(validated[1]).segment_chunks > 0
     hinted, again = call(False, max_seqlen=4000), call(False, max_seqlen=4000)
     exact, exact_hinted = call(True), call(True, max_seqlen=4000)
     for name in ("out", "final_state"):
@@ -204,18 +204,18 @@ def test_combine_start_states_match_an_fp64_chain(rows):
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     heads, L, P = 2 if rows == 8 else sms // 16 + 1, 4, 12
     p = long_problem([16 * L * P], heads, torch.float32, True, seed=11, memory="long")
-    call = dispatch.validated(*[p[name] for name in FWD_ARGS], exact=False)
-    plan = dispatch.plan_of(call, segment_chunks=L)
+    call = testing.validated(*[p[name] for name in FWD_ARGS], exact=False)
+    plan = testing.plan_of(call, segment_chunks=L)
     assert plan.segment_chunks == L and plan.max_segments == P, plan
     workspace = torch.zeros(plan.workspace_bytes, dtype=torch.uint8, device=DEV)
-    dispatch.run_native(call, segment_chunks=L, workspace=workspace)
+    testing.run_native(call, segment_chunks=L, workspace=workspace)
     torch.cuda.synchronize()
     # The workspace ends with the segment end states ([P][H][256][128] bf16: S^ rows, then
     # X rows), the start states ([P][H][128][128] bf16), one 4-byte ready flag per
     # record (128-byte aligned) and the overlap counters (design section 1.6).
     starts_bytes = P * heads * 128 * 128 * 2
     states_bytes = 2 * starts_bytes
-    flags_bytes = -(-4 * heads * (L * P + 1) // 128) * 128 + _sizes.OVERLAP_SYNC_BYTES
+    flags_bytes = -(-4 * heads * (L * P + 1) // 128) * 128 + testing.OVERLAP_SYNC_BYTES
     end = plan.workspace_bytes - flags_bytes
     tail = workspace[end - states_bytes - starts_bytes : end]
     blocks = tail[:states_bytes].view(torch.bfloat16).view(P, heads, 256, 128).double()

@@ -214,9 +214,9 @@ def test_gate_parameters_in_any_float_dtype(dtype, flat):
 
 
 def test_fp32_contiguous_gate_parameters_are_not_copied():
-    from flash_kda import _validate
+    from flash_kda import testing
 
     p = make_problem(1, 16, 2)
-    fwd_call = call(_validate.check_fwd, p)
+    fwd_call = call(testing.validated, p)
     assert fwd_call.A_log.data_ptr() == p["A_log"].data_ptr()
     assert fwd_call.dt_bias.data_ptr() == p["dt_bias"].data_ptr()

@@ -21,7 +21,7 @@ from conftest import (
     prefix_final_states,
     rel_err,
 )
-from flash_kda import dispatch, fallback, reference
+from flash_kda import fallback, reference, testing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
 DEV = "cuda"
@@ -34,16 +34,16 @@ def run_exact(p):
 
 @pytest.fixture
 def native_calls(monkeypatch):
-    """Counts the calls that reach the native library."""
+    """Counts the calls that reach the native library's forward, through the validated path
+    (NativeLibrary.fwd) or a signature's prepacked launch (fwd_by_address)."""
     calls = []
-    real = dispatch.run_native
-
-    def counting(fwd_call, **kwargs):
-        calls.append(fwd_call)
-        return real(fwd_call, **kwargs)
-
-    monkeypatch.setattr(dispatch, "run_native", counting)
-    return calls
+    lib = testing.native_library()
+    testing.clear_caches()  # a prepacked launch made before holds the uncounted function
+    real_fwd, real_by_address = lib.fwd, lib.fwd_by_address
+    monkeypatch.setattr(lib, "fwd", lambda *args, **kwargs: calls.append(args) or real_fwd(*args, **kwargs))
+    monkeypatch.setattr(lib, "fwd_by_address", lambda *args: calls.append(args) or real_by_address(*args))
+    yield calls
+    testing.clear_caches()  # drop the launches that hold the counting functions
 
 
 # ------------------------------------------------------------------ pools
@@ -76,7 +76,7 @@ def test_native_pool_in_auto_mode_equals_gathered_auto_call(segment_chunks):
                        in_place=True, device=DEV, seed=32)  # fmt: skip
 
     def run_auto(q):
-        dispatch.run_native(check(q, exact=False), segment_chunks=segment_chunks)
+        testing.run_native(check(q, exact=False), segment_chunks=segment_chunks)
 
     expected_out, expected_pool = gather_compute_scatter(run_auto, p)
     run_auto(p)
@@ -323,7 +323,7 @@ def test_garbage_device_cu_seqlens_stays_in_bounds(name, pooled, mode):
     before = [b.clone() for b in (out_buffer, state_buffer, ckpt_buffer)]
     fwd_call = check(p, checkpoint_every=64, checkpoints=checkpoints, exact=mode == "exact")
     chunk = 32 if mode == "auto-32" else 0  # 32-token chunks (design section 4.8)
-    dispatch.run_native(fwd_call, segment_chunks=2 if mode == "auto-segments-2" else 0, chunk=chunk)
+    testing.run_native(fwd_call, segment_chunks=2 if mode == "auto-segments-2" else 0, chunk_tokens=chunk)
     torch.cuda.synchronize()
     for buffer, old, what in zip((out_buffer, state_buffer, ckpt_buffer), before, ("out", "final_state", "ckpts")):
         assert_guards(buffer, old, what)

@@ -13,7 +13,7 @@ rows, and 1 in 60 segmented calls."""
 import pytest
 import torch
 from conftest import FWD_ARGS, assert_bitwise, clone_outputs, make_problem
-from flash_kda import dispatch
+from flash_kda import testing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
 DEV = "cuda"
@@ -23,9 +23,9 @@ NEIGHBOURS = 12  # elementwise kernels queued on the side stream before and afte
 CASES = [
     # (id, T, H, exact, run_native keywords): each schedule of the recurrence, mostly with K1
     # first, so that the pass's SMs keep room for the neighbours' CTAs.
-    ("chunk32-bv32", 2048, 24, False, dict(chunk=32, overlap=-1, block_v=32)),
-    ("chunk32-k1-beside", 2048, 24, False, dict(chunk=32, overlap=1, block_v=32)),
-    ("chunk32-bv64", 2048, 24, False, dict(chunk=32, overlap=-1, block_v=64)),
+    ("chunk32-bv32", 2048, 24, False, dict(chunk_tokens=32, overlap=-1, block_v=32)),
+    ("chunk32-k1-beside", 2048, 24, False, dict(chunk_tokens=32, overlap=1, block_v=32)),
+    ("chunk32-bv64", 2048, 24, False, dict(chunk_tokens=32, overlap=-1, block_v=64)),
     ("segments", 8192, 12, False, dict()),  # the plan's segments: streamed rerun, 16 tokens
     ("exact-latency-bound", 8192, 6, True, dict(overlap=-1)),  # <1, 4>: fragments a link ahead
     ("exact-streamed", 2048, 24, True, dict(overlap=-1, block_v=128)),
@@ -42,7 +42,7 @@ def forward(p, exact, native, stream, busy=None):
     """The native forward on a copy of p on `stream`; with `busy` = (side stream, buffer), that
     stream's kernels run before and after it. Returns the outputs after a device sync."""
     got = clone_outputs(p)
-    call = dispatch.validated(*[got[name] for name in FWD_ARGS], exact=exact)
+    call = testing.validated(*[got[name] for name in FWD_ARGS], exact=exact)
     torch.cuda.synchronize()
 
     def queue_neighbours():
@@ -53,7 +53,7 @@ def forward(p, exact, native, stream, busy=None):
 
     queue_neighbours()
     with torch.cuda.stream(stream):
-        dispatch.run_native(call, **native)
+        testing.run_native(call, **native)
     queue_neighbours()
     torch.cuda.synchronize()
     return got

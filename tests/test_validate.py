@@ -67,7 +67,7 @@ CASES = [
         ValueError,
         "q must have shape [B, T, H, 128], got [1, 4, 2, 64]",
     ),
-    ("q-T0", lambda p: dict(q=p["q"][:, :0]), ValueError, "q must have B, T, H >= 1, got shape [1, 0, 2, 128]"),
+    ("q-H0", lambda p: dict(q=p["q"][:, :, :0]), ValueError, "q must have H >= 1 heads, got shape [1, 4, 0, 128]"),
     ("q-meta", lambda p: dict(q=p["q"].to("meta")), ValueError, "q must be on a CUDA device or the CPU, got meta"),
     ("k-meta", lambda p: dict(k=p["k"].to("meta")), ValueError, "k must be on cpu like q, got meta"),
     *[
@@ -182,13 +182,13 @@ CASES = [
         "cu-2d",
         lambda p: dict(cu_seqlens=torch.tensor([[0, 4]])),
         ValueError,
-        "cu_seqlens must be 1-D with N + 1 >= 2 entries, got shape [1, 2]",
+        "cu_seqlens must be 1-D with N + 1 >= 1 entries, got shape [1, 2]",
     ),
     (
-        "cu-one",
-        lambda p: dict(cu_seqlens=torch.tensor([0])),
+        "cu-none",
+        lambda p: dict(cu_seqlens=torch.tensor([], dtype=torch.int64)),
         ValueError,
-        "cu_seqlens must be 1-D with N + 1 >= 2 entries, got shape [1]",
+        "cu_seqlens must be 1-D with N + 1 >= 1 entries, got shape [0]",
     ),
     (
         "cu-start",

@@ -3,6 +3,7 @@
 
 ``import flash_kda`` loads nothing: the native library is opened on first use, and a
 GPU without native kernels falls back to fla's Triton kernels or to pure PyTorch.
+``flash_kda.testing`` (imported on its own) is how tests and benchmarks reach internals.
 """
 
 from . import reference

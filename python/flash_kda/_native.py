@@ -13,7 +13,8 @@ import struct
 import threading
 from typing import NamedTuple, Optional
 
-ABI_VERSION = 5
+ABI_VERSION = 7
+TESTING_VERSION = 2  # flash_kda_testing.h
 LIBRARY_NAME = "libflash_kda.so"
 LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
 
@@ -25,6 +26,7 @@ MODE_EXACT, MODE_AUTO = 0, 1
 PROBE_EX2, PROBE_SIGMOID, PROBE_RSQRT = 0, 1, 2
 PROBE_MMA_BF16_F32, PROBE_MMA_F16_F16 = 0, 1
 
+STATUS_INVALID_ARGUMENT = 1
 _STATUS_NAMES = {0: "OK", 1: "INVALID_ARGUMENT", 2: "UNSUPPORTED_DEVICE", 3: "CUDA_ERROR", 4: "INTERNAL"}
 
 _i32, _i64, _u32, _f64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_double
@@ -59,7 +61,7 @@ class FwdArgs(ctypes.Structure):
 
     _fields_ = [
         ("struct_size", _u32),
-        ("block_v", _i32),
+        ("reserved0", _i32),
         ("batch", _i64),
         ("seqlen", _i64),
         ("heads", _i64),
@@ -100,9 +102,9 @@ class FwdArgs(ctypes.Structure):
         ("checkpoint_every", _i32),
         ("checkpoint_slots", _i64),
         ("mode", _i32),
-        ("segment_chunks", _i32),
-        ("overlap", _i32),
-        ("chunk_tokens", _i32),
+        ("reserved1", _i32),
+        ("reserved2", _i32),
+        ("reserved3", _i32),
         ("max_seqlen", _i32),
     ]
 
@@ -114,8 +116,8 @@ def flat_layout(cls) -> tuple[struct.Struct, tuple[str, ...]]:
     """``(packer, names)`` for ctypes Structure ``cls``: one ``struct.Struct`` that writes every
     scalar field in place (nested structures flattened, their fields named ``outer.inner``;
     the padding kept), and the field names in its value order. ``packer.pack_into(s, 0,
-    *values)`` fills a whole ``cls`` in ~0.5 us, where its keyword constructor takes ~2 us
-    for FwdArgs' 40 fields; pointers are given as integers (0 for NULL)."""
+    *values)`` fills a whole ``cls`` in ~0.5 us, where its keyword constructor takes ~5 us
+    for FwdArgs' 43 fields; pointers are given as integers (0 for NULL)."""
     codes, names, at = ["="], [], 0
 
     def walk(c, base, prefix):
@@ -136,6 +138,22 @@ def flat_layout(cls) -> tuple[struct.Struct, tuple[str, ...]]:
     return packer, tuple(names)
 
 
+def field_packer(cls, first: str, last: str) -> tuple[int, struct.Struct, tuple[str, ...]]:
+    """``(offset, packer, names)`` for the fields ``first`` to ``last`` of ctypes Structure
+    ``cls``, consecutive in its layout and not nested: ``packer.pack_into(s, offset,
+    *values)`` writes them in ~0.3 us (their padding as zeros), where setting them one by one
+    takes ~60 ns each; pointers are given as integers (0 for NULL)."""
+    names = [name for name, _ in cls._fields_]
+    fields = cls._fields_[names.index(first) : names.index(last) + 1]
+    start = at = getattr(cls, first).offset
+    codes = ["="]
+    for name, kind in fields:
+        offset = getattr(cls, name).offset
+        codes.append("x" * (offset - at) + _PACK_CODES[kind])
+        at = offset + ctypes.sizeof(kind)
+    return start, struct.Struct("".join(codes)), tuple(name for name, _ in fields)
+
+
 class FwdPlan(ctypes.Structure):
     """``flash_kda_fwd_plan_info``: what ``flash_kda_fwd`` runs for some arguments."""
 
@@ -153,6 +171,52 @@ class FwdPlan(ctypes.Structure):
     ]
 
 
+MAX_LAUNCHES = 8  # FLASH_KDA_TESTING_MAX_LAUNCHES
+LAUNCH_KINDS = {1: "prefix", 2: "K1 first", 3: "K1 beside", 4: "recurrence", 5: "warpgroup", 6: "combine"}
+# flash_kda_testing_device_id: the reference devices the plan can be evaluated for without a GPU.
+DEVICE_IDS = {"current": 0, "h200": 1, "sm100": 2, "sm120": 3}
+
+
+class TestingLaunch(ctypes.Structure):
+    """``flash_kda_testing_launch``: one kernel a call launched."""
+
+    _fields_ = [("name", ctypes.c_char * 64), ("kind", _i32), ("code", _i32), ("blocks", _i32), ("width", _i32),
+                ("stages", _i32), ("resident", _i32), ("smem", _i32), ("order", _i32), ("ctas", _i64)]  # fmt: skip
+
+
+class TestingLaunches(ctypes.Structure):
+    """``flash_kda_testing_launches``: what a call launched."""
+
+    _fields_ = [("count", _i32), ("reserved", _i32), ("kernels", TestingLaunch * MAX_LAUNCHES)]
+
+
+class TestingDevice(ctypes.Structure):
+    """``flash_kda_testing_device``: the facts the plan takes of a device."""
+
+    _fields_ = [("struct_size", _u32), ("compute_capability", _i32), ("generic_passes", _i32), ("sms", _i32),
+                ("smem_optin", _i32), ("smem_sm", _i32), ("threads_sm", _i32), ("regs_sm", _i32),
+                ("k1_alone", _i32 * 2), ("k1_overlap", _i32 * 2), ("k1_beside", (_i32 * 3) * 2),
+                ("combine_wide", _i32)]  # fmt: skip
+
+
+# The overrides of flash_kda_testing.h, in order (append-only): name, ctype. The plan's
+# forced parts, then (testing version 2) the generic passes, the simulated device limits, the
+# planted stall, the reference device, the producers' wait limit and the launch record.
+OVERRIDE_FIELDS = (
+    ("block_v", _i32), ("segment_chunks", _i32), ("overlap", _i32), ("chunk_tokens", _i32),
+    ("generic_passes", _i32), ("sim_sms", _i32), ("sim_smem_optin", _i32), ("sim_smem_sm", _i32),
+    ("sim_threads_sm", _i32), ("sim_regs_sm", _i32), ("sim_k1_ctas_sm", _i32), ("stall", _i32),
+    ("device", _i32), ("wait_limit_ns", _i64), ("launches", _ptr),
+)  # fmt: skip
+
+
+class TestingOverrides(ctypes.Structure):
+    """``flash_kda_testing_overrides`` (flash_kda_testing.h): forced parts of the plan and the
+    test switches."""
+
+    _fields_ = [("struct_size", _u32), *OVERRIDE_FIELDS]
+
+
 # (name, restype, argtypes) of every export.
 _EXPORTS = [
     ("flash_kda_abi_version", _i32, []),
@@ -162,9 +226,17 @@ _EXPORTS = [
     ("flash_kda_cuda_versions", _i32, [ctypes.POINTER(_i32), ctypes.POINTER(_i32)]),
     ("flash_kda_record_bytes", _i64, []),
     ("flash_kda_workspace_size", _i64, [_i64, _i64, _i64]),
-    ("flash_kda_fwd_plan", _i32, [ctypes.POINTER(FwdArgs), ctypes.POINTER(FwdPlan)]),
+    ("flash_kda_fwd_plan", _i32, [_i32, ctypes.POINTER(FwdArgs), ctypes.POINTER(FwdPlan)]),
     ("flash_kda_pick_block_v", _i32, [_i64, _i64, _i32]),
     ("flash_kda_fwd", _i32, [_i32, ctypes.POINTER(FwdArgs), _ptr]),
+    ("flash_kda_testing_version", _i32, []),
+    (
+        "flash_kda_testing_plan",
+        _i32,
+        [_i32, ctypes.POINTER(FwdArgs), ctypes.POINTER(TestingOverrides), ctypes.POINTER(FwdPlan)],
+    ),
+    ("flash_kda_testing_device_facts", _i32, [_i32, ctypes.POINTER(TestingOverrides), ctypes.POINTER(TestingDevice)]),
+    ("flash_kda_testing_fwd", _i32, [_i32, ctypes.POINTER(FwdArgs), ctypes.POINTER(TestingOverrides), _ptr]),
     ("flash_kda_probe_unary_op", _i32, [_i32, _i32, _ptr, _ptr, _i64, _ptr]),
     ("flash_kda_probe_mma_op", _i32, [_i32, _i32, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr]),
 ]
@@ -186,6 +258,10 @@ class NativeLibrary:
             raise RuntimeError(f"{path} has C ABI version {version}, this package needs {ABI_VERSION}")
         self.archs = self._list_archs()
         self._cuda_versions: Optional[tuple[int, int]] = None
+        # flash_kda_fwd by address, for the dispatcher's prepacked calls: (cc, &args, stream)
+        self.fwd_by_address = self._lib["flash_kda_fwd"]
+        self.fwd_by_address.restype = _i32
+        self.fwd_by_address.argtypes = [_i32, _ptr, _ptr]
 
     def _list_archs(self) -> list[ArchInfo]:
         archs = []
@@ -197,8 +273,7 @@ class NativeLibrary:
 
     def _check(self, status: int) -> None:
         if status != 0:
-            message = self._lib.flash_kda_last_error().decode(errors="replace")
-            raise RuntimeError(f"{message} [{_STATUS_NAMES.get(status, status)}]")
+            raise RuntimeError(self.error(status))
 
     def table_for(self, compute_capability: int, feature: int = FEATURE_FWD) -> Optional[ArchInfo]:
         """The arch table for ``compute_capability`` (e.g. 90) having ``feature``, if any."""
@@ -227,16 +302,48 @@ class NativeLibrary:
     def pick_block_v(self, num_seqs: int, heads: int, num_sms: int) -> int:
         return self._lib.flash_kda_pick_block_v(num_seqs, heads, num_sms)
 
-    def plan(self, args: FwdArgs) -> FwdPlan:
-        """The plan of ``fwd`` for these arguments (sizes only are read)."""
+    def plan(self, compute_capability: int, args: FwdArgs, overrides: Optional[TestingOverrides] = None) -> FwdPlan:
+        """The plan of ``fwd`` for these arguments (sizes only are read) on the current CUDA
+        device, through the table for ``compute_capability``, with the test entry point's
+        overrides if given (``overrides.device``: a reference device, no GPU asked)."""
         args.struct_size = ctypes.sizeof(FwdArgs)
         plan = FwdPlan(struct_size=ctypes.sizeof(FwdPlan))
-        self._check(self._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan)))
+        if overrides is None:
+            self._check(self._lib.flash_kda_fwd_plan(compute_capability, ctypes.byref(args), ctypes.byref(plan)))
+        else:
+            self._check_testing()
+            pointers = ctypes.byref(args), ctypes.byref(overrides), ctypes.byref(plan)
+            self._check(self._lib.flash_kda_testing_plan(compute_capability, *pointers))
         return plan
 
-    def fwd(self, compute_capability: int, args: FwdArgs, stream: int) -> None:
+    def device_facts(self, compute_capability: int, overrides: Optional[TestingOverrides] = None) -> TestingDevice:
+        """What the plan knows of the current device (through the table for
+        ``compute_capability``) under the overrides' switches, or of ``overrides.device``."""
+        self._check_testing()
+        facts = TestingDevice(struct_size=ctypes.sizeof(TestingDevice))
+        given = ctypes.byref(overrides) if overrides is not None else None
+        self._check(self._lib.flash_kda_testing_device_facts(compute_capability, given, ctypes.byref(facts)))
+        return facts
+
+    def fwd(self, compute_capability: int, args: FwdArgs, stream: int, overrides: Optional[TestingOverrides] = None):
+        """The forward on ``stream``, through the test entry point when ``overrides`` are given."""
         args.struct_size = ctypes.sizeof(FwdArgs)
-        self._check(self._lib.flash_kda_fwd(compute_capability, ctypes.byref(args), stream))
+        if overrides is None:
+            self._check(self._lib.flash_kda_fwd(compute_capability, ctypes.byref(args), stream))
+        else:
+            self._check_testing()
+            self._check(self._lib.flash_kda_testing_fwd(compute_capability, ctypes.byref(args), ctypes.byref(overrides),
+                                                        stream))  # fmt: skip
+
+    def error(self, status: int) -> str:
+        """The message of a failed call with ``status``, as :meth:`fwd` raises it."""
+        message = self._lib.flash_kda_last_error().decode(errors="replace")
+        return f"{message} [{_STATUS_NAMES.get(status, status)}]"
+
+    def _check_testing(self) -> None:
+        version = self._lib.flash_kda_testing_version()
+        if version != TESTING_VERSION:
+            raise RuntimeError(f"{self.path} has testing version {version}, this package needs {TESTING_VERSION}")
 
     def probe_unary(self, compute_capability, op, x, y, count, stream) -> None:
         self._check(self._lib.flash_kda_probe_unary_op(compute_capability, op, x, y, count, stream))
@@ -247,6 +354,10 @@ class NativeLibrary:
 
 _lock = threading.Lock()
 _state = {"loaded": False, "library": None, "error": None}
+
+# Process-wide plan overrides (flash_kda.testing.set_overrides): None, or a TestingOverrides
+# with which every native call of the process goes through the test entry point.
+overrides: Optional[TestingOverrides] = None
 
 
 def library_path() -> str:

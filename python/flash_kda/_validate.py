@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: MIT
-"""Every input check of ``flash_kda.fwd`` (design §1.5), shared by all paths, and the
-validated call (:class:`FwdCall`) that every path takes.
+"""Every input check of ``flash_kda.fwd`` (design §1.5), shared by all paths; the validated
+call (:class:`FwdCall`) that every path takes; and the signature records with which a call
+of a signature met before skips the checks its signature has passed.
 
 Each check raises before anything is launched or written: ``TypeError`` for a wrong type
 or dtype, ``ValueError`` for a wrong shape, device, layout, value or index content,
 ``RuntimeError`` for inputs that require grad. Messages name the argument, what was
-expected and what was given.
+expected and what was given. Helpers: ``_layout`` (strides, alignment, overlap),
+``_sequences`` (index tensor contents), ``_scalars`` (Python numbers). Over the 400-line
+module limit: every check of ``fwd`` lives here, so that a check is found (and changed) once.
 """
 
 import math
@@ -14,7 +17,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import _layout, _scalars, _sequences
+from . import _args, _layout, _scalars, _sequences
 
 HEAD_DIM = 128
 MAX_TOKENS = 2**31  # the C ABI's bound on B * T (int32 token coordinates)
@@ -25,6 +28,29 @@ _WHERE = "flash_kda.fwd"
 _STATE_DTYPES = (torch.bfloat16, torch.float32)
 _GATE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
+
+# os.environ's own mapping of encoded names to values on POSIX (else None): what
+# os.environ.get reads, in ~40 ns instead of ~600 (the environment is read on every call).
+ENVIRON = os.environ._data if isinstance(getattr(os.environ, "_data", None), dict) and os.name == "posix" else None
+
+
+def env_is(name: str, value: str) -> bool:
+    """``os.environ.get(name) == value``."""
+    if ENVIRON is not None:
+        return ENVIRON.get(name.encode()) == value.encode()
+    return os.environ.get(name) == value
+
+
+_EXACT_KEY, _ONE = EXACT_ENV.encode(), b"1"
+
+
+def resolve_exact(exact) -> bool:
+    """``exact`` if given, else ``FLASH_KDA_EXACT == "1"``."""
+    if exact is None:
+        return ENVIRON.get(_EXACT_KEY) == _ONE if ENVIRON is not None else os.environ.get(EXACT_ENV) == "1"
+    if not isinstance(exact, bool):
+        raise TypeError(f"{_WHERE}: exact must be a bool or None, got {type(exact).__name__}")
+    return exact
 
 
 class FwdCall(NamedTuple):
@@ -57,6 +83,7 @@ class FwdCall(NamedTuple):
     seq_bounds: Optional[list[int]]  # cu_seqlens read on the host, when it was on the CPU
     strides: tuple  # (batch, token, head) element strides of q, k, v, g, out, beta for the C ABI
     max_seqlen: int = 0  # varlen: the longest sequence's tokens for the plan, 0 = unknown
+    record: Optional["SignatureRecord"] = None  # of the call's signature, when it has one
 
     @property
     def device(self) -> torch.device:
@@ -67,6 +94,11 @@ class FwdCall(NamedTuple):
         """First dimension of the state tensors: N, or P with ``state_indices``."""
         state = self.initial_state if self.initial_state is not None else self.final_state
         return self.num_seqs if state is None else state.shape[0]
+
+    @property
+    def has_tokens(self) -> bool:
+        """Whether any sequence can hold a token: a call without is the state copy alone."""
+        return self.batch * self.seqlen > 0 and self.num_seqs > 0
 
 
 def _shape(t: torch.Tensor) -> list[int]:
@@ -111,15 +143,6 @@ def _lower_bound(x) -> float:
     if not -5.0 <= value <= 0.0:
         raise ValueError(f"{_WHERE}: lower_bound must be in [-5, 0], got {value}")
     return value
-
-
-def resolve_exact(exact) -> bool:
-    """``exact`` if given, else ``FLASH_KDA_EXACT == "1"``."""
-    if exact is None:
-        return os.environ.get(EXACT_ENV) == "1"
-    if not isinstance(exact, bool):
-        raise TypeError(f"{_WHERE}: exact must be a bool or None, got {type(exact).__name__}")
-    return exact
 
 
 def refuse_grad(tensors: dict) -> None:
@@ -182,8 +205,8 @@ def _cu_seqlens(cu, B: int, T: int, device: torch.device):
     if cu is None:
         return None, None, B
     tensor("cu_seqlens", cu, _INDEX_DTYPES, "int64 (or int32)")
-    if cu.dim() != 1 or cu.numel() < 2:
-        raise ValueError(f"{_WHERE}: cu_seqlens must be 1-D with N + 1 >= 2 entries, got shape {_shape(cu)}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{_WHERE}: cu_seqlens must be 1-D with N + 1 >= 1 entries, got shape {_shape(cu)}")
     if cu.numel() - 1 > MAX_SEQS:
         raise ValueError(f"{_WHERE}: cu_seqlens must have at most 2**30 + 1 entries, got {cu.numel()}")
     if B != 1:
@@ -255,19 +278,92 @@ def _activations(q, k, v, g, beta, out) -> tuple[int, int, int]:
     if q.dim() != 4 or q.shape[-1] != HEAD_DIM:
         raise ValueError(f"{_WHERE}: q must have shape [B, T, H, {HEAD_DIM}], got {_shape(q)}")
     B, T, H, _ = q.shape
-    if B < 1 or T < 1 or H < 1:
-        raise ValueError(f"{_WHERE}: q must have B, T, H >= 1, got shape {_shape(q)}")
+    if H < 1:
+        raise ValueError(f"{_WHERE}: q must have H >= 1 heads, got shape {_shape(q)}")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{_WHERE}: q must be on a CUDA device or the CPU, got {q.device}")
     for name, x in (("k", k), ("v", v), ("g", g), ("out", out)):
-        _expect_shape(name, tensor(name, x, (torch.bfloat16,), "bfloat16"), _shape(q), "[B, T, H, D]")
+        if tensor(name, x, (torch.bfloat16,), "bfloat16").shape != q.shape:
+            _expect_shape(name, x, _shape(q), "[B, T, H, D]")
     _expect_shape("beta", tensor("beta", beta, (torch.bfloat16,), "bfloat16"), [B, T, H], "[B, T, H]")
     if B * T >= MAX_TOKENS or H > MAX_HEADS:
         raise ValueError(f"{_WHERE}: need B * T < 2**31 and H <= {MAX_HEADS}, got B * T = {B * T}, H = {H}")
     return B, T, H
 
 
-# ------------------------------------------------------------------ the cached call path
+# ------------------------------------------------------------------ what a trace checks
+#
+# Under torch.compile the op's real implementation (with every check above) runs only when
+# the compiled graph runs; these checks run in the traced Python, so that a call a graph
+# could never run fails when it is traced, with the same message.
+
+_REQUIRED = tuple(a.name for a in _args.ARGS if a.default is _args.REQUIRED and a.name in _args.TENSORS)
+
+
+def check_traceable(tensors: dict, outputs: dict) -> None:
+    """The checks ``torch.compile`` can trace: Python types, devices, grad, inference.
+
+    One pass decides whether anything is wrong; only then do the checks run one by one
+    (:func:`_report_untraceable`), so that the first fault is reported as before."""
+    q = tensors["q"]
+    ok = isinstance(q, torch.Tensor)
+    if ok:
+        device = q.device
+        grad = torch.is_grad_enabled()
+        ok = device.type in ("cpu", "cuda")
+        for name, x in tensors.items():
+            if not ok:
+                break
+            if x is None:
+                ok = name not in _REQUIRED
+            elif not isinstance(x, torch.Tensor) or (grad and x.requires_grad):
+                ok = False
+            elif x.device != device:
+                ok = name == "cu_seqlens" and x.device.type == "cpu"
+        if ok and not torch.compiler.is_compiling() and not torch.is_inference_mode_enabled():
+            for x in outputs.values():
+                if x is not None and x.is_inference():
+                    ok = False
+    if not ok:
+        _report_untraceable(tensors, outputs)
+
+
+def _report_untraceable(tensors: dict, outputs: dict) -> None:
+    """:func:`check_traceable` check by check: raises for the first fault."""
+    for name, x in tensors.items():
+        if (x is not None or name in _REQUIRED) and not isinstance(x, torch.Tensor):
+            raise TypeError(f"{_WHERE}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    device = tensors["q"].device
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{_WHERE}: q must be on a CUDA device or the CPU, got {device}")
+    for name, x in tensors.items():
+        if x is not None and x.device != device and not (name == "cu_seqlens" and x.device.type == "cpu"):
+            raise ValueError(f"{_WHERE}: {name} must be on {device} like q, got {x.device}")
+    refuse_grad(tensors)
+    if not torch.compiler.is_compiling():  # inference tensors do not reach a trace
+        refuse_inference_outputs(outputs)
+
+
+def traceable_scalars(scale, lower_bound, checkpoint_every, exact, max_seqlen) -> tuple:
+    """The scalars as the op's schema takes them (float, float, int or None, bool or None,
+    int or None), with the type checks of the full validation."""
+    scale, lower_bound = _scalars.as_real(_WHERE, "scale", scale), _scalars.as_real(_WHERE, "lower_bound", lower_bound)
+    if checkpoint_every is not None:  # a multiple of 16 too, checked with checkpoints
+        checkpoint_every = _scalars.as_count(_WHERE, "checkpoint_every", checkpoint_every)
+        if not 0 < checkpoint_every < MAX_TOKENS:
+            raise ValueError(
+                f"{_WHERE}: checkpoint_every must be a positive multiple of 16 below 2**31, got {checkpoint_every}"
+            )
+    if exact is not None and not isinstance(exact, bool):
+        raise TypeError(f"{_WHERE}: exact must be a bool or None, got {type(exact).__name__}")
+    if max_seqlen is not None:  # checked against T with the tensors
+        max_seqlen = _scalars.as_count(_WHERE, "max_seqlen", max_seqlen)
+        if not 0 <= max_seqlen < MAX_TOKENS:
+            raise ValueError(f"{_WHERE}: max_seqlen must be in [0, T], got {max_seqlen}")
+    return scale, lower_bound, checkpoint_every, exact, max_seqlen
+
+
+# ------------------------------------------------------------------ signature records
 #
 # Every check above except three reads only the call's *signature*: for each tensor its
 # type, dtype, device, shape and strides; whether grad mode is on and any tensor requires
@@ -275,144 +371,175 @@ def _activations(q, k, v, g, beta, out) -> tuple[int, int, int]:
 # the resolved mode. The three are pointer- or content-dependent: 16-byte alignment
 # (data_ptr), overlap between outputs and the other arguments (data_ptr plus a byte extent
 # that the signature fixes), and the contents of index tensors on the host. check_fwd runs
-# every check on the first two calls of a signature and, at the second, remembers what the
-# checks derived (a _Plan); a later call of the same signature runs only the three, in the
-# order the full validation runs them, so it raises the same error for the same fault. A
-# signature met once (a new token count) thus costs the key and a marker, not a plan.
+# every check on the first two calls of a signature and at the second remembers what they
+# derived (its SignatureRecord; the first leaves a mark); a later call of the same signature
+# runs only the three, in the order the full validation runs them, so it raises the same
+# error for the same fault. The native
+# path may also keep a launch of its own in the record (dispatch: the library then checks
+# alignment and overlap itself, and check_all says what is wrong when it refuses a call).
 
 # The tensor arguments in the order of the signature and the pointer list.
-_TENSORS = ("q", "k", "v", "g", "beta", "out", "A_log", "dt_bias", "initial_state", "final_state", "cu_seqlens",
-            "ssm_state_indices", "has_initial_state", "checkpoints")  # fmt: skip
+_TENSORS = _args.TENSORS
 _SLOT = {name: i for i, name in enumerate(_TENSORS)}
-_Q, _K, _V, _G, _BETA, _OUT, _A_LOG, _DT_BIAS, _INITIAL, _FINAL, _CU, _INDICES, _HAS_INITIAL, _CHECKPOINTS = range(14)
-_OUTPUTS = (_OUT, _FINAL, _CHECKPOINTS)
-PLAN_CACHE_SIZE = 64  # signatures remembered; the cache is emptied when it is full
+_Q, _K, _V, _G, _BETA, _OUT, _A_LOG, _DT_BIAS, _INITIAL, _FINAL, _CU, _INDICES, _HAS_INITIAL, _CHECKPOINTS = (
+    _SLOT[name] for name in ("q", "k", "v", "g", "beta", "out", "A_log", "dt_bias", "initial_state", "final_state",
+                             "cu_seqlens", "ssm_state_indices", "has_initial_state", "checkpoints")
+)  # fmt: skip
+_OUTPUTS = tuple(_SLOT[name] for name in _args.OUTPUTS)
+SIGNATURE_CACHE_SIZE = 64  # signatures remembered; the records are dropped when it is full
 
 
-class _Plan(NamedTuple):
-    """What the full validation derived from a signature (everything but pointers and
-    index contents), and which pointer- and content-dependent checks a call still needs."""
+class SignatureRecord:
+    """What the full validation derived from a signature (everything but pointers and index
+    contents), which pointer- and content-dependent checks a call still needs, and the
+    native path's launch for the signature (``launch``: None until the dispatcher makes one,
+    or where it cannot)."""
 
-    batch: int
-    seqlen: int
-    heads: int
-    num_seqs: int
-    pool_size: int  # N, or P with ssm_state_indices
-    state_dtype: Optional[torch.dtype]
-    strides: tuple
-    checkpoint_every: int
-    exact: bool
-    device: torch.device
-    early_aligned: tuple  # (slot, name) of q, k, v, g, out when non-empty: 16-byte aligned
-    cu_on_host: bool  # cu_seqlens on the CPU: contents checked, copied to q's device
-    indices_on_host: bool  # ssm_state_indices on the CPU: contents checked
-    late_aligned: tuple  # (slot, name) of initial_state, final_state, checkpoints when non-empty
-    overlaps: tuple  # _layout.overlap_pairs, indexed by slot
-    A_log_ready: bool  # float32 and contiguous: widened by itself when 16-byte aligned
-    dt_bias_ready: bool  # float32, contiguous, [H, 128]: likewise
+    __slots__ = ("batch", "seqlen", "heads", "num_seqs", "pool_size", "state_dtype", "strides", "checkpoint_every",
+                 "exact", "device", "early_aligned", "cu_on_host", "indices_on_host", "late_aligned", "overlaps",
+                 "A_log_ready", "dt_bias_ready", "gates_as_given", "launch")  # fmt: skip
+
+    def __init__(self, call: FwdCall, tensors: tuple, overlaps: tuple):
+        q, A_log, dt_bias, cu, indices = (tensors[i] for i in (_Q, _A_LOG, _DT_BIAS, _CU, _INDICES))
+        self.batch, self.seqlen, self.heads, self.num_seqs = call.batch, call.seqlen, call.heads, call.num_seqs
+        self.pool_size, self.state_dtype, self.strides = call.pool_size, call.state_dtype, call.strides
+        self.checkpoint_every, self.exact, self.device = call.checkpoint_every, call.exact, q.device
+        present = lambda slots: tuple((i, _TENSORS[i]) for i in slots if tensors[i] is not None and tensors[i].numel())  # noqa: E731
+        self.early_aligned = present((_Q, _K, _V, _G, _OUT))  # 16-byte aligned when non-empty
+        self.late_aligned = present((_INITIAL, _FINAL, _CHECKPOINTS))
+        self.cu_on_host = cu is not None and cu.device.type == "cpu"  # contents checked, copied to q's device
+        self.indices_on_host = indices is not None and indices.device.type == "cpu"  # contents checked
+        self.overlaps = overlaps  # _layout.overlap_pairs, indexed by slot
+        # fp32 and contiguous: used as they are when 16-byte aligned, else widened
+        self.A_log_ready = A_log.dtype == torch.float32 and A_log.is_contiguous()
+        self.dt_bias_ready = dt_bias.dtype == torch.float32 and dt_bias.is_contiguous() and dt_bias.dim() == 2
+        # both used as given (no copy) wherever they are 16-byte aligned
+        self.gates_as_given = self.A_log_ready and dt_bias.dtype == torch.float32 and dt_bias.is_contiguous()
+        self.launch = None
 
 
-_plans: dict = {}  # signature -> _Plan, or _SEEN after its first call
-_SEEN = object()
+class _Seen:
+    """The mark of a signature met once: its second call makes its record, so a signature met
+    once (a new token count, the case of every varlen serving step) costs a mark, not a
+    record and a prepacked launch."""
+
+    launch = None
 
 
-def _signature(tensors: tuple, scale, lower_bound, checkpoint_every, exact):
-    """Everything the signature-dependent checks read, as a hashable key (with the resolved
-    mode last); None when the call is not cached (scalars of other types than float, int
-    and bool/None, or an argument that does not look like a tensor: the full validation
-    then runs and reports it)."""
+_SEEN = _Seen()
+_records: dict = {}  # signature -> SignatureRecord, or _SEEN after its first call
+
+
+def signature(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
+              cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None,
+              checkpoints=None, exact=None, max_seqlen=None):  # fmt: skip
+    """Everything the signature-dependent checks read, as a hashable key (the resolved mode
+    last); None when the call is not cached (scalars of other types than float, int and
+    bool/None, or an argument that does not look like a tensor: the full validation then
+    runs and reports it)."""
     if type(scale) is not float or type(lower_bound) is not float:
         return None
-    if checkpoint_every is not None and type(checkpoint_every) is not int:
+    if (checkpoint_every is not None and type(checkpoint_every) is not int) or (
+        max_seqlen is not None and type(max_seqlen) is not int
+    ):
         return None
     if exact is None:
-        mode = os.environ.get(EXACT_ENV) == "1"
+        mode = ENVIRON.get(_EXACT_KEY) == _ONE if ENVIRON is not None else os.environ.get(EXACT_ENV) == "1"
     elif exact is True or exact is False:
         mode = exact
     else:
         return None
-    try:
-        metas = tuple([None if x is None else (type(x), x.dtype, x.device, x.shape, x.stride()) for x in tensors])
-        grad = torch.is_grad_enabled() and any([x is not None and x.requires_grad for x in tensors])
+    tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
+               has_initial_state, checkpoints)  # fmt: skip
+    try:  # with grad mode on, whether each tensor requires grad joins its entry
+        if torch.is_grad_enabled():
+            metas = tuple([None if x is None else (type(x), x.dtype, x.device, x.shape, x.stride(), x.requires_grad)
+                           for x in tensors])  # fmt: skip
+        else:
+            metas = tuple([None if x is None else (type(x), x.dtype, x.device, x.shape, x.stride()) for x in tensors])
         written = not torch.is_inference_mode_enabled() and any(
             [tensors[i] is not None and tensors[i].is_inference() for i in _OUTPUTS]
         )
     except Exception:  # not a tensor: the full validation says what is wrong
         return None
-    return metas, scale, lower_bound, checkpoint_every, grad, written, mode
+    return metas, scale, lower_bound, checkpoint_every, max_seqlen, written, mode
 
 
-def _plan_of(call: FwdCall, tensors: tuple, overlaps: tuple) -> _Plan:
-    """The _Plan of a call that passed the full validation (its tensors by slot, the
-    overlap pairs the validation tested)."""
-    q, A_log, dt_bias, cu, indices = (tensors[i] for i in (_Q, _A_LOG, _DT_BIAS, _CU, _INDICES))
-    present = lambda slots: tuple((i, _TENSORS[i]) for i in slots if tensors[i] is not None and tensors[i].numel())  # noqa: E731
-    return _Plan(
-        call.batch, call.seqlen, call.heads, call.num_seqs, call.pool_size, call.state_dtype, call.strides,
-        call.checkpoint_every, call.exact, q.device, present((_Q, _K, _V, _G, _OUT)),
-        cu is not None and cu.device.type == "cpu", indices is not None and indices.device.type == "cpu",
-        present((_INITIAL, _FINAL, _CHECKPOINTS)), overlaps,
-        A_log.dtype == torch.float32 and A_log.is_contiguous(),
-        dt_bias.dtype == torch.float32 and dt_bias.is_contiguous() and dt_bias.dim() == 2,
-    )  # fmt: skip
+def record_of(key) -> Optional[SignatureRecord]:
+    """The record of a signature (:func:`signature`), or None (also for one met only once)."""
+    record = _records.get(key)
+    return None if record is _SEEN else record
 
 
-def _check_pointers(plan: _Plan, tensors: tuple, scale: float, lower_bound: float) -> FwdCall:
+def clear_records() -> None:
+    _records.clear()
+
+
+def _check_pointers(record: SignatureRecord, tensors: tuple, scale: float, lower_bound: float) -> FwdCall:
     """A call whose signature passed the full validation before: only the pointer- and
     content-dependent checks, in the full validation's order (so the same error for the
     same fault), then the validated call."""
     pointers = _layout.pointers(tensors)
-    for slot, name in plan.early_aligned:  # activation_strides' alignment, q k v g out
+    for slot, name in record.early_aligned:  # activation_strides' alignment, q k v g out
         if pointers[slot] % 16:
             _layout.aligned(name, tensors[slot], 16)
     cu, bounds = tensors[_CU], None
-    if plan.cu_on_host:
-        bounds = _sequences.check_bounds(_sequences.host_list(cu), plan.seqlen)
-        cu = cu.to(plan.device)
-    if plan.indices_on_host:
-        _sequences.check_slots(_sequences.host_list(tensors[_INDICES]), plan.pool_size)
-    for slot, name in plan.late_aligned:  # states and checkpoints (contiguous, aligned)
+    if record.cu_on_host:
+        bounds = _sequences.check_bounds(_sequences.host_list(cu), record.seqlen)
+        cu = cu.to(record.device)
+    if record.indices_on_host:
+        _sequences.check_slots(_sequences.host_list(tensors[_INDICES]), record.pool_size)
+    for slot, name in record.late_aligned:  # states and checkpoints (contiguous, aligned)
         if pointers[slot] % 16:
             _layout.aligned(name, tensors[slot], 16)
-    _layout.check_overlaps(plan.overlaps, pointers)
+    _layout.check_overlaps(record.overlaps, pointers)
     A_log, dt_bias = tensors[_A_LOG], tensors[_DT_BIAS]
-    if not (plan.A_log_ready and pointers[_A_LOG] % 16 == 0):
+    if not (record.A_log_ready and pointers[_A_LOG] % 16 == 0):
         A_log = _widen(A_log)
-    if not (plan.dt_bias_ready and pointers[_DT_BIAS] % 16 == 0):
-        dt_bias = _widen(dt_bias.reshape(plan.heads, HEAD_DIM))
+    if not (record.dt_bias_ready and pointers[_DT_BIAS] % 16 == 0):
+        dt_bias = _widen(dt_bias.reshape(record.heads, HEAD_DIM))
     return FwdCall(
         tensors[_Q], tensors[_K], tensors[_V], tensors[_G], tensors[_BETA], tensors[_OUT], A_log, dt_bias, scale,
         lower_bound, tensors[_INITIAL], tensors[_FINAL], cu, tensors[_INDICES], tensors[_HAS_INITIAL],
-        plan.checkpoint_every, tensors[_CHECKPOINTS], plan.exact, plan.batch, plan.seqlen, plan.heads, plan.num_seqs,
-        plan.state_dtype, bounds, plan.strides,
+        record.checkpoint_every, tensors[_CHECKPOINTS], record.exact, record.batch, record.seqlen, record.heads,
+        record.num_seqs, record.state_dtype, bounds, record.strides, 0, record,
     )  # fmt: skip
+
+
+_NO_KEY = object()  # check_fwd's default: compute the signature
 
 
 def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
               cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None, checkpoints=None,
-              exact=None, max_seqlen=None) -> FwdCall:  # fmt: skip
+              exact=None, max_seqlen=None, *, key=_NO_KEY) -> FwdCall:  # fmt: skip
     """Validate one ``fwd`` call (arguments as :func:`flash_kda.fwd`); return it as a
     :class:`FwdCall`. Reads no device memory (index tensors on the CPU are read). Raises
     ``TypeError``, ``ValueError`` or ``RuntimeError`` (grad) before anything is written.
 
-    The first two calls of a signature (see :func:`_signature`) run every check; later
-    ones run the pointer- and content-dependent checks only (alignment, aliasing, index
-    tensors on the host), which is all that can differ between them."""
+    The first two calls of a signature (``key``: its :func:`signature`, computed when not
+    given) run every check, the second making its record; later ones run the pointer- and
+    content-dependent checks only (alignment, aliasing, index tensors on the host), which is
+    all that can differ between them."""
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
                has_initial_state, checkpoints)  # fmt: skip
-    key = _signature(tensors, scale, lower_bound, checkpoint_every, exact)
-    plan = None if key is None else _plans.get(key)
-    if plan is not None and plan is not _SEEN:
-        return _longest(_check_pointers(plan, tensors, scale, lower_bound), max_seqlen)
+    if key is _NO_KEY:
+        key = signature(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state,
+                        cu_seqlens, ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact,
+                        max_seqlen)  # fmt: skip
+    record = None if key is None else _records.get(key)
+    if record is not None and record is not _SEEN:
+        return _longest(_check_pointers(record, tensors, scale, lower_bound), max_seqlen)
     if key is not None:
         exact = key[-1]  # the resolved mode: FLASH_KDA_EXACT is read once per call
     call, overlaps = _check_all(tensors, scale, lower_bound, checkpoint_every, exact)
     if key is not None:
-        if len(_plans) >= PLAN_CACHE_SIZE:
-            _plans.clear()
-        # A signature gets its plan at its second call: one seen once (a new token count, say)
-        # costs a marker, not a plan.
-        _plans[key] = _SEEN if plan is None else _plan_of(call, tensors, overlaps)
+        if len(_records) >= SIGNATURE_CACHE_SIZE:
+            _records.clear()
+        if record is None:  # met once: a mark
+            _records[key] = _SEEN
+        else:
+            record = _records[key] = SignatureRecord(call, tensors, overlaps)
+            call = call._replace(record=record)
     return _longest(call, max_seqlen)
 
 
@@ -437,7 +564,7 @@ def _longest(call: FwdCall, max_seqlen) -> FwdCall:
     if call.cu_seqlens is None:
         return call
     bounds = call.seq_bounds
-    longest = max(bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)) if bounds else max_seqlen or 0
+    longest = max([bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)], default=0) if bounds else max_seqlen
     return call._replace(max_seqlen=longest) if longest else call
 
 

@@ -5,21 +5,19 @@ pure PyTorch (docs/dispatch.md).
 :func:`choose_path` is a pure function of the device facts, the library's tables and CUDA
 versions, fla's presence and ``FLA_FLASH_KDA``; :func:`run` asks it for a validated call,
 logs each (path, reason) once on the ``flash_kda`` logger, and runs the path.
-:func:`run_native` makes no host synchronisation and no host-to-device copy, so a call
-with its index tensors on the device can be captured in a CUDA graph.
+:func:`run_native` (``_launch``) makes no host synchronisation and no host-to-device copy,
+so a call with its index tensors on the device can be captured in a CUDA graph.
 """
 
-import ctypes
 import functools
 import logging
-import operator
 import os
 from collections.abc import Sequence
 from typing import Callable, Optional, Union
 
 import torch
 
-from . import _native, _validate, fallback
+from . import _launch, _native, _validate, fallback
 
 logger = logging.getLogger("flash_kda")
 ENV_SWITCH = "FLA_FLASH_KDA"
@@ -27,6 +25,7 @@ ENV_SWITCH = "FLA_FLASH_KDA"
 NATIVE, FLA, TORCH = "native", "fla", "torch"
 _UNAVAILABLE = "native library unavailable"
 _CHECKPOINTS = "fla's Triton forward cannot write checkpoints; using PyTorch for this call"
+_NO_TOKENS = "a call without tokens copies the states on the PyTorch path"
 _OLD_DRIVER = "CUDA driver "
 _logged = set()
 
@@ -132,7 +131,13 @@ def _cuda_path(device: torch.device) -> tuple[str, str]:
 
 
 def backend_for(device) -> str:
-    """``"native"``, ``"fla"`` or ``"torch"``: the path ``fwd`` would take on ``device``."""
+    """``"native"``, ``"fla"`` or ``"torch"``: the path :func:`flash_kda.fwd` would take for
+    tensors on ``device`` now (honouring ``FLA_FLASH_KDA`` and the driver's CUDA version).
+
+    Raises ``ValueError`` when ``device`` is not a device (``torch.device("...")`` fails);
+    a CUDA device this process cannot use is answered ``"torch"`` (see
+    ``dispatch.explain(device)`` for the reason).
+    """
     return explain(device)[0]
 
 
@@ -146,183 +151,32 @@ def _log_once(device, path: str, reason: str) -> None:
         logger.log(logging.WARNING if warn else logging.INFO, "flash_kda.fwd on %s -> %s (%s)", device, path, reason)
 
 
-_DTYPE_CODES = {
-    None: _native.DTYPE_NONE,
-    torch.bfloat16: _native.DTYPE_BF16,
-    torch.float32: _native.DTYPE_FP32,
-    torch.int32: _native.DTYPE_INT32,
-    torch.int64: _native.DTYPE_INT64,
-}
-# flash_kda_fwd_args filled by one pack (dispatch cost ~2 us a call with the keyword
-# constructor): native_args gives the values in this order, which the import checks.
-_ARGS_PACKER, _ARGS_ORDER = _native.flat_layout(_native.FwdArgs)
-_STRIDED = ("q", "k", "v", "g", "out", "beta")  # FwdCall.strides' order
-_STRIDE_NAMES = tuple(f"{t}_strides.{d}" for t in _STRIDED for d in ("batch", "token", "head"))
-assert _ARGS_ORDER == (
-    "struct_size", "block_v", "batch", "seqlen", "heads", "head_dim", "num_seqs",
-    "q", "k", "v", "g", "beta", "out", "A_log", "dt_bias", "scale", "lower_bound",
-    "initial_state", "final_state", "initial_state_dtype", "final_state_dtype", "cu_seqlens",
-    "workspace", "workspace_bytes", "num_sms", "reserved", *_STRIDE_NAMES,
-    "cu_seqlens_dtype", "state_indices_dtype", "state_indices", "state_pool_size", "has_initial_state",
-    "checkpoints", "checkpoints_dtype", "checkpoint_every", "checkpoint_slots",
-    "mode", "segment_chunks", "overlap", "chunk_tokens", "max_seqlen",
-), _ARGS_ORDER  # fmt: skip
+def run_native(call: _validate.FwdCall, *, workspace=None, overrides=None) -> None:
+    """Run a validated call on the native path (``_launch.run``) on the current stream of its
+    device: ``workspace`` (uint8 on the device, at least the plan's bytes) may be given to
+    read the records afterwards, ``overrides`` (``_native.TestingOverrides``) force parts of
+    the plan through the test entry point."""
+    index = _cuda_index(call.device)
+    _launch.run(call, index, device_facts(index), ENV_SWITCH, workspace_tensor=workspace, overrides=overrides)
 
 
-def _dtype_code(x: Optional[torch.Tensor]) -> int:
-    return _DTYPE_CODES[None if x is None else x.dtype]
-
-
-def _address(x: Optional[torch.Tensor]) -> int:
-    return 0 if x is None else x.data_ptr()
-
-
-def _word_aligned(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """An index tensor contiguous and 8-byte aligned for the library (a device copy when
-    it is not: no synchronisation, captured like the rest in a CUDA graph)."""
-    if x is None or (x.is_contiguous() and x.data_ptr() % 8 == 0):
-        return x
-    return x.clone(memory_format=torch.contiguous_format)
-
-
-def native_args(
-    call: _validate.FwdCall, num_sms: int, block_v: int = 0, segment_chunks: int = 0, overlap: int = 0, chunk: int = 0
-):
-    """``(flash_kda_fwd_args, tensors to keep alive until the launch)`` of a call."""
-    cu, indices = call.cu_seqlens, call.state_indices
-    if cu is not None:
-        cu = _word_aligned(cu)
-    if indices is not None:
-        indices = _word_aligned(indices)
-    has_initial = call.has_initial_state
-    if has_initial is not None:
-        has_initial = has_initial.contiguous()
-    checkpoints = call.checkpoints
-    if checkpoints is not None and not checkpoints.numel():
-        checkpoints = None
-    initial, final = call.initial_state, call.final_state
-    (q, k, v, g, out, beta) = call.strides  # (batch, token, head) of each
-    stored = checkpoints is not None
-    args = _native.FwdArgs()
-    _ARGS_PACKER.pack_into(
-        args, 0, ctypes.sizeof(_native.FwdArgs), block_v, call.batch, call.seqlen, call.heads, _validate.HEAD_DIM,
-        call.num_seqs, call.q.data_ptr(), call.k.data_ptr(), call.v.data_ptr(), call.g.data_ptr(),
-        call.beta.data_ptr(), call.out.data_ptr(), call.A_log.data_ptr(), call.dt_bias.data_ptr(), call.scale,
-        call.lower_bound, _address(initial), _address(final), _dtype_code(initial), _dtype_code(final),
-        _address(cu), 0, 0, num_sms, 0, *q, *k, *v, *g, *out, *beta,
-        _dtype_code(cu), _dtype_code(indices), _address(indices), call.pool_size if indices is not None else 0,
-        _address(has_initial), _address(checkpoints), _dtype_code(checkpoints),
-        call.checkpoint_every if stored else 0, checkpoints.shape[0] if stored else 0,
-        _native.MODE_EXACT if call.exact else _native.MODE_AUTO, segment_chunks, overlap, chunk, call.max_seqlen,
-    )  # fmt: skip
-    return args, (cu, indices, has_initial)
-
-
-def validated(*args, exact: bool = True, **keywords) -> _validate.FwdCall:
-    """Test and benchmark hook: ``check_fwd`` of fwd's arguments, exact mode by default."""
-    return _validate.check_fwd(*args, exact=exact, **keywords)
-
-
-def plan_of(
-    call: _validate.FwdCall, block_v: int = 0, segment_chunks: int = 0, overlap: int = 0, chunk: int = 0
-) -> _native.FwdPlan:
-    """The library's plan (chunk length, block_v, segments, K1 overlap, workspace bytes) for
-    a validated CUDA call."""
-    args, _ = native_args(call, device_facts(_cuda_index(call.device))[1], block_v, segment_chunks, overlap, chunk)
-    return _native.load().plan(args)
-
-
-_plans = {}  # plan inputs -> workspace bytes: the plan is a pure function of the sizes
-
-# The fields of flash_kda_fwd_args that the library's plan reads besides head_dim (always
-# 128 here) and whether cu_seqlens is set (api.cpp sizes_of, request_of). Every other field
-# leaves the plan as it is (tests/test_native.py changes each one), so these key it.
-PLAN_INPUTS = ("batch", "seqlen", "heads", "num_seqs", "checkpoint_every", "max_seqlen", "mode", "block_v",
-               "segment_chunks", "num_sms", "overlap", "chunk_tokens")  # fmt: skip
-_plan_inputs = operator.attrgetter(*PLAN_INPUTS)
-
-
-def _workspace_bytes(lib, args) -> int:
-    """``lib.plan(args).workspace_bytes``, remembered per plan input (a plan call and its
-    argument struct cost ~25 us of the ~120 us a call spends on the CPU)."""
-    key = (_plan_inputs(args), bool(args.cu_seqlens))
-    size = _plans.get(key)
-    if size is None:
-        if len(_plans) >= 4096:
-            _plans.clear()
-        size = _plans[key] = lib.plan(args).workspace_bytes
-    return size
-
-
-# The current stream and device switch of run_native, through torch's C functions where this
-# torch has them (~1 us a call; torch.cuda.current_stream(device) builds a Stream object and
-# torch.cuda.device(device) parses its argument in Python), else the public API.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_exchange_device = getattr(torch.cuda, "_exchange_device", None)
-_maybe_exchange_device = getattr(torch.cuda, "_maybe_exchange_device", None)
-
-
-def current_stream(index: int) -> int:
-    """The ``cudaStream_t`` (as an int) of the current stream of CUDA device ``index``."""
-    if _raw_stream is not None:
-        return _raw_stream(index)
-    return torch.cuda.current_stream(index).cuda_stream
-
-
-def _launch(lib, cc: int, args, index: int) -> None:
-    """``lib.fwd`` on the current stream of CUDA device ``index``, with ``index`` the
-    current device during the call (as ``with torch.cuda.device(index)``)."""
-    if _exchange_device is None or _maybe_exchange_device is None:
-        with torch.cuda.device(index):
-            lib.fwd(cc, args, current_stream(index))
-        return
-    previous = _exchange_device(index)
-    try:
-        lib.fwd(cc, args, current_stream(index))
-    finally:
-        _maybe_exchange_device(previous)
-
-
-def run_native(
-    call: _validate.FwdCall,
-    *,
-    block_v: int = 0,
-    segment_chunks: int = 0,
-    overlap: int = 0,
-    chunk: int = 0,
-    workspace: Optional[torch.Tensor] = None,
-) -> None:
-    """Call the C ABI on the current stream of the call's device.
-
-    ``block_v`` 0 lets the library pick (tests force 32/64/128); ``segment_chunks`` > 0
-    forces the segment length of AUTO mode (``call.exact`` False); ``overlap`` 1 / 2 / -1
-    forces K1 beside the whole-sequence pass / K1 leaving the pass's SMs / no overlap (0:
-    the plan decides, design section 4.7; no result changes); ``chunk`` 16 or 32 forces
-    the chunk length (32: AUTO mode only; 0: the plan decides); ``workspace`` (uint8 on
-    the device, at least ``lib.plan(args).workspace_bytes``) may be given to inspect the
-    records afterwards; by default it comes from PyTorch's allocator.
-    """
-    lib = _native.load()
-    device = call.device
-    index = _cuda_index(device)
-    cc, num_sms = device_facts(index)
-    args, keep_alive = native_args(call, num_sms, block_v, segment_chunks, overlap, chunk)
-    if workspace is None:
-        workspace = torch.empty(_workspace_bytes(lib, args), dtype=torch.uint8, device=device)
-    args.workspace = workspace.data_ptr()
-    args.workspace_bytes = workspace.numel()
-    _launch(lib, cc, args, index)
-    del keep_alive  # only now: the stream orders any reuse of their memory after the launch
+def _path_of(device: torch.device) -> tuple[str, str]:
+    """:func:`explain` for the device of a validated call: its tensors live there, so a CUDA
+    call skips explain's availability checks (4-6 us less host time a call on the H200
+    machine)."""
+    return _cuda_path(device) if device.type == "cuda" else explain(device)
 
 
 def run(call: _validate.FwdCall) -> None:
-    """Run a validated call on the path :func:`explain` picks (logged once per reason). Its
-    tensors live on its device, so a CUDA call skips explain's availability checks (with
-    native_args' single pack, 4-6 us less host time a call on the H200 machine)."""
+    """Run a validated call on the path :func:`explain` picks (logged once per reason); fla
+    cannot write checkpoints and calls without tokens are the state copy alone, which the
+    PyTorch path makes."""
     device = call.device
-    path, reason = _cuda_path(device) if device.type == "cuda" else explain(device)
+    path, reason = _path_of(device)
     if path == FLA and call.checkpoint_every:
         path, reason = TORCH, f"{reason}; {_CHECKPOINTS}"
+    elif path == FLA and not call.has_tokens:
+        path, reason = TORCH, f"{reason}; {_NO_TOKENS}"
     _log_once(device, path, reason)
     if path == NATIVE:
         run_native(call)

@@ -19,31 +19,17 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import _sequences, _validate
+from . import _args, _sequences, _validate
 from ._numerics import LOG2E, LOG2E_F, Ops, add_ftz, bf, bmul, fma_ftz, hadd, hf, mul_ftz
 
 C = 16  # tokens per chunk
 D = 128  # head dim
 
-# Argument names of fwd (flash_kda.fwd, reference.fwd) and of gold, in call order, for
-# callers that keep a problem as a dict (the CLI self-check, tests, benchmarks).
-FWD_ARGS = (
-    "q",
-    "k",
-    "v",
-    "g",
-    "beta",
-    "scale",
-    "out",
-    "A_log",
-    "dt_bias",
-    "lower_bound",
-    "initial_state",
-    "final_state",
-    "cu_seqlens",
-)
-# The keyword-only arguments of fwd, passed by name when a problem dict has them.
-FWD_KEYWORDS = ("ssm_state_indices", "has_initial_state", "checkpoint_every", "checkpoints", "exact", "max_seqlen")
+# Argument names of fwd (flash_kda.fwd, reference.fwd; _args.ARGS) and of gold, in call order,
+# for callers that keep a problem as a dict (the CLI self-check, tests, benchmarks); the
+# keyword-only arguments of fwd are passed by name when a problem dict has them.
+FWD_ARGS = _args.POSITIONAL
+FWD_KEYWORDS = _args.KEYWORD_ONLY
 GOLD_ARGS = ("q", "k", "v", "g", "beta", "scale", "A_log", "dt_bias", "lower_bound", "initial_state", "cu_seqlens")
 
 
@@ -105,7 +91,7 @@ class Chunks(NamedTuple):
 
 def chunk_table(batch: int, seqlen: int, bounds: Optional[list[int]], device, size: int = C) -> Chunks:
     """Chunk c of sequence i covers tokens [bos_i + 16 c, min(bos_i + 16 c + 16, eos_i));
-    ``size`` other than 16 is for the chunk-length model (_chunk_model.py)."""
+    ``size`` other than 16 is for the chunk-length model (tests/chunk_model.py)."""
     spans = (
         [(i * seqlen, seqlen) for i in range(batch)]
         if bounds is None
@@ -235,7 +221,7 @@ def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks:
 def recurrence_step(ops: Ops, S, V, rec: dict):
     """design §3.3 for one chunk of a batch of (sequence, head) pairs. S: bf16 state
     [.., 128 (v), 128 (k)]; V: [.., 16, 128]. Returns (O, S'). Chunks of 16 m rows (the
-    chunk model, _chunk_model.py) go by 16-row blocks: block i's U and output rows take
+    chunk model, tests/chunk_model.py) go by 16-row blocks: block i's U and output rows take
     blocks 0..i as one k-sum, in order; with 16 rows that is the ledger's one block."""
     Pk, Pq = bf(ops.mma32(rec["Kd"], S)), bf(ops.mma32(rec["Qd"], S))
     u = bmul(bf(V.float() - Pk.float()), rec["beta"][..., None].expand_as(V))
@@ -296,6 +282,13 @@ def run(call: _validate.FwdCall, ops: Ops) -> None:
     device are read (a synchronisation) and checked before anything is written."""
     host = _sequences.read_host(call)
     device, T, H = call.device, call.seqlen, call.heads
+    if not call.has_tokens or (host.bounds is not None and host.bounds[-1] == 0):  # every sequence empty
+        start = _sequences.initial_states(call, host)
+        with torch.no_grad():
+            if start is None:
+                start = torch.zeros(call.num_seqs, H, D, D, dtype=torch.bfloat16, device=device)
+            _sequences.store_final_states(call, host, start.to(torch.bfloat16))
+        return
     spans = _sequences.spans(call.batch, T, host.bounds)
     lengths = [n for _, n in spans]
     firsts = _sequences.checkpoint_firsts(lengths, call.checkpoint_every or 1)

@@ -24,6 +24,7 @@
 #include "kda/probes.cuh"
 #include "kda/combine.cuh"
 #include "kda/config.h"
+#include "kda/empty.cuh"
 #include "kda/recurrence.cuh"
 #include "kda/recurrence_wg.cuh"
 #include "plan.h"
@@ -63,13 +64,84 @@ struct Footprint {
   int static_smem;  // of the kernel itself (smem counts it)
 };
 
+// What the runtime says about a kernel on a device, asked once (a call reads it for every
+// pass it configures): its registers a thread and static shared memory; and the dynamic
+// shared-memory limit (cudaFuncAttributeMaxDynamicSharedMemorySize) last set for it, so that
+// a launch sets the limit only when it asks for another value than the launch before: each
+// launch still runs with the limit set to its own request, as when every launch set it, without
+// the runtime call (~1-2 us) for a repeated call. Like DeviceFacts it assumes the device's
+// context lives as long as the process (a cudaDeviceReset, which PyTorch never makes, would
+// reset the limits behind it).
+struct KernelFacts {
+  int device;
+  const void *kernel;
+  int num_regs, static_smem, smem_limit;
+};
+
+class KernelFactsTable {
+ public:
+  // The facts of `kernel` on the current device, its shared-memory limit set to `smem` bytes
+  // (0: left as it is).
+  cudaError_t get(const void *kernel, int smem, KernelFacts &out) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    const std::lock_guard<std::mutex> lock(lock_);
+    KernelFacts *entry = find(device, kernel);
+    KernelFacts fresh{device, kernel, 0, 0, 0};
+    KernelFacts &facts = entry != nullptr ? *entry : fresh;
+    if (entry == nullptr || facts.kernel == nullptr) {
+      cudaFuncAttributes attr;
+      err = cudaFuncGetAttributes(&attr, kernel);
+      if (err != cudaSuccess) return err;
+      facts = {device, kernel, attr.numRegs, static_cast<int>(attr.sharedSizeBytes), 0};
+    }
+    if (smem > 0 && smem != facts.smem_limit) {
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+      facts.smem_limit = smem;
+    }
+    out = facts;
+    return cudaSuccess;
+  }
+
+ private:
+  static constexpr int kSlots = 1024;  // kernels x devices; a full table asks every call
+  // The slot of (device, kernel), claimed when free; nullptr when the table is full.
+  KernelFacts *find(int device, const void *kernel) {
+    const uintptr_t h = reinterpret_cast<uintptr_t>(kernel) / 16 + static_cast<uintptr_t>(device);
+    for (int i = 0; i < kSlots; ++i) {
+      KernelFacts &slot = slots_[(h + i) % kSlots];
+      if (slot.kernel == kernel && slot.device == device) return &slot;
+      if (slot.kernel == nullptr) {
+        slot.device = device;
+        return &slot;  // facts.kernel == nullptr: get() fills it
+      }
+    }
+    return nullptr;
+  }
+  std::mutex lock_;
+  KernelFacts slots_[kSlots] = {};
+};
+
+inline KernelFactsTable &kernel_facts() {
+  static KernelFactsTable table;
+  return table;
+}
+
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, smem) unless that is the value set last.
+inline cudaError_t allow_smem(const void *kernel, int smem) {
+  KernelFacts facts;
+  return kernel_facts().get(kernel, smem, facts);
+}
+
 inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, Footprint &f) {
-  cudaFuncAttributes attr;
-  const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  KernelFacts facts;
+  const cudaError_t err = kernel_facts().get(kernel, 0, facts);
   if (err != cudaSuccess) return err;
   const int warps = (threads + 31) / 32;
-  f.sub_partition_regs = (warps + 3) / 4 * 32 * ((attr.numRegs + 7) / 8 * 8);
-  f.static_smem = static_cast<int>(attr.sharedSizeBytes);
+  f.sub_partition_regs = (warps + 3) / 4 * 32 * ((facts.num_regs + 7) / 8 * 8);
+  f.static_smem = facts.static_smem;
   f.smem = f.static_smem + dynamic_smem + kReservedSmem;
   f.threads = warps * 32;
   return cudaSuccess;
@@ -142,8 +214,7 @@ inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
     const K1Launch k1 = k1_launch(blocks);
     for (const void *kernel : {k1.kernel, k1.overlap}) {
       if (k1.smem == 0) continue;
-      const cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k1.smem);
+      const cudaError_t err = allow_smem(kernel, k1.smem);
       if (err != cudaSuccess) return err;
     }
     cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -238,10 +309,7 @@ inline int padded_smem(const DeviceFacts &d, const void *kernel, int threads, in
   const int64_t alone = n < real ? d.real.smem_sm / (n + 1) + 128 : 0;
   const int64_t total = std::min<int64_t>(std::max(scaled, alone) - kReservedSmem, d.real.smem_optin);
   const int padded = std::max(dynamic, static_cast<int>(total) - f.static_smem);
-  if (padded > dynamic &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, padded) !=
-          cudaSuccess)
-    return -1;
+  if (allow_smem(kernel, padded) != cudaSuccess) return -1;
   return padded;
 }
 
@@ -350,8 +418,7 @@ inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int 
   out.smem = std::max(recurrence_smem_bytes(block_v, out.params.stages, blocks), exclusive);
   out.threads = threads;
   out.ctas = pass_ctas(p, pass, block_v);
-  const cudaError_t attr =
-      cudaFuncSetAttribute(out.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, out.smem);
+  const cudaError_t attr = allow_smem(out.kernel, out.smem);
   if (attr != cudaSuccess) return {attr, "recurrence_kernel shared-memory attribute"};
   return {cudaSuccess, nullptr};
 }
@@ -581,7 +648,7 @@ inline LaunchStatus configure_combine(const FwdParams &p, CombineLaunch &c) {
   while (c.stages > 2 && combine_smem_bytes(c.rows, c.stages) > device.smem_optin) --c.stages;
   c.kernel = reinterpret_cast<const void *>(c.rows == 8 ? combine_kernel<8> : combine_kernel<16>);
   const int bytes = combine_smem_bytes(c.rows, c.stages);
-  err = cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  err = allow_smem(c.kernel, bytes);
   if (err != cudaSuccess) return {err, "combine_kernel shared-memory attribute"};
   c.smem = padded_smem(device, c.kernel, kCombineThreads, bytes);
   if (c.smem < 0) return {cudaErrorInvalidConfiguration, "combine_kernel shared memory"};
@@ -626,8 +693,7 @@ inline LaunchStatus plan_overlap(const FwdParams &p, const DeviceFacts &d, PassL
     keep = d.k1_alone[blocks - 1];
     leave_sms = static_cast<int>(first.ctas);
     first.smem = d.smem_optin;
-    const cudaError_t err =
-        cudaFuncSetAttribute(first.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, first.smem);
+    const cudaError_t err = allow_smem(first.kernel, first.smem);
     if (err != cudaSuccess) return {err, "recurrence_kernel shared-memory attribute"};
   } else if (beside >= p.overlap_min_ctas) {
     keep = std::min(beside, p.overlap_max_ctas);  // 0 (leave, no SM free): K1 first
@@ -728,11 +794,18 @@ inline LaunchStatus configure_after_segments(const K1Config &k1, CombineLaunch &
 }
 
 // Prefixes (varlen) -> K1 over all chunks -> K2: one pass over whole sequences, or the
-// segment pass, the combine and the rerun (design §4.1, §6.2). Every launch is configured
+// segment pass, the combine and the rerun (design §4.1, §6.2); a call without tokens copies
+// the states alone. Every launch is configured
 // before the first one, so that a configuration the device cannot run launches nothing:
 // where this returns an error, no kernel has written out, final_state or checkpoints (only
 // the last pass writes them, and its launch is the last).
 inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
+  if (p.total_tokens == 0) {  // every sequence empty: the states alone (empty.cuh)
+    if (p.final_state == nullptr) return {cudaSuccess, nullptr};
+    empty_states_kernel<<<dim3(static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.heads)),
+                          kEmptyThreads, 0, stream>>>(p);
+    return launch_status("empty_states_kernel launch");
+  }
   const bool segmented = p.segment_chunks > 0;
   PassLaunch first, rerun;
   CombineLaunch combine;
@@ -795,6 +868,8 @@ inline LaunchStatus query_plan_device(const TestSwitches &t, PlanDevice &out) {
   out.sms = d.plan_sms;
   out.smem_optin = d.smem_optin;
   out.smem_sm = d.smem_sm;
+  out.threads_sm = d.threads_sm;
+  out.regs_sm = d.regs_sm;
   out.combine_wide = combine_wide(d);
   for (int b = 0; b < 2; ++b) {
     out.k1_alone[b] = d.k1_prepare[b];

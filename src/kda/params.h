@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include <flash_kda/flash_kda_testing.h>
+
 #include "kda/workspace.h"
 
 namespace flash_kda {
@@ -28,27 +30,14 @@ enum class ChainPass : int32_t {
   kRerun = 2,    // §6 phase C: each segment from its combined start state, with output
 };
 
-// One kernel a call launched, as a test records it (TestSwitches::record): which kernel and
-// instantiation, its ring depth, CTAs per SM and dynamic shared memory as launched.
+// What a call launched, as a test records it (TestSwitches::record; flash_kda_testing.h
+// flash_kda_testing_launch: the instantiation as the source names it, its ring depth, CTAs
+// per SM and dynamic shared memory as launched).
 constexpr int32_t kLaunchedPrefix = 1, kLaunchedPrepare = 2, kLaunchedPrepareOverlap = 3,
                   kLaunchedRecurrence = 4, kLaunchedWarpgroup = 5, kLaunchedCombine = 6;
-struct LaunchedKernel {
-  char name[64];     // "recurrence_kernel<1, 8, kGeneral, 1>": as the source names it
-  int32_t kind;      // kLaunched*
-  int32_t code;      // recurrence passes: the PassCode; K1 overlap: 1 for the second grid
-  int32_t blocks;    // 16-token blocks a chunk (1, 2)
-  int32_t width;     // recurrence passes: block_v; the combine: rows per CTA
-  int32_t stages;    // ring depth (recurrence passes, the combine)
-  int32_t resident;  // CTAs per SM: compiled for (recurrence passes), kept (K1)
-  int32_t smem;      // dynamic shared memory, bytes (padded under simulated limits)
-  int32_t order;     // records' order (RecordOrder): written (K1), read (passes)
-  int64_t ctas;
-};
-constexpr int kMaxLaunches = 8;
-struct LaunchRecord {
-  int32_t count;
-  LaunchedKernel kernels[kMaxLaunches];
-};
+using LaunchedKernel = flash_kda_testing_launch;
+using LaunchRecord = flash_kda_testing_launches;
+constexpr int kMaxLaunches = FLASH_KDA_TESTING_MAX_LAUNCHES;
 
 // Test-only switches (flash_kda_testing.h): the GPU at hand runs the passes of the other
 // arches and reproduces a smaller device's residency, or a planted stall shows that a hang

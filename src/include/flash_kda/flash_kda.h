@@ -9,8 +9,10 @@
  * holds a message for the calling thread, valid until that thread's next call.
  *
  * Versioning: FLASH_KDA_ABI_VERSION changes with any signature, enum value or struct
- * layout. Enums are append-only. Argument structs start with their own size, so a
- * later version can append fields and still read an older caller's struct.
+ * layout or meaning. Enums are append-only. Argument structs start with their own size, so
+ * a later version can append fields and still read an older caller's struct. Test and
+ * benchmark knobs are not part of this ABI: flash_kda_testing.h has its own entry points
+ * and version.
  */
 #ifndef FLASH_KDA_FLASH_KDA_H_
 #define FLASH_KDA_FLASH_KDA_H_
@@ -30,7 +32,7 @@
 #define FLASH_KDA_NOEXCEPT
 #endif
 
-#define FLASH_KDA_ABI_VERSION 5
+#define FLASH_KDA_ABI_VERSION 7
 
 #ifdef __cplusplus
 extern "C" {
@@ -89,16 +91,29 @@ typedef struct flash_kda_strides {
  * fp32 [H, 128] contiguous. States are contiguous bf16 or fp32 [S, H, 128 (V), 128 (K)]
  * (V-first) with S = num_seqs, or S = state_pool_size when state_indices is given.
  * cu_seqlens [N + 1] (int64 or int32, on the device) or NULL for batched mode (N = B).
- * Every tensor pointer must be 16-byte aligned (beta: 2-byte).
+ * Every tensor pointer must be 16-byte aligned (beta: 2-byte, cu_seqlens and
+ * state_indices 8-byte). No output (out, final_state, checkpoints, workspace) may overlap
+ * another argument's bytes, except final_state == initial_state (in place).
+ *
+ * A call may hold no tokens (batch or seqlen 0) or no sequences (num_seqs 0): it writes
+ * each sequence's final state as its start state (the initial state rounded to bf16 like
+ * any state, zero without one or where has_initial_state is 0) and nothing else; pointers
+ * of tensors without elements may be NULL, and such a call needs no workspace.
  *
  * Fields after `reserved` are ABI 2. A caller built against an older header passes a
  * smaller struct_size: the library reads only that prefix and takes the later fields
  * as zero (contiguous strides, no pool, no checkpoints, exact mode), never reading past
  * struct_size bytes.
+ *
+ * ABI 6: the plan overrides of ABI 1-5 (block_v, segment_chunks, overlap, chunk_tokens)
+ * left this struct for flash_kda_testing_overrides (flash_kda_testing.h). Their slots stay,
+ * named reserved0 .. reserved3, and must be 0: a caller of ABI 2-5 that left them 0 runs
+ * unchanged; one that set them gets FLASH_KDA_INVALID_ARGUMENT rather than a silently
+ * ignored request. ABI 6 also added the overlap check above and calls without tokens.
  */
 typedef struct flash_kda_fwd_args {
   uint32_t struct_size; /* sizeof(flash_kda_fwd_args) of the caller's header */
-  int32_t block_v;      /* value columns per recurrence CTA: 0 = pick, or 32 / 64 / 128 */
+  int32_t reserved0;    /* 0 (ABI 1-5: block_v) */
   int64_t batch;        /* B */
   int64_t seqlen;       /* T */
   int64_t heads;        /* H */
@@ -121,7 +136,7 @@ typedef struct flash_kda_fwd_args {
   const void *cu_seqlens;      /* int64 (ABI 1) or int32, see cu_seqlens_dtype */
   void *workspace;
   int64_t workspace_bytes;
-  int32_t num_sms; /* multiprocessors of the device, for the plan */
+  int32_t num_sms; /* multiprocessors the plan spreads the work over (the device's), >= 1 */
   int32_t reserved;
   /* ---- ABI 2 ---- */
   flash_kda_strides q_strides;
@@ -148,21 +163,11 @@ typedef struct flash_kda_fwd_args {
   int32_t checkpoint_every;  /* tokens, a positive multiple of 16, when checkpoints != NULL */
   int64_t checkpoint_slots;  /* first dimension of checkpoints [slots, H, 128, 128] */
   int32_t mode;              /* flash_kda_mode */
-  int32_t segment_chunks;    /* AUTO mode: 0 = the library picks; > 0 forces 16-token chunks
-                              * per segment (diagnostics and tests) */
+  int32_t reserved1;         /* 0 (ABI 2-5: segment_chunks) */
   /* ---- ABI 3 ---- */
-  int32_t overlap; /* K1 beside the first recurrence pass (design §4.7): 0 = the library
-                    * decides, 1 = wherever it can run (leaving the pass's SMs where no K1
-                    * CTA fits beside it: 32-token records at block_v 64), 2 = K1 leaving
-                    * the pass's SMs wherever the pass leaves some free,
-                    * -1 = never (diagnostics and tests; no result changes) */
-  /* ---- ABI 4 (named reserved3, set to 0, in ABI 3) ---- */
-  int32_t chunk_tokens; /* tokens per chunk: 0 = the library picks (16 in EXACT mode; 16 or
-                         * 32 in AUTO mode, 32 only for whole passes of block_v 32 or 64 and
-                         * when checkpoint_every is a multiple of 32); 16 or 32 forces it
-                         * (32 needs mode AUTO, no segment_chunks, block_v 32 or 64;
-                         * diagnostics and tests). AUTO results with 32-token chunks are not
-                         * bitwise equal to EXACT's (docs/design.md 4.8) */
+  int32_t reserved2; /* 0 (ABI 3-5: overlap) */
+  /* ---- ABI 4 ---- */
+  int32_t reserved3; /* 0 (ABI 4-5: chunk_tokens) */
   /* ---- ABI 5: a caller may pass the ABI 4 size, without this field ---- */
   int32_t max_seqlen; /* varlen mode: the longest sequence's tokens, a hint for the plan,
                        * in [0, seqlen] (0 = unknown: the plan takes the mean length; the
@@ -236,14 +241,19 @@ FLASH_KDA_API int64_t flash_kda_workspace_size(int64_t total_tokens, int64_t hea
 FLASH_KDA_API int32_t flash_kda_pick_block_v(int64_t num_seqs, int64_t heads,
                                              int32_t num_sms) FLASH_KDA_NOEXCEPT;
 
-/* The plan of flash_kda_fwd for these arguments: only sizes, mode, block_v, num_sms,
- * checkpoint_every, segment_chunks and whether cu_seqlens is NULL are read (no memory
- * behind a pointer), so a caller can size the workspace first. Pure; the same arguments
- * always give the same plan. */
-FLASH_KDA_API flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
+/* The plan of flash_kda_fwd for these arguments on the current CUDA device, which must be
+ * the one the call will run on: only sizes, mode, num_sms, checkpoint_every, max_seqlen and
+ * whether cu_seqlens is NULL are read (no memory behind a pointer), so a caller can size the
+ * workspace first, and the facts of the device (its shared memory, K1's CTAs an SM beside
+ * each pass), asked once per device through the table for `compute_capability` (ABI 7: the
+ * plan follows the device, not num_sms alone). The same arguments on the same device always
+ * give the same plan (remembered, so a repeated call costs a lookup). */
+FLASH_KDA_API flash_kda_status flash_kda_fwd_plan(int32_t compute_capability,
+                                                  const flash_kda_fwd_args *args,
                                                   flash_kda_fwd_plan_info *plan) FLASH_KDA_NOEXCEPT;
 
-/* The forward on `stream` with the kernels of the table for `compute_capability`. */
+/* The forward on `stream` with the kernels of the table for `compute_capability`. Every
+ * check runs on every call, before anything is launched. */
 FLASH_KDA_API flash_kda_status flash_kda_fwd(int32_t compute_capability,
                                              const flash_kda_fwd_args *args,
                                              void *stream) FLASH_KDA_NOEXCEPT;

@@ -22,9 +22,8 @@ arithmetic), which tests/test_chunk_model.py checks bit for bit: the plumbing is
 """
 
 import torch
-
-from . import reference
-from ._numerics import Ops, add_ftz, bf, bmul, hf, mul_ftz
+from flash_kda import reference
+from flash_kda._numerics import Ops, add_ftz, bf, bmul, hf, mul_ftz
 
 BLOCK = reference.C  # rows of the ledger's chunk: the model's blocks
 

@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: MIT
+// args.h: from the caller's flash_kda_fwd_args (and test overrides) to a plan and FwdParams:
+// every check of docs/api.md, each returning "" or what is wrong. Host-only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <flash_kda/flash_kda.h>
+#include <flash_kda/flash_kda_testing.h>
+
+#include "kda/params.h"
+#include "plan.h"
+
+namespace flash_kda {
+
+// The caller's struct, zero-extended to this header's layout (an older caller passes a
+// prefix, at least ABI 1's); the fields retired in ABI 6 must be 0.
+std::string read_args(const flash_kda_fwd_args *in, flash_kda_fwd_args &a);
+
+// The caller's overrides (NULL: none), zero-extended likewise.
+std::string read_overrides(const flash_kda_testing_overrides *in, flash_kda_testing_overrides &o);
+
+// head_dim, the sizes and the request: every check of the plan's inputs that needs no
+// device (the plan itself needs the device's facts).
+std::string check_call(const flash_kda_fwd_args &a, const flash_kda_testing_overrides &o);
+
+// The plan of a checked call on `device` (remembered per plan input and device; a call
+// without tokens or sequences has the empty plan: no workspace, nothing but the state copy).
+std::string check_plan(const flash_kda_fwd_args &a, const flash_kda_testing_overrides &o,
+                       const PlanDevice &device, Plan &plan);
+
+// The test switches of the overrides (params.h TestSwitches; all zero without overrides).
+TestSwitches switches_of(const flash_kda_testing_overrides &o);
+
+// Pointers, strides, states, pool, checkpoints, values and that no output overlaps another
+// argument; fills the strides of p.
+std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p);
+
+// The workspace against the plan's size.
+std::string check_workspace(const flash_kda_fwd_args &a, const Plan &plan);
+
+// The rest of p for a checked call, laid out by its plan.
+void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p);
+
+// Tokens in the call (B * T) and sequences: a call with either 0 runs no kernel but the
+// state copy.
+inline bool has_tokens(const flash_kda_fwd_args &a) {
+  return a.batch > 0 && a.seqlen > 0 && a.num_seqs > 0;
+}
+
+}  // namespace flash_kda

@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: MIT
+"""The eager host path on the GPU: a repeated signature's prepacked launch gives the
+validated path's bits and still refuses data faults; the cached workspace is safe across
+streams and next to CUDA-graph replays; calls without tokens give the start states without a
+host synchronisation (so they can be captured)."""
+
+import flash_kda
+import pytest
+import torch
+from conftest import assert_bitwise, call, make_problem, nan_like, pooled_problem
+from flash_kda import _validate, testing
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
+DEV = "cuda"
+bf16, fp32 = torch.bfloat16, torch.float32
+
+
+def fresh(p):
+    q = dict(p, out=nan_like(p["out"]))
+    if p.get("final_state") is not None and p["final_state"] is not p.get("initial_state"):
+        q["final_state"] = nan_like(p["final_state"])
+    return q
+
+
+def problems():
+    batched = make_problem(2, 300, 4, initial=bf16, final=bf16, device=DEV, seed=1)
+    varlen = make_problem(1, 0, 4, lens=[100, 0, 156], initial=fp32, final=fp32, device=DEV, seed=2)
+    varlen["max_seqlen"] = 156
+    pool = pooled_problem(1, 0, 2, [2, -1, 0], 3, lens=[64, 5, 90], has_initial=[True, True, False], device=DEV)
+    return dict(batched=batched, varlen=varlen, pool=pool)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("name", ["batched", "varlen", "pool"])
+def test_the_prepacked_launch_gives_the_validated_path_s_bits(name, exact):
+    testing.clear_caches()
+    p = problems()[name]
+    call(flash_kda.fwd, fresh(p), exact=exact)  # validated: the signature's mark
+    first = fresh(p)
+    call(flash_kda.fwd, first, exact=exact)  # validated: makes the record and its launch
+    record = _validate.record_of(call(_validate.signature, first, exact=exact))
+    assert record is not None and record.launch is not None, "the signature got no prepacked launch"
+    second = fresh(p)
+    call(flash_kda.fwd, second, exact=exact)  # prepacked
+    torch.cuda.synchronize()
+    assert_bitwise(second["out"], first["out"], "out")
+    if p.get("final_state") is not p.get("initial_state"):
+        assert_bitwise(second["final_state"], first["final_state"], "final_state")
+
+
+def misaligned(x):
+    buf = torch.full((x.numel() + 8,), float("nan"), dtype=x.dtype, device=x.device)
+    return buf[1 : 1 + x.numel()].view(x.shape).copy_(x)
+
+
+@pytest.mark.parametrize("fault", ["q-misaligned", "out-overlaps-k"])
+def test_a_prepacked_signature_refuses_data_faults_before_writing(fault):
+    testing.clear_caches()
+    p = make_problem(1, 256, 4, final=fp32, device=DEV, seed=3)
+    call(flash_kda.fwd, fresh(p))
+    call(flash_kda.fwd, fresh(p))  # the record and its prepacked launch
+    bad = fresh(p)
+    if fault == "q-misaligned":
+        bad["q"], message = misaligned(p["q"]), "q must be 16-byte aligned"
+    else:
+        bad["out"], message = bad["k"], "out must not overlap k in memory"
+    assert call(_validate.signature, bad) == call(_validate.signature, p)
+    before = bad["final_state"].clone()
+    with pytest.raises(ValueError, match=message):
+        call(flash_kda.fwd, bad)
+    torch.cuda.synchronize()
+    assert torch.isnan(before).all() and torch.isnan(bad["final_state"]).all(), "a refused call wrote"
+
+
+def test_the_cached_workspace_is_safe_across_streams_and_graph_replays():
+    """The same signature on two streams at once (each its own workspace) and eagerly between
+    replays of a graph that captured it (the graph's own workspace): every result equals the
+    serial one."""
+    testing.clear_caches()
+    p = make_problem(1, 2048, 8, initial=fp32, final=fp32, device=DEV, seed=4)
+    expected = fresh(p)
+    call(flash_kda.fwd, expected)
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    runs = [[fresh(p) for _ in range(3)] for _ in streams]
+    for _ in range(3):
+        for stream, run in zip(streams, runs):
+            with torch.cuda.stream(stream):
+                for q in run:
+                    call(flash_kda.fwd, q)
+    torch.cuda.synchronize()
+    assert testing.cached_workspaces() >= 2
+    for run in runs:
+        for q in run:
+            assert_bitwise(q["out"], expected["out"], "out on a second stream")
+            assert_bitwise(q["final_state"], expected["final_state"], "final_state on a second stream")
+    captured = fresh(p)
+    call(flash_kda.fwd, captured)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(flash_kda.fwd, captured)
+    eager = [fresh(p) for _ in range(3)]
+    for q in eager:
+        captured["out"].fill_(float("nan"))
+        graph.replay()
+        call(flash_kda.fwd, q)  # eager, the cached workspace, between replays
+    torch.cuda.synchronize()
+    assert_bitwise(captured["out"], expected["out"], "graph replay")
+    for q in eager:
+        assert_bitwise(q["out"], expected["out"], "eager between replays")
+
+
+def empty_problem(kind):
+    """A problem without tokens (NaN final states): T = 0, B = 0, empty varlen sequences,
+    tokens no sequence holds (cu_seqlens all zero, on the device: the kernels cannot know),
+    or a pool with padding and has_initial_state."""
+    if kind == "T0":
+        return make_problem(2, 0, 2, initial=fp32, final=fp32, device=DEV, seed=5)
+    if kind == "B0":
+        return make_problem(0, 16, 2, initial=fp32, final=fp32, device=DEV, seed=5)
+    if kind == "varlen-empty":
+        return make_problem(1, 0, 2, lens=[0, 0, 0], initial=bf16, final=bf16, device=DEV, seed=5)
+    if kind == "tokens-outside-sequences":
+        p = make_problem(1, 0, 2, lens=[20, 12], initial=fp32, final=fp32, device=DEV, seed=5)
+        p["cu_seqlens"] = torch.zeros(3, dtype=torch.int64, device=DEV)
+        return p
+    return pooled_problem(1, 0, 2, [2, -1, 0], 3, lens=[0, 0, 0], has_initial=[True, True, False], device=DEV)
+
+
+def start_states(p):
+    """p's final_state as a call without tokens must leave it."""
+    expected = p["final_state"].clone()
+    indices, has = p.get("ssm_state_indices"), p.get("has_initial_state")
+    n = len(indices) if indices is not None else expected.shape[0]
+    for i in range(n):
+        slot = i if indices is None else int(indices[i])
+        if slot < 0:
+            continue
+        fresh_start = has is not None and not bool(has[i])
+        start = torch.zeros_like(expected[slot]) if fresh_start else p["initial_state"][slot]
+        expected[slot] = start.to(bf16).to(expected.dtype)
+    return expected
+
+
+@pytest.mark.parametrize("kind", ["T0", "B0", "varlen-empty", "tokens-outside-sequences", "pool"])
+def test_calls_without_tokens_give_the_start_states_and_can_be_captured(kind):
+    """Native: each sequence's final state is its start state (bf16; zero where
+    has_initial_state is False; padding writes nothing), out untouched, and no host
+    synchronisation: the call is captured in a CUDA graph and replayed."""
+    p = empty_problem(kind)
+    call(flash_kda.fwd, fresh(p))  # its signature's record, outside the capture
+    q = fresh(p)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(flash_kda.fwd, q)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(q["out"]).all(), "out was written"
+    assert_bitwise(q["final_state"], start_states(p), "final states")
