@@ -275,7 +275,7 @@ def _off(switch: str) -> bool:
 def _refused(lib, status, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state,
              cu_seqlens, ssm_state_indices, has_initial_state, checkpoints, call) -> None:  # fmt: skip
     """A call the library refused: the full validation's error where it finds one, else the
-    library's (nothing was launched either way)."""
+    library's (``_native.NativeError``; nothing was launched either way)."""
     message = lib.error(status)
     if status == _native.STATUS_INVALID_ARGUMENT:
         _validate.check_all(
@@ -283,4 +283,4 @@ def _refused(lib, status, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bo
             ssm_state_indices, has_initial_state, call.checkpoint_every if checkpoints is not None else None,
             checkpoints, call.exact,
         )  # fmt: skip
-    raise RuntimeError(message)
+    raise _native.NativeError(message, status)

@@ -33,6 +33,15 @@ _i32, _i64, _u32, _f64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes
 _ptr = ctypes.c_void_p
 
 
+class NativeError(RuntimeError):
+    """A call the library refused or failed (its message); ``status`` is its
+    ``flash_kda_status`` (``STATUS_INVALID_ARGUMENT`` for an argument)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 class ArchInfo(NamedTuple):
     """One compiled arch table: ``name`` like ``"sm_90a"``, ``compute_capability`` like 90."""
 
@@ -273,7 +282,7 @@ class NativeLibrary:
 
     def _check(self, status: int) -> None:
         if status != 0:
-            raise RuntimeError(self.error(status))
+            raise NativeError(self.error(status), status)
 
     def table_for(self, compute_capability: int, feature: int = FEATURE_FWD) -> Optional[ArchInfo]:
         """The arch table for ``compute_capability`` (e.g. 90) having ``feature``, if any."""
