@@ -156,13 +156,14 @@ def launched(call: FwdCall, **overrides) -> list:
     return out
 
 
-def plan_on(device: str, args: FwdArgs, sms: Optional[int] = None, **overrides) -> _native.FwdPlan:
-    """The library's plan of a ``flash_kda_fwd_args`` on a reference device with ``sms`` SMs
-    (default: ``args.num_sms``), without a GPU: what benchmarks/plan_grid.py evaluates."""
+def plan_on(device: str, args: FwdArgs, sms: Optional[int] = None, library=None, **overrides) -> _native.FwdPlan:
+    """The plan of a ``flash_kda_fwd_args`` on a reference device with ``sms`` SMs (default:
+    ``args.num_sms``), without a GPU, by ``library`` (default: the loaded one): what
+    benchmarks/plan_grid.py evaluates."""
     if device not in REFERENCE_DEVICES:
         raise ValueError(f"flash_kda.testing: device must be one of {', '.join(REFERENCE_DEVICES)}, got {device!r}")
     given = make_overrides(device=_native.DEVICE_IDS[device], sim_sms=sms or 0, **overrides)
-    return _native.load().plan(0, args, given)
+    return (library or _native.load()).plan(0, args, given)
 
 
 def native_library():
