@@ -47,10 +47,14 @@ def pass_times(p, keywords, forced, overrides, repeats=5):
     return {name: sorted(v)[len(v) // 2] for name, v in per_kernel.items()}
 
 
+CODES = {"kPlain": 0, "kGeneral": 1, "kStates": 2, "kRerun": 3}  # src/kda/config.h PassCode
+
+
 def pass_time(times, codes):
-    """The time of the recurrence pass whose PassCode is one of `codes`."""
+    """The time of the recurrence pass whose PassCode is one of `codes` (the profiler names a
+    kernel as its demangled symbol: ``recurrence_kernel<1, 4, (flash_kda::PassCode)0, 1>``)."""
     for name, t in times.items():
-        if "recurrence_kernel" in name and any(code in name for code in codes):
+        if "recurrence_kernel" in name and any(f"PassCode){CODES[code]}" in name for code in codes):
             return t
     return math.nan
 

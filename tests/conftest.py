@@ -34,14 +34,17 @@ def state_id(variant) -> str:
 
 def pytest_configure(config):
     """FLASH_KDA_TEST_MODE (flash_kda.testing.TEST_MODES: generic, sm120, sm100) runs every
-    native call of the suite with the other arches' code paths on this GPU; the report's
-    header names the mode."""
+    native call of the suite with the other arches' code paths on this GPU, and
+    FLASH_KDA_TEST_WAIT_LIMIT_S shortens the bounded waits; the report's header names both."""
     if TEST_MODE not in testing.TEST_MODES:
         raise pytest.UsageError(
             f"FLASH_KDA_TEST_MODE must be one of {', '.join(testing.TEST_MODES)}, got {TEST_MODE!r}"
         )
-    if TEST_MODE != "default" and testing.native_library() is not None:
-        testing.set_overrides(**testing.mode_overrides(TEST_MODE))
+    switches = testing.mode_overrides(TEST_MODE) if testing.native_library() is not None else {}
+    if WAIT_LIMIT_S and testing.native_library() is not None:
+        switches["wait_limit_ns"] = int(float(WAIT_LIMIT_S) * 1e9)
+    if switches:
+        testing.set_overrides(**switches)
 
 
 def pytest_report_header(config):
@@ -77,6 +80,9 @@ import os  # noqa: E402
 from flash_kda import testing  # noqa: E402
 
 TEST_MODE = os.environ.get("FLASH_KDA_TEST_MODE", "default")
+# FLASH_KDA_TEST_WAIT_LIMIT_S: the native producers' bounded waits trap after this many seconds
+# (testing's wait_limit_ns; the library's default is 60 s), so that a hang ends a GPU run soon.
+WAIT_LIMIT_S = os.environ.get("FLASH_KDA_TEST_WAIT_LIMIT_S")
 from flash_kda.reference import FWD_ARGS, FWD_KEYWORDS, GOLD_ARGS, rel_err  # noqa: E402, F401 (re-exported)
 from flash_kda.reference import random_problem as make_problem  # noqa: E402 (re-exported)
 

@@ -85,7 +85,8 @@ def test_the_device_facts_are_the_modes_reference_device(mode):
         pytest.skip("the reference devices are what an H200 reports")
     facts = testing.device_facts(**testing.mode_overrides(mode))
     reference_row = testing.reference_device(testing.MODE_DEVICES[mode])
-    facts.pop("sms"), reference_row.pop("sms")
+    for name in ("sms", "compute_capability"):  # the row's own (the device's are the H200's)
+        facts.pop(name), reference_row.pop(name)
     assert facts == reference_row
 
 
@@ -101,7 +102,7 @@ def test_sm120s_limits_give_its_ring_depths_combine_and_k1():
     stages = {k["name"]: k["stages"] for k in seg}
     assert stages["recurrence_kernel<2, 8, kStates, 1>"] == 2, seg
     assert stages["recurrence_kernel<2, 8, kGeneral, 1>"] == 5, seg
-    assert stages["combine_kernel<16>"] == 2 or stages.get("combine_kernel<8>") == 2, seg
+    assert 2 in (stages.get("combine_kernel<16>"), stages.get("combine_kernel<8>")), seg
     seg64 = _launched(p, dict(exact=False), dict(block_v=64, segment_chunks=8), "sm120")
     stages64 = {k["name"]: k["stages"] for k in seg64}
     assert stages64["recurrence_kernel<1, 8, kStates, 1>"] == 3, seg64
@@ -142,7 +143,7 @@ def test_a_planted_stall_ends_in_an_error_not_a_hang(mode):
     the call runs in a process of its own."""
     tests = os.path.dirname(os.path.abspath(__file__))
     script = STALL.format(tests=tests, mode=mode)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 3 and "ERROR after" in done.stdout, done.stdout + done.stderr
     seconds = float(done.stdout.split("ERROR after ")[1].split(" s")[0])
     assert seconds < 30, done.stdout
