@@ -64,6 +64,7 @@ def calls(sms):
     add("auto-combine-16rows", 1, 2000, 12, dict(exact=False), dict(block_v=64, segment_chunks=8))
     add("auto-plan-T8192-H6", 1, 8192, 6, dict(exact=False), {})
     add("exact-plan-T8192-H48", 1, 8192, 48, dict(exact=True), {})
+    add("exact-no-tokens", 3, 0, 2, dict(exact=True), {})  # the state copy alone
     return out
 
 

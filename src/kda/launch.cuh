@@ -804,6 +804,7 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
     if (p.final_state == nullptr) return {cudaSuccess, nullptr};
     empty_states_kernel<<<dim3(static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.heads)),
                           kEmptyThreads, 0, stream>>>(p);
+    record_launch(p, "empty_states_kernel", {{}, 0, 0, 0, 0, 0, 0, 0, 0, p.num_seqs * p.heads});
     return launch_status("empty_states_kernel launch");
   }
   const bool segmented = p.segment_chunks > 0;
