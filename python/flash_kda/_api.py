@@ -110,6 +110,8 @@ def fwd(
             ):  # fmt: skip
                 return
         except _native.NativeError as error:  # nothing launched: fla or PyTorch (dispatch.recover)
+            if not dispatch.falls_back(error):
+                raise
             dispatch.recover(
                 _validate.check_fwd(
                     q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state,

@@ -187,6 +187,12 @@ def _run_fallback(call: _validate.FwdCall, path: str) -> None:
         fallback.torch_fwd(call)
 
 
+def falls_back(error: "_native.NativeError") -> bool:
+    """Whether :func:`recover` runs a call the library could not (anything but a refused
+    argument, unless FLASH_KDA_STRICT=1) rather than raise its error."""
+    return error.status != _native.STATUS_INVALID_ARGUMENT and os.environ.get(STRICT_ENV) != "1"
+
+
 def recover(call: _validate.FwdCall, error: "_native.NativeError") -> None:
     """After the native library could not run a validated call (anything but an argument it
     refuses: a configuration the GPU cannot launch, a launch error, an unsupported device),
@@ -195,7 +201,7 @@ def recover(call: _validate.FwdCall, error: "_native.NativeError") -> None:
     (launch.cuh launch_fwd), so the fallback starts from the caller's inputs, states included.
     Where the fallback fails too (a CUDA context the failure left unusable) the error names
     both."""
-    if error.status == _native.STATUS_INVALID_ARGUMENT or os.environ.get(STRICT_ENV) == "1":
+    if not falls_back(error):
         raise error
     path = FLA if fallback.fla_available() else TORCH
     path, reason = _fallback_path(call, path, f"the native kernels failed ({error}; {STRICT_ENV}=1 raises it)")
