@@ -154,7 +154,9 @@ flash_kda_status forward(const char *fn, int32_t compute_capability, const flash
   std::string err = read_args(args, a);
   if (err.empty()) err = read_overrides(overrides, o);
   if (err.empty() && o.device != FLASH_KDA_TESTING_DEVICE_CURRENT)
-    err = "overrides->device plans for a reference device: flash_kda_testing_fwd runs the current one";
+    err =
+        "overrides->device plans for a reference device: flash_kda_testing_fwd runs the current "
+        "one";
   if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
   const ArchTable *table = nullptr;
   flash_kda_status st = find_table(fn, compute_capability, table);
@@ -206,8 +208,15 @@ flash_kda_status device_facts_call(const char *fn, int32_t cc,
     for (const ReferenceDevice &r : kReferenceDevices)
       if (r.id == o.device) d.sms = r.facts.sms;
   }
-  *out = {sizeof(flash_kda_testing_device), d.cc, d.generic ? 1 : 0, d.sms, d.smem_optin,
-          d.smem_sm, d.threads_sm, d.regs_sm, {d.k1_alone[0], d.k1_alone[1]},
+  *out = {sizeof(flash_kda_testing_device),
+          d.cc,
+          d.generic ? 1 : 0,
+          d.sms,
+          d.smem_optin,
+          d.smem_sm,
+          d.threads_sm,
+          d.regs_sm,
+          {d.k1_alone[0], d.k1_alone[1]},
           {d.k1_overlap[0], d.k1_overlap[1]},
           {{d.k1_beside[0][0], d.k1_beside[0][1], d.k1_beside[0][2]},
            {d.k1_beside[1][0], d.k1_beside[1][1], d.k1_beside[1][2]}},

@@ -204,7 +204,7 @@ std::string read_overrides(const flash_kda_testing_overrides *in, flash_kda_test
 namespace {
 
 ProblemSizes sizes_of(const flash_kda_fwd_args &a) {
-  return {a.batch, a.seqlen, a.heads, a.num_seqs, a.cu_seqlens != nullptr, a.checkpoint_every,
+  return {a.batch,     a.seqlen, a.heads, a.num_seqs, a.cu_seqlens != nullptr, a.checkpoint_every,
           a.max_seqlen};
 }
 

@@ -72,10 +72,10 @@ struct ArchCosts {
   K1Costs k1_32;
 
   // ---- fixed costs, microseconds
-  double launch_us = 5.0;   // one more kernel launch on the stream
-  double wave_us = 6.0;     // a segment pass's fixed cost per wave of CTAs
-  double flags_us = 3.0;    // the ready flags' memset where K1 runs beside the pass
-  double leave_us = 4.0;    // K1 leaving the SMs the pass starts on, its tail
+  double launch_us = 5.0;  // one more kernel launch on the stream
+  double wave_us = 6.0;    // a segment pass's fixed cost per wave of CTAs
+  double flags_us = 3.0;   // the ready flags' memset where K1 runs beside the pass
+  double leave_us = 4.0;   // K1 leaving the SMs the pass starts on, its tail
   // combine_kernel, one step a start: 0.85 us with 8-row CTAs, 1.22 with 16-row CTAs, as
   // fitted with its older cp.async ring. Its steps now take 0.72 and 1.04 (ncu, H200), but
   // with those the plan cut T = 2048 H = 1-4 into segments of 8 chunks instead of 10, 3%
@@ -224,18 +224,45 @@ struct ReferenceDevice {
 // (89 registers, 3 warps on one sub-partition) 5 and <2, 8> (118) 3. On sm_120 a pass
 // CTA's ring takes the SM's shared memory: no K1 CTA beside any pass, and 6 (or 1) alone.
 constexpr ReferenceDevice kReferenceDevices[] = {
-    {FLASH_KDA_TESTING_DEVICE_H200, "h200", {.cc = 90, .generic = false, .sms = 132, .smem_optin = 232448,
-              .smem_sm = 233472, .threads_sm = 2048, .regs_sm = 65536, .k1_alone = {12, 4},
-              .k1_overlap = {12, 3},
-              .k1_beside = {{3, 4, 0}, {1, 0, 0}}, .combine_wide = true}},
-    {FLASH_KDA_TESTING_DEVICE_SM100, "sm100", {.cc = 100, .generic = true, .sms = 148, .smem_optin = 232448,
-               .smem_sm = 233472, .threads_sm = 2048, .regs_sm = 65536, .k1_alone = {12, 4},
-               .k1_overlap = {12, 3},
-               .k1_beside = {{3, 5, 3}, {1, 0, 0}}, .combine_wide = true}},
-    {FLASH_KDA_TESTING_DEVICE_SM120, "sm120", {.cc = 120, .generic = true, .sms = 170, .smem_optin = 101376,
-               .smem_sm = 102400, .threads_sm = 1536, .regs_sm = 65536, .k1_alone = {6, 1},
-               .k1_overlap = {6, 1},
-               .k1_beside = {{0, 0, 0}, {0, 0, 0}}, .combine_wide = true}},
+    {FLASH_KDA_TESTING_DEVICE_H200,
+     "h200",
+     {.cc = 90,
+      .generic = false,
+      .sms = 132,
+      .smem_optin = 232448,
+      .smem_sm = 233472,
+      .threads_sm = 2048,
+      .regs_sm = 65536,
+      .k1_alone = {12, 4},
+      .k1_overlap = {12, 3},
+      .k1_beside = {{3, 4, 0}, {1, 0, 0}},
+      .combine_wide = true}},
+    {FLASH_KDA_TESTING_DEVICE_SM100,
+     "sm100",
+     {.cc = 100,
+      .generic = true,
+      .sms = 148,
+      .smem_optin = 232448,
+      .smem_sm = 233472,
+      .threads_sm = 2048,
+      .regs_sm = 65536,
+      .k1_alone = {12, 4},
+      .k1_overlap = {12, 3},
+      .k1_beside = {{3, 5, 3}, {1, 0, 0}},
+      .combine_wide = true}},
+    {FLASH_KDA_TESTING_DEVICE_SM120,
+     "sm120",
+     {.cc = 120,
+      .generic = true,
+      .sms = 170,
+      .smem_optin = 101376,
+      .smem_sm = 102400,
+      .threads_sm = 1536,
+      .regs_sm = 65536,
+      .k1_alone = {6, 1},
+      .k1_overlap = {6, 1},
+      .k1_beside = {{0, 0, 0}, {0, 0, 0}},
+      .combine_wide = true}},
 };
 
 }  // namespace flash_kda

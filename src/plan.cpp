@@ -110,8 +110,8 @@ double best_pass_us(const Model &m, PassCode code, int64_t columns, int64_t link
       link_us = w.states_wave_us;
     const int64_t ctas = ceil_div(columns, s.block_v);
     const int resident = states ? s.states_resident : s.resident;
-    double t = pass_us(m, ctas, links, resident, link_us, states ? w.states_alone_us : w.rerun_alone_us,
-                       wave_us);
+    double t = pass_us(m, ctas, links, resident, link_us,
+                       states ? w.states_alone_us : w.rerun_alone_us, wave_us);
     if (states && w.states_turns && ctas > m.sms() && ctas <= int64_t{m.sms()} * resident)
       t += (resident - 1) * m.costs.wave_us;
     if (best < 0 || t < best) {
@@ -191,8 +191,7 @@ int32_t overlap_max_ctas(const Model &m, int64_t pairs, int32_t block_v) {
 // fitted with; the lead the launch takes is counted at lead_record_us, K1's measured rate
 // (on the H200 the decisions that rate would move measured 1-6% slower, the shorter leads
 // alone 1-5% faster).
-double k1_leaves_us(const Model &m, int64_t pairs, int64_t chunks, int32_t block_v,
-                    int64_t &lead) {
+double k1_leaves_us(const Model &m, int64_t pairs, int64_t chunks, int32_t block_v, int64_t &lead) {
   lead = 0;
   const int64_t free = free_sms(m, pairs, block_v);
   if (free < 1) return -1.0;
@@ -421,7 +420,6 @@ double plan_chunks(const Model &m, const ProblemSizes &z, const PlanRequest &r, 
   }
   return predicted;
 }
-
 
 }  // namespace
 

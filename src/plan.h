@@ -63,10 +63,10 @@ struct PlanRequest {
 // counts on a schedule the launch cannot run there. Index [b] of the K1 counts: records of
 // b + 1 16-token blocks (16- and 32-token chunks).
 struct PlanDevice {
-  int32_t cc;       // compute capability, 10 major + minor: picks the cost table (costs.h)
-  bool generic;     // every pass on recurrence_kernel (every arch but sm_90a, whose warpgroup
-                    // passes a test switch turns off)
-  int32_t sms;      // multiprocessors the plan spreads the work over
+  int32_t cc;    // compute capability, 10 major + minor: picks the cost table (costs.h)
+  bool generic;  // every pass on recurrence_kernel (every arch but sm_90a, whose warpgroup
+                 // passes a test switch turns off)
+  int32_t sms;   // multiprocessors the plan spreads the work over
   int32_t smem_optin, smem_sm;  // shared memory per block (opt-in) and per SM, bytes
   int32_t threads_sm, regs_sm;  // threads and registers per SM
   int32_t k1_alone[2];          // prepare_kernel CTAs an SM by itself

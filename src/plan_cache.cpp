@@ -36,14 +36,38 @@ Entry g_entries[kEntries];
 std::mutex g_lock;
 
 PlanKey key_of(const ProblemSizes &z, const PlanRequest &r, const PlanDevice &d) {
-  PlanKey key = {z.batch,          z.seqlen, z.heads,   z.num_seqs,       z.max_seqlen,
-                 z.checkpoint_every, z.varlen ? 1 : 0, r.mode, r.block_v, r.segment_chunks,
-                 r.overlap,        r.chunk_tokens, {}};
-  const int32_t device[kDeviceWords] = {
-      d.cc,           d.generic ? 1 : 0, d.sms,           d.smem_optin,      d.smem_sm,
-      d.threads_sm,   d.regs_sm,         d.k1_alone[0],   d.k1_alone[1],     d.k1_overlap[0],
-      d.k1_overlap[1], d.k1_beside[0][0], d.k1_beside[0][1], d.k1_beside[0][2], d.k1_beside[1][0],
-      d.k1_beside[1][1], d.k1_beside[1][2], d.combine_wide ? 1 : 0, 0};
+  PlanKey key = {z.batch,
+                 z.seqlen,
+                 z.heads,
+                 z.num_seqs,
+                 z.max_seqlen,
+                 z.checkpoint_every,
+                 z.varlen ? 1 : 0,
+                 r.mode,
+                 r.block_v,
+                 r.segment_chunks,
+                 r.overlap,
+                 r.chunk_tokens,
+                 {}};
+  const int32_t device[kDeviceWords] = {d.cc,
+                                        d.generic ? 1 : 0,
+                                        d.sms,
+                                        d.smem_optin,
+                                        d.smem_sm,
+                                        d.threads_sm,
+                                        d.regs_sm,
+                                        d.k1_alone[0],
+                                        d.k1_alone[1],
+                                        d.k1_overlap[0],
+                                        d.k1_overlap[1],
+                                        d.k1_beside[0][0],
+                                        d.k1_beside[0][1],
+                                        d.k1_beside[0][2],
+                                        d.k1_beside[1][0],
+                                        d.k1_beside[1][1],
+                                        d.k1_beside[1][2],
+                                        d.combine_wide ? 1 : 0,
+                                        0};
   std::memcpy(key.device, device, sizeof(device));
   return key;
 }

@@ -177,19 +177,25 @@ struct K1Launch {
 inline K1Launch k1_launch(int blocks, RecordOrder order = RecordOrder::kFragments) {
   if (blocks == 2)
     return {reinterpret_cast<const void *>(prepare_kernel<2>),
-            reinterpret_cast<const void *>(prepare_overlap_kernel<2>), K1Shape<2>::kThreads,
-            K1Shape<2>::kDynamicSmem, "prepare_kernel<2, RecordOrder::kFragments>",
+            reinterpret_cast<const void *>(prepare_overlap_kernel<2>),
+            K1Shape<2>::kThreads,
+            K1Shape<2>::kDynamicSmem,
+            "prepare_kernel<2, RecordOrder::kFragments>",
             "prepare_overlap_kernel<2, RecordOrder::kFragments>"};
 #if FLASH_KDA_CC == 90
   if (order == RecordOrder::kTiles)
     return {reinterpret_cast<const void *>(prepare_kernel<1, RecordOrder::kTiles>),
             reinterpret_cast<const void *>(prepare_overlap_kernel<1, RecordOrder::kTiles>),
-            K1Shape<1>::kThreads, K1Shape<1>::kDynamicSmem, "prepare_kernel<1, RecordOrder::kTiles>",
+            K1Shape<1>::kThreads,
+            K1Shape<1>::kDynamicSmem,
+            "prepare_kernel<1, RecordOrder::kTiles>",
             "prepare_overlap_kernel<1, RecordOrder::kTiles>"};
 #endif
   return {reinterpret_cast<const void *>(prepare_kernel<1>),
-          reinterpret_cast<const void *>(prepare_overlap_kernel<1>), K1Shape<1>::kThreads,
-          K1Shape<1>::kDynamicSmem, "prepare_kernel<1, RecordOrder::kFragments>",
+          reinterpret_cast<const void *>(prepare_overlap_kernel<1>),
+          K1Shape<1>::kThreads,
+          K1Shape<1>::kDynamicSmem,
+          "prepare_kernel<1, RecordOrder::kFragments>",
           "prepare_overlap_kernel<1, RecordOrder::kFragments>"};
 }
 
@@ -300,14 +306,14 @@ inline int padded_smem(const DeviceFacts &d, const void *kernel, int threads, in
   Footprint f;
   int real = 0;
   if (footprint(kernel, threads, dynamic, f) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&real, kernel, threads, dynamic) !=
-          cudaSuccess)
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&real, kernel, threads, dynamic) != cudaSuccess)
     return -1;
   const int n = resident_on(d, f, real);
   if (n < 1 || f.smem - kReservedSmem > d.smem_optin) return -1;
   const int64_t scaled = int64_t{f.smem} * d.real.smem_sm / d.smem_sm;
   const int64_t alone = n < real ? d.real.smem_sm / (n + 1) + 128 : 0;
-  const int64_t total = std::min<int64_t>(std::max(scaled, alone) - kReservedSmem, d.real.smem_optin);
+  const int64_t total =
+      std::min<int64_t>(std::max(scaled, alone) - kReservedSmem, d.real.smem_optin);
   const int padded = std::max(dynamic, static_cast<int>(total) - f.static_smem);
   if (allow_smem(kernel, padded) != cudaSuccess) return -1;
   return padded;
@@ -483,8 +489,9 @@ inline LaunchStatus k1_fit_beside(const PassLaunch &pass, const DeviceFacts &d, 
 // read the same records, which K1 writes in one order.
 inline bool warpgroup_passes(const FwdParams &p) {
   const auto wide = [](int block_v) { return block_v == 64 || block_v == 128; };
-  return FLASH_KDA_CC == 90 && !p.test.generic && chunk_blocks(p) == 1 && p.checkpoints == nullptr &&
-         wide(p.chain_block_v) && (p.segment_chunks == 0 || wide(p.segment_block_v));
+  return FLASH_KDA_CC == 90 && !p.test.generic && chunk_blocks(p) == 1 &&
+         p.checkpoints == nullptr && wide(p.chain_block_v) &&
+         (p.segment_chunks == 0 || wide(p.segment_block_v));
 }
 
 #if FLASH_KDA_CC == 90
@@ -596,9 +603,16 @@ inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_
                                            args, programmatic, stream);
   if (launch != cudaSuccess) return {launch, "recurrence_kernel launch"};
   record_launch(pass.params, pass.name,
-                {{}, pass.kind, static_cast<int32_t>(pass.code), chunk_blocks(pass.params),
-                 pass.params.block_v, pass.params.stages, pass.resident, pass.launch_smem,
-                 static_cast<int32_t>(pass.records), pass.ctas});
+                {{},
+                 pass.kind,
+                 static_cast<int32_t>(pass.code),
+                 chunk_blocks(pass.params),
+                 pass.params.block_v,
+                 pass.params.stages,
+                 pass.resident,
+                 pass.launch_smem,
+                 static_cast<int32_t>(pass.records),
+                 pass.ctas});
   return launch_status("recurrence_kernel launch");
 }
 
@@ -760,8 +774,15 @@ inline LaunchStatus launch_first(K1Config &k1, PassLaunch &first, cudaStream_t s
   cudaError_t err = cudaLaunchKernel(k1.kernel, k1.grid, dim3(k1.threads), args, k1.smem, stream);
   if (err != cudaSuccess) return {err, "prepare_kernel launch"};
   record_launch(p, k1.name,
-                {{}, overlap ? kLaunchedPrepareOverlap : kLaunchedPrepare, 0, chunk_blocks(p), 0,
-                 0, k1.keep, k1.smem, static_cast<int32_t>(first.records),
+                {{},
+                 overlap ? kLaunchedPrepareOverlap : kLaunchedPrepare,
+                 0,
+                 chunk_blocks(p),
+                 0,
+                 0,
+                 k1.keep,
+                 k1.smem,
+                 static_cast<int32_t>(first.records),
                  int64_t{k1.grid.x} * k1.grid.y});
   LaunchStatus st = launch_status("prepare_kernel launch");
   if (st.error == cudaSuccess) st = launch_pass(first, true, stream);  // beside K1, or after it
@@ -772,8 +793,16 @@ inline LaunchStatus launch_first(K1Config &k1, PassLaunch &first, cudaStream_t s
     return {cudaSuccess, nullptr};
   }
   record_launch(p, k1.name,
-                {{}, kLaunchedPrepareOverlap, 1, chunk_blocks(p), 0, 0, k1.extra_resident,
-                 k1.extra_smem, static_cast<int32_t>(first.records), k1.extra});
+                {{},
+                 kLaunchedPrepareOverlap,
+                 1,
+                 chunk_blocks(p),
+                 0,
+                 0,
+                 k1.extra_resident,
+                 k1.extra_smem,
+                 static_cast<int32_t>(first.records),
+                 k1.extra});
   return {cudaSuccess, nullptr};
 }
 
@@ -783,7 +812,8 @@ inline LaunchStatus launch_first(K1Config &k1, PassLaunch &first, cudaStream_t s
 // can_overlap), so K1 runs first.
 inline LaunchStatus configure_after_segments(const K1Config &k1, CombineLaunch &combine,
                                              PassLaunch &rerun) {
-  if (k1.params.ready != nullptr) return {cudaErrorInvalidValue, "recurrence_kernel rerun beside K1"};
+  if (k1.params.ready != nullptr)
+    return {cudaErrorInvalidValue, "recurrence_kernel rerun beside K1"};
   FwdParams after = k1.params;
   after.test.stall = 0;  // the first pass's only
   LaunchStatus st = configure_combine(after, combine);
@@ -839,7 +869,8 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
 inline LaunchStatus k1_beside_whole(const TestSwitches &t, const DeviceFacts &d, int block_v,
                                     int blocks, int &fit) {
   fit = 0;
-  if (!instantiated(*recurrence_shape(block_v), PassCode::kPlain, blocks)) return {cudaSuccess, nullptr};
+  if (!instantiated(*recurrence_shape(block_v), PassCode::kPlain, blocks))
+    return {cudaSuccess, nullptr};
   FwdParams p{};
   p.test = t;
   p.chunk_shift = blocks == 2 ? 5 : 4;

@@ -305,30 +305,30 @@ __device__ __forceinline__ void check_wait(uint64_t &start, uint64_t limit_ns) {
 // FLASH_KDA_UNBOUNDED_WAITS (a build flag, never set in a product build) leaves out the
 // clock and the trap, for measuring what they cost (benchmarks/ab_graph.py).
 #ifndef FLASH_KDA_UNBOUNDED_WAITS
-#define FLASH_KDA_BOUNDED_WAIT                                  \
-  "{\n"                                                         \
-  ".reg .pred done;\n"                                          \
-  ".reg .u64 start, now;\n"                                     \
-  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"  \
-  "@done bra WAIT_DONE;\n"                                      \
-  "mov.u64 start, %%globaltimer;\n"                             \
-  "WAIT_AGAIN:\n"                                               \
-  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"  \
-  "@done bra WAIT_DONE;\n"                                      \
-  "mov.u64 now, %%globaltimer;\n"                               \
-  "sub.u64 now, now, start;\n"                                  \
-  "setp.gt.u64 done, now, %2;\n"                                \
-  "@done trap;\n"                                               \
-  "bra WAIT_AGAIN;\n"                                           \
-  "WAIT_DONE:\n"                                                \
+#define FLASH_KDA_BOUNDED_WAIT                                 \
+  "{\n"                                                        \
+  ".reg .pred done;\n"                                         \
+  ".reg .u64 start, now;\n"                                    \
+  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n" \
+  "@done bra WAIT_DONE;\n"                                     \
+  "mov.u64 start, %%globaltimer;\n"                            \
+  "WAIT_AGAIN:\n"                                              \
+  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n" \
+  "@done bra WAIT_DONE;\n"                                     \
+  "mov.u64 now, %%globaltimer;\n"                              \
+  "sub.u64 now, now, start;\n"                                 \
+  "setp.gt.u64 done, now, %2;\n"                               \
+  "@done trap;\n"                                              \
+  "bra WAIT_AGAIN;\n"                                          \
+  "WAIT_DONE:\n"                                               \
   "}\n"
 #else
-#define FLASH_KDA_BOUNDED_WAIT                                  \
-  "{\n"                                                         \
-  ".reg .pred done;\n"                                          \
-  "WAIT_AGAIN:\n"                                               \
-  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"  \
-  "@!done bra WAIT_AGAIN;\n"                                    \
+#define FLASH_KDA_BOUNDED_WAIT                                 \
+  "{\n"                                                        \
+  ".reg .pred done;\n"                                         \
+  "WAIT_AGAIN:\n"                                              \
+  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n" \
+  "@!done bra WAIT_AGAIN;\n"                                   \
   "}\n"
 #endif
 

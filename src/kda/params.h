@@ -49,7 +49,7 @@ struct TestSwitches {
   // most the real count, the plan the simulated one), opt-in shared memory per block and
   // shared memory per SM (bytes), threads and registers per SM, K1 CTAs per SM.
   int32_t sms, smem_optin, smem_sm, threads_sm, regs_sm, k1_ctas_sm;
-  int32_t stall;  // > 0: CTA 0 of the first recurrence pass never arms its first stage
+  int32_t stall;         // > 0: CTA 0 of the first recurrence pass never arms its first stage
   LaunchRecord *record;  // host memory: what the call launched, or nullptr
   bool any() const {
     return generic || sms || smem_optin || smem_sm || threads_sm || regs_sm || k1_ctas_sm || stall;

@@ -67,10 +67,10 @@ typedef struct flash_kda_testing_device {
   int32_t smem_sm;
   int32_t threads_sm;
   int32_t regs_sm;
-  int32_t k1_alone[2];        /* prepare_kernel CTAs an SM by itself */
-  int32_t k1_overlap[2];      /* prepare_overlap_kernel CTAs an SM by itself */
-  int32_t k1_beside[2][3];    /* prepare_overlap_kernel CTAs beside one whole-pass CTA */
-  int32_t combine_wide;       /* 16-row combine CTAs fit (two stages) */
+  int32_t k1_alone[2];     /* prepare_kernel CTAs an SM by itself */
+  int32_t k1_overlap[2];   /* prepare_overlap_kernel CTAs an SM by itself */
+  int32_t k1_beside[2][3]; /* prepare_overlap_kernel CTAs beside one whole-pass CTA */
+  int32_t combine_wide;    /* 16-row combine CTAs fit (two stages) */
 } flash_kda_testing_device;
 
 /* Forced parts of the plan and test switches; 0 everywhere = the library's own plan. */
@@ -111,10 +111,9 @@ FLASH_KDA_API int32_t flash_kda_testing_version(void) FLASH_KDA_NOEXCEPT;
 
 /* flash_kda_fwd_plan with `overrides` (NULL: none); with overrides->device, the plan on that
  * reference device (no GPU asked; compute_capability is not read). */
-FLASH_KDA_API flash_kda_status flash_kda_testing_plan(int32_t compute_capability,
-                                                      const flash_kda_fwd_args *args,
-                                                      const flash_kda_testing_overrides *overrides,
-                                                      flash_kda_fwd_plan_info *plan) FLASH_KDA_NOEXCEPT;
+FLASH_KDA_API flash_kda_status flash_kda_testing_plan(
+    int32_t compute_capability, const flash_kda_fwd_args *args,
+    const flash_kda_testing_overrides *overrides, flash_kda_fwd_plan_info *plan) FLASH_KDA_NOEXCEPT;
 
 /* The facts the plan takes: of the current device under the overrides' switches (through the
  * table for compute_capability), or of the reference device overrides->device. */
