@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "arch/table.h"
@@ -208,19 +209,11 @@ flash_kda_status device_facts_call(const char *fn, int32_t cc,
     for (const ReferenceDevice &r : kReferenceDevices)
       if (r.id == o.device) d.sms = r.facts.sms;
   }
-  *out = {sizeof(flash_kda_testing_device),
-          d.cc,
-          d.generic ? 1 : 0,
-          d.sms,
-          d.smem_optin,
-          d.smem_sm,
-          d.threads_sm,
-          d.regs_sm,
-          {d.k1_alone[0], d.k1_alone[1]},
-          {d.k1_overlap[0], d.k1_overlap[1]},
-          {{d.k1_beside[0][0], d.k1_beside[0][1], d.k1_beside[0][2]},
-           {d.k1_beside[1][0], d.k1_beside[1][1], d.k1_beside[1][2]}},
-          d.combine_wide ? 1 : 0};
+  static_assert(sizeof(flash_kda_testing_device) == 4 * (1 + kPlanDeviceWords),
+                "flash_kda_testing_device is struct_size and plan.h plan_device_words");
+  int32_t words[kPlanDeviceWords];
+  plan_device_words(d, words);
+  std::memcpy(&out->compute_capability, words, sizeof(words));
   return FLASH_KDA_OK;
 }
 

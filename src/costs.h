@@ -216,53 +216,47 @@ struct ReferenceDevice {
   PlanDevice facts;
 };
 
-// K1 by itself (the H200): 12 CTAs an SM of 16-token records (40 registers, 15.5 KB), 4 of
-// 32-token ones (64 registers, ~56 KB) and 3 of its overlap kernel (80 registers). Beside
-// one pass CTA: <1, 4> (189 registers, 2 warps on its fullest sub-partition) leaves room for
-// 3 (1 of 32-token records); sm_90a's warpgroup block_v 64 pass 4 in its 168-register form,
-// its block_v 128 pass none (twelve warps hold the register file); recurrence_kernel<1, 8>
-// (89 registers, 3 warps on one sub-partition) 5 and <2, 8> (118) 3. On sm_120 a pass
-// CTA's ring takes the SM's shared memory: no K1 CTA beside any pass, and 6 (or 1) alone.
+// The H200 by itself. K1 alone: 12 CTAs an SM of 16-token records (40 registers, 15.5 KB),
+// 4 of 32-token ones (64 registers, ~56 KB), 3 of its 32-token overlap kernel (80 registers).
+// Beside one pass CTA: <1, 4> (187 registers, 2 warps on its fullest sub-partition) leaves
+// room for 3 (1 of 32-token records); the warpgroup block_v 64 pass 4 in its 168-register
+// form; the block_v 128 one none (twelve warps hold the register file).
+constexpr PlanDevice kH200 = {.cc = 90,
+                              .generic = false,
+                              .sms = 132,
+                              .smem_optin = 232448,
+                              .smem_sm = 233472,
+                              .threads_sm = 2048,
+                              .regs_sm = 65536,
+                              .k1_alone = {12, 4},
+                              .k1_overlap = {12, 3},
+                              .k1_beside = {{3, 4, 0}, {1, 0, 0}},
+                              .combine_wide = true};
+
+// The H200 running the other arches' passes, with sm_100's SM count (its limits are the
+// H200's): recurrence_kernel<1, 8> (91 registers, 3 warps on one sub-partition) leaves room
+// for 5 K1 CTAs, <2, 8> (119) for 3.
+constexpr PlanDevice kSm100 = [] {
+  PlanDevice d = kH200;
+  d.cc = 100, d.generic = true, d.sms = 148;
+  d.k1_beside[0][1] = 5, d.k1_beside[0][2] = 3;
+  return d;
+}();
+
+// Those passes with sm_120's limits (an RTX 5090's SM count): a pass CTA's ring takes the SM's
+// shared memory, so no K1 CTA fits beside any pass, and 6 (16-token) or 1 (32-token) alone.
+constexpr PlanDevice kSm120 = [] {
+  PlanDevice d = kSm100;
+  d.cc = 120, d.sms = 170, d.smem_optin = 101376, d.smem_sm = 102400, d.threads_sm = 1536;
+  d.k1_alone[0] = d.k1_overlap[0] = 6, d.k1_alone[1] = d.k1_overlap[1] = 1;
+  d.k1_beside[0][0] = d.k1_beside[0][1] = d.k1_beside[0][2] = d.k1_beside[1][0] = 0;
+  return d;
+}();
+
 constexpr ReferenceDevice kReferenceDevices[] = {
-    {FLASH_KDA_TESTING_DEVICE_H200,
-     "h200",
-     {.cc = 90,
-      .generic = false,
-      .sms = 132,
-      .smem_optin = 232448,
-      .smem_sm = 233472,
-      .threads_sm = 2048,
-      .regs_sm = 65536,
-      .k1_alone = {12, 4},
-      .k1_overlap = {12, 3},
-      .k1_beside = {{3, 4, 0}, {1, 0, 0}},
-      .combine_wide = true}},
-    {FLASH_KDA_TESTING_DEVICE_SM100,
-     "sm100",
-     {.cc = 100,
-      .generic = true,
-      .sms = 148,
-      .smem_optin = 232448,
-      .smem_sm = 233472,
-      .threads_sm = 2048,
-      .regs_sm = 65536,
-      .k1_alone = {12, 4},
-      .k1_overlap = {12, 3},
-      .k1_beside = {{3, 5, 3}, {1, 0, 0}},
-      .combine_wide = true}},
-    {FLASH_KDA_TESTING_DEVICE_SM120,
-     "sm120",
-     {.cc = 120,
-      .generic = true,
-      .sms = 170,
-      .smem_optin = 101376,
-      .smem_sm = 102400,
-      .threads_sm = 1536,
-      .regs_sm = 65536,
-      .k1_alone = {6, 1},
-      .k1_overlap = {6, 1},
-      .k1_beside = {{0, 0, 0}, {0, 0, 0}},
-      .combine_wide = true}},
+    {FLASH_KDA_TESTING_DEVICE_H200, "h200", kH200},
+    {FLASH_KDA_TESTING_DEVICE_SM100, "sm100", kSm100},
+    {FLASH_KDA_TESTING_DEVICE_SM120, "sm120", kSm120},
 };
 
 }  // namespace flash_kda

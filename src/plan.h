@@ -78,6 +78,31 @@ struct PlanDevice {
   bool combine_wide;  // two stages of 16-row combine CTAs fit a block's shared memory
 };
 
+// PlanDevice field by field as int32 words, in order (flash_kda_testing_device's layout after
+// its struct_size; the plan cache's key).
+constexpr int kPlanDeviceWords = 18;
+inline void plan_device_words(const PlanDevice &d, int32_t (&w)[kPlanDeviceWords]) {
+  const int32_t words[kPlanDeviceWords] = {d.cc,
+                                           d.generic ? 1 : 0,
+                                           d.sms,
+                                           d.smem_optin,
+                                           d.smem_sm,
+                                           d.threads_sm,
+                                           d.regs_sm,
+                                           d.k1_alone[0],
+                                           d.k1_alone[1],
+                                           d.k1_overlap[0],
+                                           d.k1_overlap[1],
+                                           d.k1_beside[0][0],
+                                           d.k1_beside[0][1],
+                                           d.k1_beside[0][2],
+                                           d.k1_beside[1][0],
+                                           d.k1_beside[1][1],
+                                           d.k1_beside[1][2],
+                                           d.combine_wide ? 1 : 0};
+  for (int i = 0; i < kPlanDeviceWords; ++i) w[i] = words[i];
+}
+
 // "" when the sizes are within the limits, else what is wrong ("batch * seqlen must be
 // ..."); never overflows, whatever the inputs. Calls without tokens or sequences pass (they
 // have no plan: make_plan needs tokens).

@@ -10,16 +10,16 @@ namespace flash_kda {
 namespace {
 
 // Every input of make_plan, without padding bytes, so that keys compare as bytes: the
-// sizes, the request and the device's facts (PlanDevice, field by field, and a zero word
-// that keeps the struct free of tail padding).
-constexpr int kDeviceWords = 19;
+// sizes, the request and the device's facts (plan.h plan_device_words).
 struct PlanKey {
   int64_t batch, seqlen, heads, num_seqs, max_seqlen;
   int32_t checkpoint_every, varlen;
   int32_t mode, block_v, segment_chunks, overlap, chunk_tokens;
-  int32_t device[kDeviceWords];
+  int32_t device[kPlanDeviceWords];
+  int32_t zero;  // no tail padding
 };
-static_assert(sizeof(PlanKey) == 5 * 8 + (7 + kDeviceWords) * 4, "PlanKey must have no padding");
+static_assert(sizeof(PlanKey) == 5 * 8 + (8 + kPlanDeviceWords) * 4,
+              "PlanKey must have no padding");
 // A new input of make_plan must join PlanKey (and key_of): the sizes of the three structs as
 // PlanKey was written for them.
 static_assert(sizeof(ProblemSizes) == 48 && sizeof(PlanRequest) == 20 && sizeof(PlanDevice) == 72,
@@ -48,27 +48,9 @@ PlanKey key_of(const ProblemSizes &z, const PlanRequest &r, const PlanDevice &d)
                  r.segment_chunks,
                  r.overlap,
                  r.chunk_tokens,
-                 {}};
-  const int32_t device[kDeviceWords] = {d.cc,
-                                        d.generic ? 1 : 0,
-                                        d.sms,
-                                        d.smem_optin,
-                                        d.smem_sm,
-                                        d.threads_sm,
-                                        d.regs_sm,
-                                        d.k1_alone[0],
-                                        d.k1_alone[1],
-                                        d.k1_overlap[0],
-                                        d.k1_overlap[1],
-                                        d.k1_beside[0][0],
-                                        d.k1_beside[0][1],
-                                        d.k1_beside[0][2],
-                                        d.k1_beside[1][0],
-                                        d.k1_beside[1][1],
-                                        d.k1_beside[1][2],
-                                        d.combine_wide ? 1 : 0,
-                                        0};
-  std::memcpy(key.device, device, sizeof(device));
+                 {},
+                 0};
+  plan_device_words(d, key.device);
   return key;
 }
 

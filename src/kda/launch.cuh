@@ -267,32 +267,46 @@ inline void simulate(const TestSwitches &t, DeviceFacts &d) {
   }
 }
 
-// The current device's facts: devices 0..63 are queried on first use (a failed query is
-// not remembered), others on every call; then the simulated limits of `t`, if any.
-inline cudaError_t device_facts(const TestSwitches &t, DeviceFacts &out) {
-  constexpr int kRemembered = 64;
-  static std::atomic<bool> known[kRemembered];
-  static DeviceFacts facts[kRemembered];
-  static std::mutex filling;
-  int device = 0;
-  const cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (device < 0 || device >= kRemembered) {
-    const cudaError_t query = query_device_facts(device, out);
-    if (query == cudaSuccess) simulate(t, out);
-    return query;
-  }
-  if (!known[device].load(std::memory_order_acquire)) {
-    const std::lock_guard<std::mutex> lock(filling);
-    if (!known[device].load(std::memory_order_relaxed)) {
-      const cudaError_t query = query_device_facts(device, facts[device]);
-      if (query != cudaSuccess) return query;
-      known[device].store(true, std::memory_order_release);
+// A value per device: devices 0..63 are queried on first use and remembered (a failed query
+// is not), others on every call. query(value) returns a status whose value-initialised form
+// (cudaSuccess, {cudaSuccess, nullptr}) is success; ok(status) tells it.
+template <typename T>
+class PerDevice {
+ public:
+  template <typename Query, typename Ok>
+  auto get(int device, T &out, Query query, Ok ok) -> decltype(query(out)) {
+    if (device < 0 || device >= kRemembered) return query(out);
+    if (!known_[device].load(std::memory_order_acquire)) {
+      const std::lock_guard<std::mutex> lock(filling_);
+      if (!known_[device].load(std::memory_order_relaxed)) {
+        const auto status = query(values_[device]);
+        if (!ok(status)) return status;
+        known_[device].store(true, std::memory_order_release);
+      }
     }
+    out = values_[device];
+    return {};
   }
-  out = facts[device];
-  simulate(t, out);
-  return cudaSuccess;
+
+ private:
+  static constexpr int kRemembered = 64;
+  std::atomic<bool> known_[kRemembered] = {};
+  T values_[kRemembered] = {};
+  std::mutex filling_;
+};
+
+// The current device's facts, remembered per device (PerDevice); then the simulated limits
+// of `t`, if any.
+inline cudaError_t device_facts(const TestSwitches &t, DeviceFacts &out) {
+  static PerDevice<DeviceFacts> facts;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = facts.get(
+        device, out, [&](DeviceFacts &f) { return query_device_facts(device, f); },
+        [](cudaError_t e) { return e == cudaSuccess; });
+  if (err == cudaSuccess) simulate(t, out);
+  return err;
 }
 
 // Dynamic shared memory for a launch of `kernel` that asks for `dynamic` bytes on the
@@ -915,28 +929,18 @@ inline LaunchStatus query_plan_device(const TestSwitches &t, PlanDevice &out) {
   return {cudaSuccess, nullptr};
 }
 
-// The current device's facts for the plan (plan.h PlanDevice): remembered for devices
-// 0..63 without test switches (a call asks for them: the K1 fits cost ~20 runtime queries),
-// else queried.
+// The current device's facts for the plan (plan.h PlanDevice): remembered per device
+// (PerDevice) without test switches (a call asks for them: the K1 fits cost ~20 runtime
+// queries), else queried.
 inline LaunchStatus plan_device(const TestSwitches &t, PlanDevice &out) {
-  constexpr int kRemembered = 64;
-  static std::atomic<bool> known[kRemembered];
-  static PlanDevice facts[kRemembered];
-  static std::mutex filling;
+  static PerDevice<PlanDevice> facts;
   int device = 0;
   const cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return {err, "device query"};
-  if (t.any() || device < 0 || device >= kRemembered) return query_plan_device(t, out);
-  if (!known[device].load(std::memory_order_acquire)) {
-    const std::lock_guard<std::mutex> lock(filling);
-    if (!known[device].load(std::memory_order_relaxed)) {
-      const LaunchStatus st = query_plan_device(t, facts[device]);
-      if (st.error != cudaSuccess) return st;
-      known[device].store(true, std::memory_order_release);
-    }
-  }
-  out = facts[device];
-  return {cudaSuccess, nullptr};
+  if (t.any()) return query_plan_device(t, out);
+  return facts.get(
+      device, out, [&](PlanDevice &f) { return query_plan_device(t, f); },
+      [](const LaunchStatus &st) { return st.error == cudaSuccess; });
 }
 
 inline LaunchStatus launch_probe_unary(int op, const float *x, float *y, int64_t count,
