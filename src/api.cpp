@@ -158,6 +158,12 @@ flash_kda_status forward(const char *fn, int32_t compute_capability, const flash
     err =
         "overrides->device plans for a reference device: flash_kda_testing_fwd runs the current "
         "one";
+#ifndef FLASH_KDA_DEBUG_WAITS
+  if (err.empty() && o.stall != 0)
+    err = "overrides->stall needs a library built with FLASH_KDA_DEBUG_WAITS=ON (its kernels "
+          "carry the planted stall and the bounded waits that end it), got stall " +
+          std::to_string(o.stall) + " in a release build";
+#endif
   if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
   const ArchTable *table = nullptr;
   flash_kda_status st = find_table(fn, compute_capability, table);

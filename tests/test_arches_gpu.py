@@ -135,6 +135,9 @@ STALL = textwrap.dedent(
 )
 
 
+@pytest.mark.skipif(
+    not testing.debug_waits(), reason="the planted stall needs a library built with FLASH_KDA_DEBUG_WAITS=ON"
+)
 @pytest.mark.parametrize("mode", ("default", "generic"))
 def test_a_planted_stall_ends_in_an_error_not_a_hang(mode):
     """A producer that never arms its first stage (testing's `stall`) leaves its consumers
@@ -147,3 +150,12 @@ def test_a_planted_stall_ends_in_an_error_not_a_hang(mode):
     assert done.returncode == 3 and "ERROR after" in done.stdout, done.stdout + done.stderr
     seconds = float(done.stdout.split("ERROR after ")[1].split(" s")[0])
     assert seconds < 30, done.stdout
+
+
+@pytest.mark.skipif(testing.debug_waits(), reason="a debug build (FLASH_KDA_DEBUG_WAITS=ON) runs the planted stall")
+def test_a_release_build_refuses_the_planted_stall():
+    """A release build's kernels carry no planted stall and no bounded waits: asking for the
+    stall is an error before anything launches, which names the build option."""
+    p = make_problem(1, 256, 2, device=DEV, seed=3)
+    with pytest.raises(RuntimeError, match="FLASH_KDA_DEBUG_WAITS=ON"):
+        testing.run_native(check(p, exact=True), block_v=32, stall=1)

@@ -166,6 +166,17 @@ def plan_on(device: str, args: FwdArgs, sms: Optional[int] = None, library=None,
     return (library or _native.load()).plan(0, args, given)
 
 
+def debug_waits() -> bool:
+    """Whether the package's library was built with ``FLASH_KDA_DEBUG_WAITS=ON`` (its
+    ``_build_info``): bounded waits that trap instead of hanging, and the planted stall
+    (``stall``). A release build has neither and refuses ``stall``."""
+    try:
+        from . import _build_info
+    except ImportError:
+        return False
+    return bool(getattr(_build_info, "DEBUG_WAITS", False))
+
+
 def native_library():
     """The loaded library (``_native.NativeLibrary``: its C functions with argument types),
     or None; :func:`native_error` says why not."""

@@ -114,16 +114,20 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtenso
   const uint8_t *records = p.records + first * R::kBytes;
   RingPos pos{0, 0};
   int64_t written = p.ready != nullptr ? 0 : t.span.num_chunks;  // records K1 has written
-  // The planted stall (a test switch): CTA 0 never arms its first stage, so that its
-  // consumers wait for a stage that never fills, and this producer, stages chunks later,
-  // for its release: a hang the bounded waits end.
+#ifdef FLASH_KDA_DEBUG_WAITS
+  // The planted stall (a test switch of the debug build): CTA 0 never arms its first stage,
+  // so that its consumers wait for a stage that never fills, and this producer, stages chunks
+  // later, for its release: a hang the bounded waits end.
   const bool stall = p.test.stall != 0 && blockIdx.x == 0;
+#endif
   for (int64_t c = 0; c < t.span.num_chunks; ++c, pos.advance(p.stages)) {
     const int s = pos.stage;
     barrier_wait(&empty[s], pos.phase ^ 1u, p.wait_limit_ns);  // the first round passes at once
     if (c >= written)
       written = wait_ready(p.ready + first, c, t.span.num_chunks, p.wait_limit_ns);  // §4.7
+#ifdef FLASH_KDA_DEBUG_WAITS
     if (stall && c == 0) continue;
+#endif
     uint8_t *stage = stages + s * kStageBytes;
     TxBarrier::arrive_and_expect_tx(&full[s], bytes);
     const uint8_t *record = records + c * R::kBytes;
@@ -660,8 +664,10 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
       run_chain_streamed<kCode, kBlocks>(w, task.span, state);
   }
   // The segment pass finds its task again for the sink rather than hold the sink through
-  // the chain: at its two-CTA register cap (96) that spilled it (ptxas, CUDA 13.0).
-  const ChainTask &done = kCode == PassCode::kStates ? chain_task<kBlockV, kCode>(p) : task;
+  // the chain: at its two-CTA register cap (96) that spilled it (ptxas, CUDA 13.0, the
+  // arches after sm_90a; sm_90a keeps the held sink).
+  const ChainTask &done =
+      kCode == PassCode::kStates && FLASH_KDA_CC != 90 ? chain_task<kBlockV, kCode>(p) : task;
   store_state(done.sink, done.col0 + vcol, state);
 }
 

@@ -97,12 +97,14 @@ typedef struct flash_kda_testing_overrides {
   int32_t sim_k1_ctas_sm; /* smaller one would */
   int32_t stall;          /* 1: CTA 0 of the first recurrence pass never arms its first stage:
                            * a hang that the bounded waits end with a trap, which poisons the
-                           * CUDA context (run it in a process of its own) */
+                           * CUDA context (run it in a process of its own). Only in a library
+                           * built with FLASH_KDA_DEBUG_WAITS=ON; refused by others */
   int32_t device;         /* flash_kda_testing_plan, flash_kda_testing_device_facts: a
                            * flash_kda_testing_device_id, planned without asking the GPU (with
                            * sim_sms, or args->num_sms, SMs) */
   int64_t wait_limit_ns;  /* > 0: the producers' bounded waits trap after this long (default
-                           * 60 s; the consumers' keep it) */
+                           * 60 s; the consumers' keep it); a release build's waits are
+                           * unbounded and ignore it */
   flash_kda_testing_launches *launches; /* flash_kda_testing_fwd: filled with what the call
                                          * launched, or NULL */
 } flash_kda_testing_overrides;
