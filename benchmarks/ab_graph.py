@@ -10,9 +10,15 @@ vL1,L2,...xH for varlen lengths (v700,324x12). A library named LIB:hint runs LIB
 flash_kda.fwd's max_seqlen hint (the longest sequence) on varlen shapes, so that
 ``--libs new.so new.so:hint`` compares the plan without and with it. flash_kda loads one library a process
 ($FLASH_KDA_LIBRARY), so each library's round runs in a process of its own; rounds alternate
-between the libraries. Prints a markdown table: each library's plan (report.describe_plan)
-and its milliseconds a round (the lowest of three medians of triton.testing.do_bench over
-graph replays, bf16 state in and out, the automatic path unless --exact).
+between the libraries. LIB:gate=softplus runs that gate form (bench_fwd.with_gate; several joined
+by + take turns on each shape in one process, a column each: LIB:gate=lower_bound+softplus), and
+LIB:py=DIR imports flash_kda from DIR (another tree's package, for a library of another C ABI);
+LIB:stable runs AUTO mode's stable inverse (design section 2.6, not yet enabled by default:
+flash_kda.testing's overrides stable_inverse and unvalidated_forms); options combine
+(LIB:hint:gate=softplus). --json PATH also writes the rounds' numbers. Prints a
+markdown table: each library's plan (report.describe_plan) and its milliseconds a round (the lowest of three medians of
+triton.testing.do_bench over graph replays, bf16 state in and out, the automatic path unless
+--exact).
 """
 
 import argparse
@@ -35,34 +41,52 @@ def parse_shape(shape):
     return [int(seqlen)] * int(num_seqs), int(heads)
 
 
-def measure(shapes, exact, hint):
-    """One JSON line per shape for the library this process loaded: its plan and graph ms."""
+def measure(shapes, exact, hint, gates):
+    """One JSON line per shape and gate for the library this process loaded: its plan and graph
+    ms; the gates take turns on each shape's inputs."""
     import torch
-    from bench_fwd import graphed, make_inputs, plan_of, runner, time_ms
+    from bench_fwd import graphed, make_inputs, plan_of, runner, time_ms, with_gate
     from report import describe_plan
     from triton.testing import do_bench
 
     for shape in shapes:
         lens, heads = parse_shape(shape)
-        p = make_inputs(lens, heads)
-        max_seqlen = max(lens) if hint and p["cu_seqlens"] is not None else None
-        replay = graphed(runner(p, exact, max_seqlen=max_seqlen))
-        ms = min(time_ms(do_bench, replay) for _ in range(3))
-        plan = describe_plan(plan_of(p, exact, max_seqlen=max_seqlen))
-        print(json.dumps(dict(shape=shape, plan=plan, ms=ms)), flush=True)
-        del p, replay
+        base = make_inputs(lens, heads)
+        for gate in gates:
+            p = with_gate(base, gate)
+            max_seqlen = max(lens) if hint and p["cu_seqlens"] is not None else None
+            replay = graphed(runner(p, exact, max_seqlen=max_seqlen))
+            ms = min(time_ms(do_bench, replay) for _ in range(3))
+            plan = describe_plan(plan_of(p, exact, max_seqlen=max_seqlen))
+            print(json.dumps(dict(shape=shape, gate=gate, plan=plan, ms=ms)), flush=True)
+            del p, replay
+        del base
         torch.cuda.empty_cache()
 
 
+def gates_of(lib):
+    """The gate forms a LIB spec runs (its gate= option, + joined)."""
+    for opt in lib.split(":")[1:]:
+        if opt.startswith("gate="):
+            return opt[5:].split("+")
+    return ["lower_bound"]
+
+
 def run_round(lib, shapes, exact):
-    """{shape: (plan, ms)} of one round of `lib` (LIB or LIB:hint), measured in a child process."""
-    path, _, hint = lib.partition(":")
+    """{(shape, gate): (plan, ms)} of one round of `lib` (LIB[:hint][:gate=G[+G]][:py=DIR]),
+    measured in a child process."""
+    path, *opts = lib.split(":")
     env = dict(os.environ, FLASH_KDA_LIBRARY=os.path.abspath(path))
-    options = (["--exact"] if exact else []) + (["--hint"] if hint == "hint" else [])
+    options = (["--exact"] if exact else []) + (["--hint"] if "hint" in opts else [])
+    options += ["--stable"] if "stable" in opts else []
+    options += ["--gate", "+".join(gates_of(lib))]
+    for opt in opts:
+        if opt.startswith("py="):
+            env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(opt[3:]), env.get("PYTHONPATH", "")])
     command = [sys.executable, __file__, "--worker", *options, *shapes]
     out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return {r["shape"]: (r["plan"], r["ms"]) for r in rows}
+    return {(r["shape"], r["gate"]): (r["plan"], r["ms"]) for r in rows}
 
 
 def main():
@@ -73,24 +97,38 @@ def main():
     parser.add_argument("--exact", action="store_true", help="the exact path (default: automatic)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--hint", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--stable", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--gate", default="lower_bound", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="also write {lib: {gate: {shape: [ms of each round]}}} here")
     args = parser.parse_args()
     if args.worker:
-        return measure(args.shapes, args.exact, args.hint)
+        if args.stable:
+            from flash_kda import testing
+
+            testing.set_overrides(stable_inverse=1, unvalidated_forms=1)
+        return measure(args.shapes, args.exact, args.hint, args.gate.split("+"))
     if not args.libs:
         parser.error("--libs is required")
     results = {lib: [] for lib in args.libs}
     for _ in range(args.rounds):
         for lib in args.libs:
             results[lib].append(run_round(lib, args.shapes, args.exact))
-    names = [os.path.basename(lib) for lib in args.libs]
+    columns = [(lib, gate) for lib in args.libs for gate in gates_of(lib)]
+    names = [os.path.basename(lib.split(":")[0]) + (" stable" if ":stable" in lib else "")
+             + (f" {g}" if len(gates_of(lib)) > 1 else "") for lib, g in columns]  # fmt: skip
     print("| shape | " + " | ".join(f"{n} plan | {n} ms" for n in names) + " |")
     print("|---|" + "---|---|" * len(names))
     for shape in args.shapes:
         cells = []
-        for lib in args.libs:
-            plan = results[lib][0][shape][0]
-            cells += [plan, " / ".join(f"{r[shape][1]:.4f}" for r in results[lib])]
+        for lib, gate in columns:
+            plan = results[lib][0][(shape, gate)][0]
+            cells += [plan, " / ".join(f"{r[(shape, gate)][1]:.4f}" for r in results[lib])]
         print(f"| {shape} | " + " | ".join(cells) + " |")
+    if args.json:
+        data = {lib: {g: {s: [r[(s, g)][1] for r in results[lib]] for s in args.shapes} for g in gates_of(lib)}
+                for lib in args.libs}  # fmt: skip
+        with open(args.json, "w") as f:
+            json.dump(dict(shapes=args.shapes, exact=args.exact, results=data), f, indent=1)
 
 
 if __name__ == "__main__":

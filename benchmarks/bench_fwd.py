@@ -107,11 +107,32 @@ def make_inputs(lens, heads, seed=0, device="cuda"):
     return p
 
 
+GATES = ("lower_bound", "softplus", "log_decay")
+
+
+def with_gate(p, gate, seed=0):
+    """Problem p with its gate in form `gate` (design sections 2.2, 2.5): 'lower_bound' keeps
+    make_inputs' gate; 'softplus' takes Kimi-Linear-like inputs, A_log = log U(1, 16), dt_bias ~
+    N(0, 1); 'log_decay' their softplus gate computed in fp32 and passed as g."""
+    if gate == "lower_bound":
+        return p
+    heads, device = p["q"].shape[2], p["q"].device
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    A_log = torch.log(1 + 15 * torch.rand(heads, generator=gen, device=device))
+    dt_bias = torch.randn(heads, 128, generator=gen, device=device)
+    q = dict(p, gate=gate, A_log=A_log, dt_bias=dt_bias)
+    if gate == "log_decay":
+        x = p["g"].float() + dt_bias
+        q.update(g=-torch.exp(A_log)[:, None] * torch.nn.functional.softplus(x), A_log=None, dt_bias=None)
+    return q
+
+
 def fwd_args(p):
     """flash_kda.fwd's positional arguments for problem p with a fresh out and final_state
     (bf16 state in and out, scale 128^-0.5, lower bound -5): (args, out, final)."""
     out, final = torch.empty_like(p["v"]), torch.empty_like(p["initial_state"])
-    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], 128**-0.5, out, p["A_log"], p["dt_bias"], -5.0)
+    lower_bound = -5.0 if p.get("gate", "lower_bound") == "lower_bound" else None
+    args = (p["q"], p["k"], p["v"], p["g"], p["beta"], 128**-0.5, out, p["A_log"], p["dt_bias"], lower_bound)
     return args + (p["initial_state"], final, p["cu_seqlens"]), out, final
 
 
@@ -119,14 +140,19 @@ def runner(p, exact, max_seqlen=None, **hook):
     """A closure running one forward on problem p (bf16 state in and out), with flash_kda.fwd's
     max_seqlen hint if given. Without hook arguments it is the public flash_kda.fwd; with them
     (flash_kda.testing's overrides: block_v, segment_chunks, overlap, chunk_tokens) the library's
-    plan is forced through its test entry point."""
+    plan is forced through its test entry point, which also runs the gate forms other than the
+    bounded one (problem key 'gate', with_gate; their kernels are not yet enabled by default)."""
     import flash_kda
     from flash_kda import testing
 
     args, _, _ = fwd_args(p)
-    if not hook:
+    gate = p.get("gate", "lower_bound")
+    if not hook and gate == "lower_bound":
         return lambda: flash_kda.fwd(*args, exact=exact, max_seqlen=max_seqlen)
-    call = testing.validated(*args, exact=exact, max_seqlen=max_seqlen)
+    forms = {} if gate == "lower_bound" else dict(gate=gate)
+    if forms:  # with the process-wide overrides (ab_graph's LIB:stable)
+        hook = dict(testing.get_overrides(), **hook, unvalidated_forms=1)
+    call = testing.validated(*args, exact=exact, max_seqlen=max_seqlen, **forms)
     return lambda: testing.run_native(call, **hook)
 
 
@@ -247,7 +273,9 @@ def plan_of(p, exact, max_seqlen=None):
     overlap_min_ctas, overlap_max_ctas, overlap_lead) for problem p."""
     from flash_kda import testing
 
-    return plan_fields(testing.plan_of(testing.validated(*fwd_args(p)[0], exact=exact, max_seqlen=max_seqlen)))
+    gate = p.get("gate", "lower_bound")
+    forms = {} if gate == "lower_bound" else dict(gate=gate)
+    return plan_fields(testing.plan_of(testing.validated(*fwd_args(p)[0], exact=exact, max_seqlen=max_seqlen, **forms)))
 
 
 PLAN_FIELDS = (
@@ -306,10 +334,10 @@ def floor_ms(lens, heads, env):
     return 1e3 * max(BYTES_PER_TOKEN_HEAD * tokens * heads / bw, FLOPS_PER_TOKEN_HEAD * tokens * heads / rate)
 
 
-def bench_shape(shape, do_bench, env, with_fla, sustain_s=0.0):
+def bench_shape(shape, do_bench, env, with_fla, sustain_s=0.0, gate="lower_bound"):
     lens, heads = SHAPES[shape]
-    p = make_inputs(lens, heads)
-    r = dict(shape=shape, lens=lens if len(lens) <= 8 else f"{len(lens)}x{lens[0]}", heads=heads)
+    p = with_gate(make_inputs(lens, heads), gate)
+    r = dict(shape=shape, lens=lens if len(lens) <= 8 else f"{len(lens)}x{lens[0]}", heads=heads, gate=gate)
     r["plan"] = plan_of(p, exact=False)
     for path, exact in (("auto", False), ("exact", True)):
         fn = runner(p, exact)
@@ -404,6 +432,7 @@ def main():
     )
     parser.add_argument("--mode", default="default", help="a test mode (flash_kda.testing.TEST_MODES): generic "
                         "times the other arches' passes on this GPU, the mma.sync estimate")  # fmt: skip
+    parser.add_argument("--gate", choices=GATES, default="lower_bound", help="the gate form of every row")
     args = parser.parse_args()
     from flash_kda import testing
     from triton.testing import do_bench
@@ -425,7 +454,7 @@ def main():
         if args.plot:
             shapes += [s for s, _, _ in PLOT if s not in shapes]
         for shape in shapes:
-            data["results"].append(bench_shape(shape, do_bench, env, shape in args.fla, args.sustained))
+            data["results"].append(bench_shape(shape, do_bench, env, shape in args.fla, args.sustained, args.gate))
             print(json.dumps(data["results"][-1]), flush=True)
             with open(args.out, "w") as f:  # keep what was measured if the run is cut short
                 json.dump(data, f, indent=1)

@@ -5,7 +5,8 @@
 # (FLASH_KDA_CUDA_ARCHS=90a or all), fla-core and flash-linear-attention (pytest,
 # hypothesis, einops, transformers and matplotlib are in the device image). Usage, from
 # the repository root:
-#   bash ci/device_run.sh [stage ...]   stages: info tests slow sanitize bench host (default: all)
+#   bash ci/device_run.sh [stage ...]   stages: info tests slow sanitize bench host gates (default:
+#   all but gates; gates runs ci/gates_gpu.sh, the gate forms' and the stable inverse's checks)
 # Logs and results go to $OUT (the device tool's output folder) or ./device-out; at most
 # eight files come back, so every stage appends to one log.
 set -uo pipefail
@@ -38,6 +39,8 @@ for stage in $stages; do
       run python3 benchmarks/plot.py "$out/bench.json" "$out/heads.png" ;;
     host)  # host time of eager calls, eager against graph per table row (benchmarks/results/host.json)
       run python3 benchmarks/bench_host.py --json "$out/host.json" ;;
+    gates)
+      run env OUT="$out/gates" bash ci/gates_gpu.sh ;;
     *) echo "unknown stage $stage" | tee -a "$log"; status=2 ;;
   esac
 done

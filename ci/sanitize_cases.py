@@ -17,7 +17,12 @@ first and the plan's K1 beside it, and the segment pass and the rerun);
 then state pools (in place, padding, has_initial_state), checkpoints, strided views (fused
 projection slices) and garbage device cu_seqlens (non-monotone, negative, past the end,
 2**62), each in exact mode, in AUTO mode with a forced small segment_chunks and in AUTO mode
-with 32-token chunks.
+with 32-token chunks; last the unbounded gate forms (softplus; log decay in fp32 and bf16, with
+probability betas in fp32; design section 2.5) on both cases at every block_v with K1 before,
+beside and leaving the pass and with segments, strided fp32 log decays, and degenerate keys
+whose chunks take the stable inverse's fp32 path (design section 2.6), 16- and 32-token
+(those kernels through the test entry point's unvalidated_forms and stable_inverse); the calls
+without tokens (the state copy) close the base cases.
 """
 
 import sys
@@ -25,7 +30,17 @@ import sys
 import torch
 
 sys.path.insert(0, "tests")
-from conftest import TEST_MODE, check, fused_projection_views, make_problem, pooled_problem
+from conftest import (
+    FWD_ARGS,
+    TEST_MODE,
+    check,
+    degenerate_problem,
+    forms,
+    fused_projection_views,
+    make_problem,
+    pooled_problem,
+    with_forms,
+)
 from flash_kda import testing
 
 if TEST_MODE != "default":  # every call below in the mode (testing.run_native adds its switches)
@@ -75,64 +90,127 @@ def serving_cases():
     return cases
 
 
-for block_v in (32, 64, 128):
-    for case in CASES:
-        args = dict(case)
-        p = make_problem(args.pop("batch"), args.pop("seqlen"), args.pop("heads"), device="cuda", **args)
-        plans = [(True, 0, -1, 0), (True, 0, 1, 0), (True, 0, 2, 0), (False, 1, 0, 16)]
-        if block_v < 128:  # the widths built for 32-token chunks (config.h)
-            plans += [(False, 0, -1, 32), (False, 0, 1, 32), (False, 0, 2, 32)]
-        for exact, segment_chunks, overlap, chunk in plans:
-            call = check(p, exact=exact)
-            testing.run_native(
-                call, block_v=block_v, segment_chunks=segment_chunks, overlap=overlap, chunk_tokens=chunk
-            )
-        torch.cuda.synchronize()
-        print(f"block_v={block_v} {case}: out finite {bool(torch.isfinite(p['out']).all())}")
+# The gate and beta forms other than FlashKDA's: (gate, beta_is_logit, g dtype, beta dtype).
+GATE_FORMS = [
+    ("lower_bound", False, torch.bfloat16, torch.float32),
+    ("softplus", True, torch.bfloat16, torch.bfloat16),
+    ("log_decay", False, torch.float32, torch.float32),
+    ("log_decay", True, torch.bfloat16, torch.bfloat16),
+]
 
-# Twelve heads of four sequences: 48 (sequence, head) pairs take the combine's 16-row CTAs
-# (config.h combine_rows) where the cases above take its 8-row ones.
-wide = make_problem(1, 0, 12, lens=LENS, initial=torch.float32, final=torch.float32, device="cuda", seed=6)
-run("auto-segments-2 combine-16-rows", wide, 2, exact=False)
-# Forty heads of the same four sequences at block_v 128: 160 CTAs, more than one wave on any
-# GPU of up to 159 SMs, so the whole pass takes the sequences longest first (design 4.2).
-many = make_problem(1, 0, 40, lens=LENS, initial=torch.bfloat16, final=torch.bfloat16, device="cuda", seed=7)
-testing.run_native(check(many, exact=True), block_v=128)
-torch.cuda.synchronize()
-print("exact longest-first: done")
-# K1 beside a batched pass of more CTAs than SMs (design 4.7): its items wave by wave.
-sms = torch.cuda.get_device_properties("cuda").multi_processor_count
-waves = make_problem(sms // 8 + 3, 100, 4, initial=torch.float32, final=torch.float32, device="cuda", seed=8)
-testing.run_native(check(waves, exact=True), block_v=64, overlap=1)
-torch.cuda.synchronize()
-print("exact overlapped multi-wave: done")
-# sm_90a's warpgroup passes two CTAs an SM (design 4.9): block_v 64 over more CTAs than SMs, K1
-# first and beside it, and segments of two chunks (the segment pass and the rerun); and the
-# plan's K1 beside eight sequences of 256 tokens at eight heads (three or more K1 CTAs a pass
-# SM, which fit only beside that form).
-shared = make_problem(sms // 2 + 3, 100, 1, initial=torch.bfloat16, final=torch.bfloat16, device="cuda", seed=9)
-for overlap in (-1, 1):
-    testing.run_native(check(shared, exact=True), block_v=64, overlap=overlap)
-testing.run_native(check(shared, exact=False), block_v=64, segment_chunks=2)
-beside = make_problem(8, 256, 8, initial=torch.float32, final=torch.float32, device="cuda", seed=10)
-testing.run_native(check(beside, exact=True))
-torch.cuda.synchronize()
-print("exact warpgroup pass two an SM: done")
 
-for mode, options, segment_chunks, chunk in MODES:
-    for name, p, overrides in serving_cases():
-        if chunk == 32 and overrides.get("checkpoint_every", 0) % 32:  # 32-token chunks need
-            overrides = dict(overrides, checkpoint_every=32)  # checkpoints every multiple of 32
-        run(f"{mode} {name}", p, segment_chunks, chunk, **options, **overrides)
+def base_cases():
+    """Every pass, K1 mode, serving feature and the garbage cu_seqlens (the bounded gate)."""
+    for block_v in (32, 64, 128):
+        for case in CASES:
+            args = dict(case)
+            p = make_problem(args.pop("batch"), args.pop("seqlen"), args.pop("heads"), device="cuda", **args)
+            plans = [(True, 0, -1, 0), (True, 0, 1, 0), (True, 0, 2, 0), (False, 1, 0, 16)]
+            if block_v < 128:  # the widths built for 32-token chunks (config.h)
+                plans += [(False, 0, -1, 32), (False, 0, 1, 32), (False, 0, 2, 32)]
+            for exact, segment_chunks, overlap, chunk in plans:
+                call = check(p, exact=exact)
+                testing.run_native(
+                    call, block_v=block_v, segment_chunks=segment_chunks, overlap=overlap, chunk_tokens=chunk
+                )
+            torch.cuda.synchronize()
+            print(f"block_v={block_v} {case}: out finite {bool(torch.isfinite(p['out']).all())}")
 
-# Calls without tokens (the state copy alone, src/kda/empty.cuh): T = 0 with fp32 states, a
-# bf16 pool with padding and has_initial_state, and tokens no sequence holds (cu_seqlens all
-# zero on the device: the whole forward runs over empty sequences).
-empty = make_problem(3, 0, 2, initial=torch.float32, final=torch.float32, device="cuda", seed=11)
-run("exact no tokens", empty, exact=True)
-empty_pool = pooled_problem(1, 0, 2, [2, -1, 0], 3, lens=[0, 0, 0], has_initial=[True, True, False],
-                            dtype=torch.bfloat16, device="cuda", seed=12)  # fmt: skip
-run("auto no tokens pool", empty_pool, exact=False)
-outside = make_problem(1, 0, 2, lens=[40, 24], initial=torch.float32, final=torch.float32, device="cuda", seed=13)
-outside["cu_seqlens"] = torch.zeros(3, dtype=torch.int64, device="cuda")
-run("auto tokens outside every sequence", outside, exact=False)
+    # Twelve heads of four sequences: 48 (sequence, head) pairs take the combine's 16-row CTAs
+    # (config.h combine_rows) where the cases above take its 8-row ones.
+    wide = make_problem(1, 0, 12, lens=LENS, initial=torch.float32, final=torch.float32, device="cuda", seed=6)
+    run("auto-segments-2 combine-16-rows", wide, 2, exact=False)
+    # Forty heads of the same four sequences at block_v 128: 160 CTAs, more than one wave on any
+    # GPU of up to 159 SMs, so the whole pass takes the sequences longest first (design 4.2).
+    many = make_problem(1, 0, 40, lens=LENS, initial=torch.bfloat16, final=torch.bfloat16, device="cuda", seed=7)
+    testing.run_native(check(many, exact=True), block_v=128)
+    torch.cuda.synchronize()
+    print("exact longest-first: done")
+    # K1 beside a batched pass of more CTAs than SMs (design 4.7): its items wave by wave.
+    sms = torch.cuda.get_device_properties("cuda").multi_processor_count
+    waves = make_problem(sms // 8 + 3, 100, 4, initial=torch.float32, final=torch.float32, device="cuda", seed=8)
+    testing.run_native(check(waves, exact=True), block_v=64, overlap=1)
+    torch.cuda.synchronize()
+    print("exact overlapped multi-wave: done")
+    # sm_90a's warpgroup passes two CTAs an SM (design 4.9): block_v 64 over more CTAs than SMs, K1
+    # first and beside it, and segments of two chunks (the segment pass and the rerun); and the
+    # plan's K1 beside eight sequences of 256 tokens at eight heads (three or more K1 CTAs a pass
+    # SM, which fit only beside that form).
+    shared = make_problem(sms // 2 + 3, 100, 1, initial=torch.bfloat16, final=torch.bfloat16, device="cuda", seed=9)
+    for overlap in (-1, 1):
+        testing.run_native(check(shared, exact=True), block_v=64, overlap=overlap)
+    testing.run_native(check(shared, exact=False), block_v=64, segment_chunks=2)
+    beside = make_problem(8, 256, 8, initial=torch.float32, final=torch.float32, device="cuda", seed=10)
+    testing.run_native(check(beside, exact=True))
+    torch.cuda.synchronize()
+    print("exact warpgroup pass two an SM: done")
+
+    for mode, options, segment_chunks, chunk in MODES:
+        for name, p, overrides in serving_cases():
+            if chunk == 32 and overrides.get("checkpoint_every", 0) % 32:  # 32-token chunks need
+                overrides = dict(overrides, checkpoint_every=32)  # checkpoints every multiple of 32
+            run(f"{mode} {name}", p, segment_chunks, chunk, **options, **overrides)
+
+    # Calls without tokens (the state copy alone, src/kda/empty.cuh): T = 0 with fp32 states, a
+    # bf16 pool with padding and has_initial_state, and tokens no sequence holds (cu_seqlens all
+    # zero on the device: the whole forward runs over empty sequences).
+    empty = make_problem(3, 0, 2, initial=torch.float32, final=torch.float32, device="cuda", seed=11)
+    run("exact no tokens", empty, exact=True)
+    empty_pool = pooled_problem(1, 0, 2, [2, -1, 0], 3, lens=[0, 0, 0], has_initial=[True, True, False],
+                                dtype=torch.bfloat16, device="cuda", seed=12)  # fmt: skip
+    run("auto no tokens pool", empty_pool, exact=False)
+    outside = make_problem(1, 0, 2, lens=[40, 24], initial=torch.float32, final=torch.float32, device="cuda", seed=13)
+    outside["cu_seqlens"] = torch.zeros(3, dtype=torch.int64, device="cuda")
+    run("auto tokens outside every sequence", outside, exact=False)
+
+
+UNVALIDATED = dict(unvalidated_forms=1, stable_inverse=1)  # kernels not yet enabled by default
+
+
+def gate_cases():
+    """The unbounded gate forms, the beta forms and the stable inverse (through the test entry
+    point's unvalidated_forms and stable_inverse)."""
+    for gate, logit, g_dtype, beta_dtype in GATE_FORMS:
+        for block_v in (32, 64, 128):
+            for case in CASES:
+                args = dict(case)
+                p = make_problem(args.pop("batch"), args.pop("seqlen"), args.pop("heads"), device="cuda", **args)
+                p = with_forms(p, gate, beta_is_logit=logit, beta_dtype=beta_dtype)
+                p["g"] = p["g"].to(g_dtype) if gate == "log_decay" else p["g"]
+                plans = ((True, 0, -1), (True, 0, 1), (True, 0, 2), (False, 1, 0))
+                for exact, segment_chunks, overlap in plans[:2] if block_v == 64 else plans:
+                    call = testing.validated(*[p[n] for n in FWD_ARGS], exact=exact, **forms(p))
+                    testing.run_native(
+                        call,
+                        block_v=block_v,
+                        segment_chunks=segment_chunks,
+                        overlap=overlap,
+                        chunk_tokens=16,
+                        **UNVALIDATED,
+                    )
+                torch.cuda.synchronize()
+                print(f"{gate} g {g_dtype} beta {beta_dtype} block_v={block_v} {case}: done")
+    # An fp32 log decay read through strides (heads 136 elements apart), and degenerate keys on the
+    # automatic path: 16-token chunks for every gate, 32-token chunks for the bounded one.
+    strided = with_forms(make_problem(2, 91, 2, final=torch.float32, device="cuda", seed=11), "log_decay")
+    buffer = torch.zeros(2, 91, 2, 136, device="cuda")
+    buffer[..., :128] = strided["g"]
+    strided["g"] = buffer[..., :128]
+    testing.run_native(testing.validated(*[strided[n] for n in FWD_ARGS], exact=True, **forms(strided)), **UNVALIDATED)
+    for gate in ("lower_bound", "softplus", "log_decay"):
+        p = degenerate_problem("alternating", gate, 3.0, batch=2, seqlen=77, heads=2, device="cuda")
+        call = testing.validated(*[p[n] for n in FWD_ARGS], exact=False, **forms(p))
+        testing.run_native(call, chunk_tokens=16, **UNVALIDATED)
+        if gate == "lower_bound":
+            call = testing.validated(*[p[n] for n in FWD_ARGS], exact=False)
+            testing.run_native(call, chunk_tokens=32, **UNVALIDATED)
+    torch.cuda.synchronize()
+    print("strided log decay, degenerate keys (stable inverse): done")
+
+
+if __name__ == "__main__":  # "base", "gates" or both (the default)
+    which = sys.argv[1:] or ["base", "gates"]
+    if "base" in which:
+        base_cases()
+    if "gates" in which:
+        gate_cases()

@@ -172,6 +172,14 @@ flash_kda_status forward(const char *fn, int32_t compute_capability, const flash
   err = check_call(a, o);
   if (err.empty()) err = check_tensors(a, params);
   if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
+  if (!default_forms(a) && !(table->features & FLASH_KDA_FEATURE_GATE_FORMS) &&
+      o.unvalidated_forms != 1)
+    return fail(FLASH_KDA_UNSUPPORTED_DEVICE, fn,
+                std::string("gate ") + std::to_string(a.gate) + ", beta_form " +
+                    std::to_string(a.beta_form) + ", g_dtype " + std::to_string(a.g_dtype) +
+                    ", beta_dtype " + std::to_string(a.beta_dtype) + ": the kernels of the " +
+                    "non-default gate and beta forms are built but not yet validated on " +
+                    table->name + " (FLASH_KDA_FEATURE_GATE_FORMS)");
   if (a.num_seqs == 0) return FLASH_KDA_OK;
   st = check_driver(fn);
   if (st != FLASH_KDA_OK) return st;
@@ -188,6 +196,11 @@ flash_kda_status forward(const char *fn, int32_t compute_capability, const flash
   params.test = switches_of(o);
   if (o.wait_limit_ns > 0) params.wait_limit_ns = static_cast<uint64_t>(o.wait_limit_ns);
   if (params.test.record != nullptr) params.test.record->count = 0;
+  // AUTO mode's stable inverse where the table enables it, or the test entry point asks
+  const bool stable = o.stable_inverse == 0
+                          ? (table->features & FLASH_KDA_FEATURE_STABLE_INVERSE) != 0
+                          : o.stable_inverse == 1;
+  params.stable_inverse = a.mode == FLASH_KDA_MODE_AUTO && stable;
   return launch_result(fn, table->fwd(params, static_cast<cudaStream_t>(stream)));
 }
 
@@ -346,9 +359,9 @@ flash_kda_status flash_kda_probe_unary_op(int32_t compute_capability, int32_t op
     const flash_kda::ArchTable *table = nullptr;
     flash_kda_status st = flash_kda::find_table(fn, compute_capability, table);
     if (st != FLASH_KDA_OK) return st;
-    if (op < FLASH_KDA_PROBE_EX2 || op > FLASH_KDA_PROBE_RSQRT)
+    if (op < FLASH_KDA_PROBE_EX2 || op > FLASH_KDA_PROBE_LG2)
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
-                  "op must be EX2, SIGMOID or RSQRT, got " + std::to_string(op));
+                  "op must be EX2, SIGMOID, RSQRT or LG2, got " + std::to_string(op));
     if (count < 0 || count > flash_kda::kMaxTokens * 128)
       return fail(FLASH_KDA_INVALID_ARGUMENT, fn,
                   "count must be in [0, 2^38), got " + std::to_string(count));

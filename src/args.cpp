@@ -86,7 +86,45 @@ std::string check_index_dtype(const char *name, int32_t dtype, bool none_ok) {
   return std::string(name) + " dtype must be INT32 or INT64, got " + str(dtype);
 }
 
-// The activations and beta: present and aligned when the call has tokens; their strides.
+// The gate and beta forms (flash_kda_gate, flash_kda_beta), their element types and the gate
+// parameters they take.
+std::string check_forms(const flash_kda_fwd_args &a) {
+  if (a.gate < FLASH_KDA_GATE_LOWER_BOUND || a.gate > FLASH_KDA_GATE_LOG_DECAY)
+    return "gate must be LOWER_BOUND (0), SOFTPLUS (1) or LOG_DECAY (2), got " + str(a.gate);
+  const bool log_decay = a.gate == FLASH_KDA_GATE_LOG_DECAY;
+  if (a.g_dtype != FLASH_KDA_DTYPE_NONE && a.g_dtype != FLASH_KDA_DTYPE_BF16 &&
+      !(log_decay && a.g_dtype == FLASH_KDA_DTYPE_FP32))
+    return "g_dtype must be NONE or BF16 (FP32 with gate LOG_DECAY), got " + str(a.g_dtype);
+  if (a.beta_form != FLASH_KDA_BETA_LOGIT && a.beta_form != FLASH_KDA_BETA_PROBABILITY)
+    return "beta_form must be LOGIT (0) or PROBABILITY (1), got " + str(a.beta_form);
+  if (a.beta_dtype != FLASH_KDA_DTYPE_NONE && a.beta_dtype != FLASH_KDA_DTYPE_BF16 &&
+      a.beta_dtype != FLASH_KDA_DTYPE_FP32)
+    return "beta_dtype must be NONE, BF16 or FP32, got " + str(a.beta_dtype);
+  if (log_decay) {
+    if (a.A_log != nullptr || a.dt_bias != nullptr)
+      return "A_log and dt_bias must be NULL with gate LOG_DECAY (g is the log decay itself)";
+    return "";
+  }
+  if (a.A_log == nullptr) return "A_log must not be NULL";
+  if (!aligned(a.A_log, 16)) return "A_log must be 16-byte aligned";
+  if (a.dt_bias == nullptr) return "dt_bias must not be NULL";
+  if (!aligned(a.dt_bias, 16)) return "dt_bias must be 16-byte aligned";
+  if (a.gate == FLASH_KDA_GATE_LOWER_BOUND && !(a.lower_bound >= -5.0 && a.lower_bound <= 0.0))
+    return "lower_bound must be in [-5, 0], got " + std::to_string(a.lower_bound);
+  return "";
+}
+
+// Bytes of an element of g and of beta.
+int64_t g_bytes(const flash_kda_fwd_args &a) {
+  return a.g_dtype == FLASH_KDA_DTYPE_FP32 ? 4 : 2;
+}
+
+int64_t beta_bytes(const flash_kda_fwd_args &a) {
+  return a.beta_dtype == FLASH_KDA_DTYPE_FP32 ? 4 : 2;
+}
+
+// The activations and beta: present and aligned when the call has tokens; their strides
+// (16-byte vectors: multiples of 8 bf16 or 4 fp32 elements).
 std::string check_activations(const flash_kda_fwd_args &a, FwdParams &p) {
   const bool tokens = a.batch > 0 && a.seqlen > 0;
   const void *ptrs[] = {a.q, a.k, a.v, a.g, a.out};
@@ -97,11 +135,14 @@ std::string check_activations(const flash_kda_fwd_args &a, FwdParams &p) {
   for (int i = 0; i < 5; ++i) {
     if (tokens && ptrs[i] == nullptr) return std::string(names[i]) + " must not be NULL";
     if (tokens && !aligned(ptrs[i], 16)) return std::string(names[i]) + " must be 16-byte aligned";
-    std::string err = check_strides(names[i], *in[i], a, kHeadDim, 8, *out[i]);
+    const int64_t multiple = i == 3 ? 16 / g_bytes(a) : 8;
+    std::string err = check_strides(names[i], *in[i], a, kHeadDim, multiple, *out[i]);
     if (!err.empty()) return err;
   }
+  const int64_t beta_align = beta_bytes(a);
   if (tokens && a.beta == nullptr) return "beta must not be NULL";
-  if (tokens && !aligned(a.beta, 2)) return "beta must be 2-byte aligned";
+  if (tokens && !aligned(a.beta, beta_align))
+    return "beta must be " + str(beta_align) + "-byte aligned";
   return check_strides("beta", a.beta_strides, a, 1, 1, p.beta_strides);
 }
 
@@ -112,9 +153,11 @@ struct Extent {
   int64_t bytes;  // 0: nothing (NULL, or no elements)
 };
 
-// Bytes from the first to past the last element of a [B, T, H, row] bf16 view; -1 when
-// they exceed the address space (strides no tensor can have).
-int64_t strided_bytes(const flash_kda_fwd_args &a, const Strides &s, int64_t row) {
+// Bytes from the first to past the last element of a [B, T, H, row] view of `bytes`-byte
+// elements (bf16 unless given); -1 when they exceed the address space (strides no tensor can
+// have).
+int64_t strided_bytes(const flash_kda_fwd_args &a, const Strides &s, int64_t row,
+                      int64_t bytes = 2) {
   if (a.batch == 0 || a.seqlen == 0) return 0;
   int64_t span = row, term = 0;
   const int64_t steps[3][2] = {
@@ -124,7 +167,7 @@ int64_t strided_bytes(const flash_kda_fwd_args &a, const Strides &s, int64_t row
         __builtin_add_overflow(span, term, &span))
       return -1;
   }
-  return span > (int64_t{1} << 56) ? -1 : 2 * span;
+  return span > (int64_t{1} << 56) ? -1 : bytes * span;
 }
 
 // No output (out, final_state, checkpoints, workspace) overlaps a later argument of the list
@@ -144,8 +187,8 @@ std::string check_overlap(const flash_kda_fwd_args &a, const FwdParams &p) {
       {"q", at(a.q), strided_bytes(a, p.q_strides, kHeadDim)},
       {"k", at(a.k), strided_bytes(a, p.k_strides, kHeadDim)},
       {"v", at(a.v), strided_bytes(a, p.v_strides, kHeadDim)},
-      {"g", at(a.g), strided_bytes(a, p.g_strides, kHeadDim)},
-      {"beta", at(a.beta), strided_bytes(a, p.beta_strides, 1)},
+      {"g", at(a.g), strided_bytes(a, p.g_strides, kHeadDim, g_bytes(a))},
+      {"beta", at(a.beta), strided_bytes(a, p.beta_strides, 1, beta_bytes(a))},
       {"A_log", at(a.A_log), bytes(a.A_log, 4 * a.heads)},
       {"dt_bias", at(a.dt_bias), bytes(a.dt_bias, 4 * kHeadDim * a.heads)},
       {"initial_state", at(a.initial_state),
@@ -198,6 +241,10 @@ std::string read_overrides(const flash_kda_testing_overrides *in, flash_kda_test
     return "overrides->struct_size must be in [4, " + str(sizeof(o)) + "], got " +
            str(in->struct_size);
   std::memcpy(&o, in, in->struct_size);
+  if (o.unvalidated_forms != 0 && o.unvalidated_forms != 1)
+    return "overrides->unvalidated_forms must be 0 or 1, got " + str(o.unvalidated_forms);
+  if (o.stable_inverse < -1 || o.stable_inverse > 1)
+    return "overrides->stable_inverse must be -1, 0 or 1, got " + str(o.stable_inverse);
   return "";
 }
 
@@ -209,7 +256,7 @@ ProblemSizes sizes_of(const flash_kda_fwd_args &a) {
 }
 
 PlanRequest request_of(const flash_kda_fwd_args &a, const flash_kda_testing_overrides &o) {
-  return {a.mode, o.block_v, o.segment_chunks, o.overlap, o.chunk_tokens};
+  return {a.mode, o.block_v, o.segment_chunks, o.overlap, o.chunk_tokens, a.gate};
 }
 
 }  // namespace
@@ -250,10 +297,8 @@ TestSwitches switches_of(const flash_kda_testing_overrides &o) {
 }
 
 std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p) {
-  if (a.A_log == nullptr) return "A_log must not be NULL";
-  if (!aligned(a.A_log, 16)) return "A_log must be 16-byte aligned";
-  if (a.dt_bias == nullptr) return "dt_bias must not be NULL";
-  if (!aligned(a.dt_bias, 16)) return "dt_bias must be 16-byte aligned";
+  const std::string forms = check_forms(a);
+  if (!forms.empty()) return forms;
   if (!aligned(a.workspace, 16)) return "workspace must be 16-byte aligned";
   std::string err = check_activations(a, p);
   const int64_t slots = a.state_indices != nullptr ? a.state_pool_size : a.num_seqs;
@@ -292,8 +337,6 @@ std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p) {
   if (!std::isfinite(a.scale) || !std::isfinite(scale) ||
       ((bf16_bits(scale) >> 7) & 0xffu) == 0xffu)
     return "scale must be finite in bfloat16 (|scale| < 3.39e38), got " + std::to_string(a.scale);
-  if (!(a.lower_bound >= -5.0 && a.lower_bound <= 0.0))
-    return "lower_bound must be in [-5, 0], got " + std::to_string(a.lower_bound);
   return check_overlap(a, p);
 }
 
@@ -370,6 +413,11 @@ void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
   p.chain_block_v = plan.block_v;
   p.segment_block_v = plan.segment_block_v;
   p.wait_limit_ns = kWaitLimitNs;
+  p.gate = static_cast<Gate>(a.gate);
+  p.g_fp32 = a.g_dtype == FLASH_KDA_DTYPE_FP32;
+  p.beta_fp32 = a.beta_dtype == FLASH_KDA_DTYPE_FP32;
+  p.beta_prob = a.beta_form == FLASH_KDA_BETA_PROBABILITY;
+  p.stable_inverse = 0;  // the caller's choice (api.cpp forward)
 }
 
 }  // namespace flash_kda

@@ -44,6 +44,13 @@ std::string check_workspace(const flash_kda_fwd_args &a, const Plan &plan);
 // The rest of p for a checked call, laid out by its plan.
 void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p);
 
+// Whether the call takes the default gate and beta forms (LOWER_BOUND gate, bf16 g, bf16 beta
+// logits): what every arch table runs; the others need FLASH_KDA_FEATURE_GATE_FORMS.
+inline bool default_forms(const flash_kda_fwd_args &a) {
+  return a.gate == FLASH_KDA_GATE_LOWER_BOUND && a.beta_form == FLASH_KDA_BETA_LOGIT &&
+         a.g_dtype != FLASH_KDA_DTYPE_FP32 && a.beta_dtype != FLASH_KDA_DTYPE_FP32;
+}
+
 // Tokens in the call (B * T) and sequences: a call with either 0 runs no kernel but the
 // state copy.
 inline bool has_tokens(const flash_kda_fwd_args &a) {

@@ -14,15 +14,14 @@ namespace {
 struct PlanKey {
   int64_t batch, seqlen, heads, num_seqs, max_seqlen;
   int32_t checkpoint_every, varlen;
-  int32_t mode, block_v, segment_chunks, overlap, chunk_tokens;
+  int32_t mode, block_v, segment_chunks, overlap, chunk_tokens, gate;
   int32_t device[kPlanDeviceWords];
-  int32_t zero;  // no tail padding
 };
 static_assert(sizeof(PlanKey) == 5 * 8 + (8 + kPlanDeviceWords) * 4,
               "PlanKey must have no padding");
 // A new input of make_plan must join PlanKey (and key_of): the sizes of the three structs as
 // PlanKey was written for them.
-static_assert(sizeof(ProblemSizes) == 48 && sizeof(PlanRequest) == 20 && sizeof(PlanDevice) == 72,
+static_assert(sizeof(ProblemSizes) == 48 && sizeof(PlanRequest) == 24 && sizeof(PlanDevice) == 72,
               "ProblemSizes, PlanRequest or PlanDevice changed: add the new field to PlanKey");
 
 struct Entry {
@@ -48,8 +47,8 @@ PlanKey key_of(const ProblemSizes &z, const PlanRequest &r, const PlanDevice &d)
                  r.segment_chunks,
                  r.overlap,
                  r.chunk_tokens,
-                 {},
-                 0};
+                 r.gate,
+                 {}};
   plan_device_words(d, key.device);
   return key;
 }

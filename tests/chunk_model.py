@@ -15,7 +15,10 @@ library's probes on a GPU that has them. Every rounding follows the ledger (desi
   the end of block 0, so that no factor exceeds 1; INV10 = bf(−MMA16(N11, MMA16(L10, N00)))
   with N the blocks' fp16 Neumann products before their rounding to bf16;
 - one link per chunk (reference.recurrence_step by 16-row blocks): U and the output rows of
-  block 1 accumulate block 0's term first.
+  block 1 accumulate block 0's term first;
+- ``stable`` (AUTO mode, design §2.6): a chunk whose diagonal blocks' residuals or the cross
+  block's, (f(x) - f(y)) - f(MMA16(L11, y)) with x = MMA16(L10, N00) and y = MMA16(N11, x), are
+  out of tolerance takes all three INV blocks from the fp32 forward substitution of its 32 rows.
 
 ``chunk=16`` with ``ledger_kr=True`` is the exact ledger itself (reference.run's
 arithmetic), which tests/test_chunk_model.py checks bit for bit: the plumbing is shared.
@@ -28,7 +31,7 @@ from flash_kda._numerics import Ops, add_ftz, bf, bmul, hf, mul_ftz
 BLOCK = reference.C  # rows of the ledger's chunk: the model's blocks
 
 
-def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr=False) -> dict:
+def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr=False, stable=False) -> dict:
     """The record of every chunk and head (C = 16 or 32 rows): tensors [chunks, H, ...]."""
     C = chunks.valid.shape[1]
     if C not in (16, 32) or (ledger_kr and C != 16):
@@ -47,7 +50,7 @@ def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks,
     Kr = bmul(k_hat, bf(ops.ex2(add_ftz(G[:, :, C - 1 :].expand_as(G), -G))))
     INV = torch.zeros(*G.shape[:2], C, C, dtype=torch.bfloat16, device=G.device)
     Mqk = torch.zeros_like(INV)
-    own, N = [], []
+    own, N, Ls, sound = [], [], [], None
     for i in range(blocks):  # diagonal blocks: the ledger on the block's own G
         rows = slice(BLOCK * i, BLOCK * (i + 1))
         _, Qd_i, Kd_i, Ki_i, Kr_i = reference.apply_decays(
@@ -57,7 +60,11 @@ def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks,
             Kr = Kr_i
         L_i, Mqk_i = reference.chunk_scores(ops, Qd_i, Kd_i, Ki_i, b[:, :, rows])
         N.append(reference.neumann_product(ops, L_i))
+        Ls.append(L_i)
         INV[:, :, rows, rows], Mqk[:, :, rows, rows] = bf(N[-1].float()), Mqk_i
+        if stable:
+            ok = reference.within_tolerance(reference.residual(ops, L_i, N[-1]))
+            sound = ok if sound is None else sound & ok
         own.append((Qd_i, Kd_i))
     if blocks == 2:  # the cross block, against the end of block 0
         r0, r1 = slice(0, BLOCK), slice(BLOCK, C)
@@ -66,7 +73,16 @@ def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks,
         l_raw = hf(ops.mma32(Kd_1, B)).float()
         L10 = hf(mul_ftz(l_raw, hf(b[:, :, r1]).float()[..., :, None].expand_as(l_raw)))
         Mqk[:, :, r1, r0] = bf(ops.mma32(Qd_1, B))
-        INV[:, :, r1, r0] = bf(-ops.mma16(N[1], ops.mma16(L10, N[0])).float())
+        x = ops.mma16(L10, N[0])
+        y = ops.mma16(N[1], x)
+        INV[:, :, r1, r0] = bf(-y.float())
+        if stable:
+            cross = (x.float() - y.float()) - ops.mma16(Ls[1], y).float()
+            sound = sound & reference.within_tolerance(cross)
+            Ls = [torch.cat([Ls[0], torch.zeros_like(Ls[0])], -1), torch.cat([L10, Ls[1]], -1)]
+    if stable and not sound.all():
+        L = torch.cat(Ls, -2) if blocks == 2 else Ls[0]
+        INV[~sound] = bf(reference.forward_substitution(L[~sound]))
     return dict(Kd=Kd, Qd=Qd, Kr=Kr, e=e, INV=INV, Mqk=Mqk, beta=bf(b))
 
 
@@ -86,15 +102,19 @@ def fwd(
     chunk=32,
     ledger_kr=False,
     ops=None,
+    stable=None,
 ):
     """(out [B, T, H, 128] bf16, final state [N, H, 128 (v), 128 (k)] bf16) with ``chunk``-row
-    chunks; the initial state, if any, is rounded to bf16 (design §1.4)."""
+    chunks; the initial state, if any, is rounded to bf16 (design §1.4). ``stable`` (default:
+    for 32-row chunks, which only AUTO mode runs) takes the stable inverse of design §2.6."""
+    if stable is None:
+        stable = chunk == 32
     B, T, H, D = q.shape
     ops = ops or Ops(q.device)
     bounds = None if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
     with torch.no_grad():
         chunks = reference.chunk_table(B, T, bounds, q.device, size=chunk)
-        rec = prepare(ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr)
+        rec = prepare(ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr, stable)
         V = reference.gather_chunks(v, chunks)
         N = len(chunks.seq_chunks)
         S = torch.zeros(N, H, D, D, dtype=torch.bfloat16, device=q.device)

@@ -11,9 +11,13 @@ exp(+-G) stays far inside fp64's range):
     U  = (I + A)^-1 diag(beta) (V - Kd S)
     O  = Qd S + (lower part with diagonal of Qd Ki^T) U
     S' = diag(exp(G_last)) S + Kr^T U                 (S is K-first: [k][v])
+The unbounded gates (design section 2.5; decays down to -inf) take the pairwise decays
+exp(G_i - G_j), i >= j, of G summed from decays clamped at -1000 (exp(-1000) is 0 in fp64
+too), instead of the split into exp(G) and exp(-G).
 """
 
 import torch
+from flash_kda import reference
 
 CHUNK = 64
 D = 128
@@ -31,14 +35,20 @@ def _take(x: torch.Tensor, tok: torch.Tensor, valid: torch.Tensor) -> torch.Tens
     return torch.where(mask, y, torch.zeros((), dtype=y.dtype, device=y.device)).transpose(1, 2)
 
 
-def gold_chunked(q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, initial_state=None, cu_seqlens=None):
-    """(out [B, T, H, 128], final_state [N, H, 128 (V), 128 (K)]), both float64."""
+def gold_chunked(q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, initial_state=None, cu_seqlens=None, *,
+                 gate="lower_bound", beta_is_logit=True):  # fmt: skip
+    """(out [B, T, H, 128], final_state [N, H, 128 (V), 128 (K)]), both float64; ``gate`` and
+    ``beta_is_logit`` as reference.gold."""
+    unbounded = gate != "lower_bound"
     B, T, H, _ = q.shape
     f64, dev = torch.float64, q.device
     bounds = [i * T for i in range(B + 1)] if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
     N = len(bounds) - 1
-    a = torch.exp(A_log.double()).reshape(1, H, 1)
-    dt = dt_bias.double().reshape(1, H, D)
+    if not unbounded:
+        a = torch.exp(A_log.double()).reshape(1, H, 1)
+        dt = dt_bias.double().reshape(1, H, D)
+    else:  # the natural-log decay of every token, [B * T, H, D]
+        decays = reference.gate_gold(g, A_log, dt_bias, lower_bound, gate).clamp(min=-1000.0)
     S = torch.zeros(N, H, D, D, dtype=f64, device=dev)
     if initial_state is not None:
         S = initial_state.double().transpose(-1, -2).clone()  # K-first
@@ -61,19 +71,31 @@ def gold_chunked(q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, initial_s
             qn, kn, vv = (_take(x, tok, valid) for x in (qf, kf, vf))
             qn, kn = _unit(qn), _unit(kn)
             kn = kn * valid[:, None, :, None]
-            logd = lower_bound * torch.sigmoid(a[..., None] * (_take(gf, tok, valid) + dt[:, :, None, :]))
+            if unbounded:
+                logd = _take(decays, tok, valid)
+            else:
+                logd = lower_bound * torch.sigmoid(a[..., None] * (_take(gf, tok, valid) + dt[:, :, None, :]))
             logd = logd * valid[:, None, :, None]
-            b = torch.sigmoid(_take(bf, tok, valid)) * valid[:, None, :]  # [s, H, C]
+            b = _take(bf, tok, valid)
+            b = torch.sigmoid(b) if beta_is_logit else torch.nan_to_num(b, nan=0.0).clamp(0.0, 1.0)
+            b = b * valid[:, None, :]  # [s, H, C]
             G = torch.cumsum(logd, dim=2)
             Gl = G[:, :, -1:, :]
-            Kd, Ki = kn * torch.exp(G), kn * torch.exp(-G)
-            Qd, Kr = scale * qn * torch.exp(G), kn * torch.exp(Gl - G)
-            A = torch.where(strict, b[..., None] * (Kd @ Ki.transpose(-1, -2)), torch.zeros((), dtype=f64, device=dev))
+            Kd, Qd, Kr = kn * torch.exp(G), scale * qn * torch.exp(G), kn * torch.exp(Gl - G)
+            zero = torch.zeros((), dtype=f64, device=dev)
+            if unbounded:  # exp(G_i - G_j) for i >= j, never exp(-G)
+                pair = torch.exp(torch.where(inclusive[..., None], G[:, :, :, None] - G[:, :, None], zero))
+                kk = torch.einsum("shik,shjk,shijk->shij", kn, kn, pair)
+                qk = torch.einsum("shik,shjk,shijk->shij", scale * qn, kn, pair)
+            else:
+                Ki = kn * torch.exp(-G)
+                kk, qk = Kd @ Ki.transpose(-1, -2), Qd @ Ki.transpose(-1, -2)
+            A = torch.where(strict, b[..., None] * kk, zero)
             sel = torch.tensor(seqs, device=dev)
             St = S[sel]
             rhs = b[..., None] * (vv - Kd @ St)
             U = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
-            Mqk = torch.where(inclusive, Qd @ Ki.transpose(-1, -2), torch.zeros((), dtype=f64, device=dev))
+            Mqk = torch.where(inclusive, qk, zero)
             O = Qd @ St + Mqk @ U  # [s, H, C, V]
             S[sel] = torch.exp(Gl).transpose(-1, -2) * St + Kr.transpose(-1, -2) @ U
             keep = valid.reshape(-1)

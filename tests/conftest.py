@@ -250,3 +250,103 @@ def fused_projection_views(p, out_row=192):
     out_buffer = torch.full((B, T, H, out_row), NAN, dtype=p["out"].dtype, device=p["out"].device)
     views["out"] = out_buffer[..., :D]
     return dict(p, **views), out_buffer
+
+
+# ------------------------------------------------------------------ gate and beta forms
+
+GATE_KEYWORDS = ("gate", "beta_is_logit")  # the forms of a problem (design sections 2.2, 2.5)
+
+
+def forms(p) -> dict:
+    """The gate and beta keywords of problem p (its defaults when it has none)."""
+    return {name: p[name] for name in GATE_KEYWORDS if name in p}
+
+
+def kimi_gates(heads, seqlen, batch=1, seed=0):
+    """Kimi-Linear-like gate inputs: A_log = log U(1, 16) [H], dt_bias ~ N(0, 1) [H, 128],
+    g ~ N(0, 1) bf16 [B, T, H, 128]."""
+    gen = torch.Generator().manual_seed(seed + 7)
+    A_log = torch.log(1 + 15 * torch.rand(heads, generator=gen))
+    dt_bias = torch.randn(heads, 128, generator=gen)
+    g = torch.randn(batch, seqlen, heads, 128, generator=gen).bfloat16()
+    return g, A_log, dt_bias
+
+
+def softplus_log_decay(g, A_log, dt_bias) -> torch.Tensor:
+    """The softplus gate's natural-log decay -exp(A_log) softplus(g + dt_bias) in fp32, as an
+    engine computes it before a pre-activated call (fp64 math, rounded once)."""
+    x = g.double() + dt_bias.double().reshape(1, 1, *dt_bias.shape)
+    return (-torch.exp(A_log.double()).reshape(1, 1, -1, 1) * torch.nn.functional.softplus(x)).float()
+
+
+def with_forms(p, gate, *, beta_is_logit=True, beta_dtype=torch.bfloat16, seed=0):
+    """Problem p (from make_problem) with Kimi-Linear-like gates in form `gate`: 'lower_bound'
+    (lower_bound -5 on those inputs), 'softplus', or 'log_decay' (their softplus gate in fp32,
+    passed as g; A_log, dt_bias and lower_bound None); with beta_is_logit False, beta is
+    sigmoid(beta) in beta_dtype, else beta in beta_dtype."""
+    B, T, H, _ = p["q"].shape
+    device = p["q"].device
+    g, A_log, dt_bias = kimi_gates(H, T, B, seed)
+    q = dict(p, gate=gate, beta_is_logit=beta_is_logit)
+    q.update(g=g.to(device), A_log=A_log.to(device), dt_bias=dt_bias.to(device), lower_bound=-5.0)
+    if gate == "softplus":
+        q["lower_bound"] = None
+    if gate == "log_decay":
+        q.update(g=softplus_log_decay(g, A_log, dt_bias).to(device), A_log=None, dt_bias=None, lower_bound=None)
+    beta = p["beta"].float()
+    q["beta"] = (beta if beta_is_logit else torch.sigmoid(beta.double()).float()).to(beta_dtype)
+    return q
+
+
+def degenerate_problem(kind, gate, beta, *, batch=1, seqlen=256, heads=2, device="cpu", seed=0):
+    """Keys that break the fp16 Neumann inverse (issue 37): `kind` 'repeated' (one key per
+    head), 'alternating' (one key, alternating sign) or 'few' (three directions), gates that
+    do not decay (each form's gamma 0 or as near as its formula allows) and beta logits
+    `beta` for every token (20: saturated). States in and out, fp32."""
+    p = make_problem(batch, seqlen, heads, initial=torch.float32, final=torch.float32, device=device, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 11)
+    k0 = torch.randn(1, 1, heads, 128, generator=gen)
+    if kind == "repeated":
+        k = k0.expand(batch, seqlen, heads, 128)
+    elif kind == "alternating":
+        k = k0 * ((-1.0) ** torch.arange(seqlen).float()).reshape(1, -1, 1, 1).expand(batch, seqlen, 1, 1)
+    else:
+        d = torch.randn(3, heads, 128, generator=gen)
+        k = d[torch.randint(0, 3, (batch, seqlen), generator=gen)]
+    p = dict(p, k=k.to(torch.bfloat16).contiguous().to(device), gate=gate, beta_is_logit=True)
+    p["beta"] = torch.full_like(p["beta"], beta)
+    if gate == "lower_bound":  # sigmoid(exp(A_log) (g + dt)) ~ e^-20: gamma ~ -5e-9
+        p["g"] = torch.full_like(p["g"], -20.0)
+    elif gate == "softplus":  # softplus(-30 + dt) ~ e^-29
+        p.update(g=torch.full_like(p["g"], -30.0), lower_bound=None)
+    else:
+        p.update(g=torch.zeros_like(p["g"]), A_log=None, dt_bias=None, lower_bound=None)
+    return p
+
+
+def chunk_l(call, ops) -> torch.Tensor:
+    """Step 8's fp16 L of every chunk of a validated call (16-token chunks), as the reference
+    forms it for the call's gate and beta forms (with `ops`: exact math or the GPU's probes)."""
+    from flash_kda import reference
+
+    chunks = reference.chunk_table(call.batch, call.seqlen, call.seq_bounds, call.q.device)
+    q_hat = reference.l2_normalize(ops, reference.gather_chunks(call.q, chunks))
+    k_hat = reference.l2_normalize(ops, reference.gather_chunks(call.k, chunks))
+    g = reference.gather_chunks(call.g, chunks)
+    if call.gate == "lower_bound":
+        G = reference.gate_cumsum(ops, g, chunks.valid, call.A_log, call.dt_bias, call.lower_bound)
+        operands = reference.apply_decays(ops, q_hat, k_hat, G, call.scale)[1:4]
+    else:
+        gamma = reference.unbounded_gamma(ops, g, chunks.valid, call.A_log, call.dt_bias, call.gate)
+        operands = reference.unbounded_decays(ops, q_hat, k_hat, gamma, call.scale)[4:]
+    b = reference.write_strength(ops, reference.gather_chunks(call.beta, chunks), call.beta_is_logit)
+    return reference.chunk_scores(ops, *operands, b)[0]
+
+
+def unsound_chunks(call, ops) -> int:
+    """How many (chunk, head) inverses of a call the stable inverse recomputes (design section
+    2.6)."""
+    from flash_kda import reference
+
+    L = chunk_l(call, ops)
+    return int((~reference.within_tolerance(reference.residual(ops, L, reference.neumann_product(ops, L)))).sum())

@@ -135,13 +135,18 @@ def test_native_fields_fill_the_table_s_fields(name):
     assert {f for f in _args.DISPATCH_FIELDS if fields[f] and f != "num_sms"} == {"struct_size"}
 
 
+def arguments(p) -> dict:
+    """Every argument of the table for problem p: its value, else the table's default."""
+    return {a.name: p.get(a.name, None if a.default is _args.REQUIRED else a.default) for a in _args.ARGS}
+
+
 @pytest.mark.parametrize("argument", [a.name for a in _args.ARGS if a.name in _args.TENSORS])
 def test_the_signature_covers_every_tensor_argument(argument):
     """Changing one tensor argument's view (its shape, dtype or strides) changes the
     signature: no argument of the table is missing from the records' key."""
     p = samples()["ckpt"] if argument == "checkpoints" else samples()["pool"]
     p = dict(p, ssm_state_indices=p.get("ssm_state_indices"), has_initial_state=p.get("has_initial_state"))
-    base = {name: p.get(name) for name in _args.NAMES}
+    base = arguments(p)
     key = _validate.signature(*base.values())
     x = base[argument]
     other = x.float() if x.dtype != torch.float32 else x.double()
@@ -167,14 +172,15 @@ def test_every_function_taking_fwd_s_arguments_takes_the_table_s():
 
 # A value other than the default (or the sample's) for each argument that is not a tensor: the
 # signature key must see it. An argument added to the table needs its entry here.
-OTHER_SCALARS = {"scale": 0.5, "lower_bound": -1.0, "checkpoint_every": 32, "exact": True, "max_seqlen": 3}
+OTHER_SCALARS = {"scale": 0.5, "lower_bound": -1.0, "checkpoint_every": 32, "exact": True, "max_seqlen": 3,
+                 "gate": "softplus", "beta_is_logit": False}  # fmt: skip
 
 
 def test_the_signature_covers_every_scalar_argument():
     scalars = [a.name for a in _args.ARGS if a.name not in _args.TENSORS]
     assert sorted(OTHER_SCALARS) == sorted(scalars), "give each scalar argument another value here"
     p = samples()["ckpt"]
-    base = {name: p.get(name) for name in _args.NAMES}
+    base = arguments(p)
     key = _validate.signature(*base.values())
     assert key is not None
     for name, value in OTHER_SCALARS.items():

@@ -294,7 +294,9 @@ def test_run_takes_the_path_explain_gives_for_a_cuda_call(simulated_gpu, monkeyp
     monkeypatch.setattr(fallback, "fla_fwd", lambda c: taken.append(dispatch.FLA))
     monkeypatch.setattr(fallback, "torch_fwd", lambda c: taken.append(dispatch.TORCH))
     monkeypatch.setattr(dispatch, "_log_once", lambda device, path, reason: logged.append((path, reason)))
-    cuda_call = types.SimpleNamespace(device=torch.device("cuda", 0), checkpoint_every=checkpoints, has_tokens=tokens)
+    cuda_call = types.SimpleNamespace(
+        device=torch.device("cuda", 0), checkpoint_every=checkpoints, has_tokens=tokens, default_forms=True
+    )
     dispatch.run(cuda_call)
     path, reason = dispatch.explain("cuda:0")
     if path == dispatch.FLA and checkpoints:

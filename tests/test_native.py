@@ -126,6 +126,20 @@ BAD_ARGS = [
     (dict(block_v=48), "block_v must be 0, 32, 64 or 128, got 48"),
     (dict(num_sms=0), "num_sms must be >= 1"),
     (dict(batch=1 << 20, seqlen=1 << 12, num_seqs=1 << 20), "batch * seqlen must be at most 2^31 - 1"),
+    (dict(gate=3), "gate must be LOWER_BOUND (0), SOFTPLUS (1) or LOG_DECAY (2), got 3"),
+    (dict(gate=2), "A_log and dt_bias must be NULL with gate LOG_DECAY"),
+    (dict(gate=2, A_log=None), "A_log and dt_bias must be NULL with gate LOG_DECAY"),
+    (dict(gate=1, A_log=None), "A_log must not be NULL"),
+    (dict(g_dtype=2), "g_dtype must be NONE or BF16 (FP32 with gate LOG_DECAY), got 2"),
+    (dict(gate=1, g_dtype=2), "g_dtype must be NONE or BF16 (FP32 with gate LOG_DECAY), got 2"),
+    (dict(beta_form=2), "beta_form must be LOGIT (0) or PROBABILITY (1), got 2"),
+    (dict(beta_dtype=4), "beta_dtype must be NONE, BF16 or FP32, got 4"),
+    (dict(beta_dtype=2, beta=0x5002), "beta must be 4-byte aligned"),
+    (
+        dict(gate=2, A_log=None, dt_bias=None, g_dtype=2, g_strides=_native.Strides(0, 4 * 128 + 2, 128)),
+        "g strides must be positive multiples of 4",
+    ),
+    (dict(g_strides=_native.Strides(0, 4 * 128 + 4, 128)), "g strides must be positive multiples of 8"),
 ]
 
 
@@ -159,7 +173,7 @@ def test_short_args_struct_is_rejected(lib):
 
 def test_probe_arguments_are_checked(lib):
     cc = lib.archs[0].compute_capability
-    with pytest.raises(RuntimeError, match="op must be EX2, SIGMOID or RSQRT, got 9"):
+    with pytest.raises(RuntimeError, match="op must be EX2, SIGMOID, RSQRT or LG2, got 9"):
         lib.probe_unary(cc, 9, 0x1000, 0x2000, 4, 0)
     with pytest.raises(RuntimeError, match="multiples of 16, 8, 16; got 1, 16, 12, 16"):
         lib.probe_mma(cc, _native.PROBE_MMA_BF16_F32, 0x1000, 0x2000, 0x3000, 1, 16, 12, 16, 0)
@@ -472,11 +486,11 @@ def test_plan_overlaps_k1_only_where_it_pays(lib, mode, batch, seqlen, heads, va
 )
 def test_the_plan_reads_only_the_plan_inputs(lib, sizes):
     """The library remembers plans by their inputs (src/plan_cache.cpp: the sizes, the mode,
-    num_sms, checkpoint_every, max_seqlen and whether cu_seqlens is set), and a signature
+    num_sms, checkpoint_every, max_seqlen, the gate and whether cu_seqlens is set), and a signature
     record keeps its workspace size: so no other field of the argument struct (pointers,
     strides, dtypes, scalars, pools, checkpoints) may change the plan. Each such field is
     changed alone."""
-    keyed = {"batch", "seqlen", "heads", "num_seqs", "checkpoint_every", "max_seqlen", "mode", "num_sms"}
+    keyed = {"batch", "seqlen", "heads", "num_seqs", "checkpoint_every", "max_seqlen", "mode", "num_sms", "gate"}
     keyed |= {"cu_seqlens", "head_dim", "struct_size", "reserved0", "reserved1", "reserved2", "reserved3"}
     base = valid_args(**sizes)
     want = plan_values(plan_for(lib, base))
@@ -580,6 +594,20 @@ def test_chunk_length_rules(lib):
         args = valid_args(**dict(sizes, **overrides))
         with pytest.raises(RuntimeError, match=re.escape(reason)):
             plan_for(lib, args)
+
+
+def test_unbounded_gates_keep_16_token_chunks(lib):
+    """The 32-token K1 is built for the bounded gate only (design section 2.5): AUTO mode picks
+    16-token chunks for the unbounded gates where it picks 32 for the bounded one, and refuses
+    to be forced to 32; the plan otherwise is the bounded gate's."""
+    sizes = dict(mode=1, batch=1, seqlen=8192, heads=24, num_seqs=1)
+    assert plan_for(lib, valid_args(**sizes)).chunk_tokens == 32
+    for gate in (1, 2):
+        assert plan_for(lib, valid_args(gate=gate, **sizes)).chunk_tokens == 16
+        with pytest.raises(RuntimeError, match=re.escape(f"chunk_tokens 32 needs gate LOWER_BOUND, got gate {gate}")):
+            plan_for(lib, valid_args(gate=gate, chunk_tokens=32, **sizes))
+    forced = dict(sizes, chunk_tokens=16)
+    assert plan_values(plan_for(lib, valid_args(gate=1, **forced))) == plan_values(plan_for(lib, valid_args(**forced)))
 
 
 def test_32_token_workspace_holds_its_records(lib):
@@ -784,3 +812,44 @@ def test_calls_without_tokens_or_sequences_need_no_workspace(lib, sizes):
         assert (status, error) == (0, "")
     else:
         assert status != 1, error
+
+
+# ------------------------------------------------------------------ kernels not yet enabled
+
+UNVALIDATED_FORMS = [
+    dict(gate=1),
+    dict(gate=2, A_log=None, dt_bias=None),
+    dict(gate=2, A_log=None, dt_bias=None, g_dtype=2),
+    dict(beta_form=1),
+    dict(beta_dtype=2),
+]
+
+
+def test_no_table_enables_the_unvalidated_kernels(lib):
+    """The gate and beta forms' kernels and the stable inverse have not run on a GPU yet
+    (docs/dispatch.md): no arch table of this build sets their feature bits. Enabling them
+    for an arch, once validated there, sets its bits (src/kda/launch.cuh) and changes this."""
+    for arch in lib.archs:
+        assert arch.features & (_native.FEATURE_GATE_FORMS | _native.FEATURE_STABLE_INVERSE) == 0, arch
+
+
+@pytest.mark.parametrize("fields", UNVALIDATED_FORMS, ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()))
+def test_forms_not_enabled_are_refused_unless_the_test_entry_asks(lib, fields):
+    """flash_kda_fwd refuses a valid call of a form its table does not enable with
+    UNSUPPORTED_DEVICE, after every argument check and before anything runs; the test entry
+    point's unvalidated_forms takes it (a call without sequences, which returns there)."""
+    status, error = raw_fwd(lib, valid_args(**fields), ctypes.sizeof(_native.FwdArgs))
+    assert status == 2 and "built but not yet validated on sm_" in error, error
+    empty = valid_args(batch=0, num_seqs=0, **fields)
+    status, error = raw_fwd(lib, empty, ctypes.sizeof(_native.FwdArgs))
+    assert status == 2 and "built but not yet validated" in error, error
+    cc = lib.archs[0].compute_capability
+    fwd_for(lib, cc, valid_args(batch=0, num_seqs=0, unvalidated_forms=1, **fields))
+
+
+@pytest.mark.parametrize("field,value", [("unvalidated_forms", 2), ("unvalidated_forms", -1), ("stable_inverse", 2)])
+def test_the_kernel_switches_take_their_values_only(lib, field, value):
+    args = valid_args(batch=0, num_seqs=0)
+    overrides = _native.TestingOverrides(struct_size=ctypes.sizeof(_native.TestingOverrides), **{field: value})
+    with pytest.raises(RuntimeError, match=re.escape(f"overrides->{field} must be")):
+        lib.fwd(lib.archs[0].compute_capability, args, 0, overrides)

@@ -26,7 +26,7 @@ FAULTS = {
     "scale-bool": (TypeError, "any"),
     "lower-bound-positive": (ValueError, "any"),
     "lower-bound-huge-int": (ValueError, "any"),
-    "beta-fp32": (TypeError, "any"),
+    "beta-fp64": (TypeError, "any"),
     "q-head-stride-132": (ValueError, "rows"),  # with one row of 128 every stride is free
     "q-misaligned": (ValueError, "any"),
     "out-overlaps-k": (ValueError, "any"),
@@ -109,8 +109,8 @@ def inject(p, fault):
         name = "scale" if fault.startswith("scale") else "lower_bound"
         p[name] = {"scale-nan": NAN, "scale-huge": 1e300, "scale-bool": True, "lower-bound-positive": 0.5,
                    "lower-bound-huge-int": -(10**400)}[fault]  # fmt: skip
-    elif fault == "beta-fp32":
-        p["beta"] = p["beta"].float()
+    elif fault == "beta-fp64":  # fp32 is a beta dtype (design section 2.2)
+        p["beta"] = p["beta"].double()
     elif fault == "q-head-stride-132":
         buf = torch.zeros(*p["q"].shape[:3], 132, dtype=bf16)
         p["q"] = buf[..., :128]

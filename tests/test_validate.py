@@ -83,7 +83,12 @@ CASES = [
         )
         for n in ("k", "v", "g", "out")
     ],
-    ("beta-fp32", lambda p: dict(beta=p["beta"].float()), TypeError, "beta must be bfloat16, got torch.float32"),
+    (
+        "beta-fp64",
+        lambda p: dict(beta=p["beta"].double()),
+        TypeError,
+        "beta must be bfloat16 or float32, got torch.float64",
+    ),
     (
         "beta-shape",
         lambda p: dict(beta=p["beta"][..., 0]),

@@ -15,7 +15,9 @@ import flash_kda
 import pytest
 import torch
 from conftest import FWD_KEYWORDS, call, check, fused_projection_views, make_problem, pooled_problem
-from flash_kda import _launch, _layout, _native, _validate, dispatch
+from flash_kda import _args, _launch, _layout, _native, _validate, dispatch
+
+DEFAULTS = {a.name: a.default for a in _args.ARGS}  # the keyword-only arguments' defaults
 
 bf16, fp32 = torch.bfloat16, torch.float32
 NAN = float("nan")
@@ -120,7 +122,7 @@ FAULTS = [
 
 
 def signature(p):
-    return call(_validate.signature, p, **{name: p.get(name) for name in FWD_KEYWORDS})
+    return call(_validate.signature, p, **{name: p.get(name, DEFAULTS[name]) for name in FWD_KEYWORDS})
 
 
 def same_signature(a, b):
@@ -427,7 +429,10 @@ def keyword_struct(c, num_sms):
         state_pool_size=c.pool_size if c.state_indices is not None else 0, has_initial_state=ptr(c.has_initial_state),
         checkpoints=ptr(ckpt), checkpoints_dtype=code(ckpt), checkpoint_every=c.checkpoint_every if ckpt is not None
         else 0, checkpoint_slots=ckpt.shape[0] if ckpt is not None else 0,
-        mode=_native.MODE_EXACT if c.exact else _native.MODE_AUTO, max_seqlen=c.max_seqlen, **strides,
+        mode=_native.MODE_EXACT if c.exact else _native.MODE_AUTO, max_seqlen=c.max_seqlen,
+        gate=_native.GATE_CODES[c.gate], g_dtype={bf16: 1, fp32: 2}[c.g.dtype],
+        beta_form=_native.BETA_LOGIT if c.beta_is_logit else _native.BETA_PROBABILITY,
+        beta_dtype={bf16: 1, fp32: 2}[c.beta.dtype], **strides,
     )  # fmt: skip
 
 

@@ -49,13 +49,16 @@ def fwd(
     checkpoints=None,
     exact=None,
     max_seqlen=None,
+    gate="lower_bound",
+    beta_is_logit=True,
 ) -> None:
     r"""Kimi Delta Attention forward (prefill); writes ``out``, ``final_state`` and
         ``checkpoints`` in place.
 
         Per sequence and head, with :math:`\hat q, \hat k` the L2-normalised q, k,
         :math:`\beta_t = \sigma(\text{beta}_t)` and the per-channel decay
-        :math:`\alpha_t = \exp(\text{lower\_bound}\cdot\sigma(e^{A_{log}}(g_t + dt_{bias})))`:
+        :math:`\alpha_t = \exp(\text{lower\_bound}\cdot\sigma(e^{A_{log}}(g_t + dt_{bias})))`
+        (FlashKDA's forms; ``gate`` and ``beta_is_logit`` take the others):
 
         .. math::
             S_t^\top = (I - \beta_t \hat k_t \hat k_t^\top)\,\mathrm{diag}(\alpha_t)\,S_{t-1}^\top
@@ -95,11 +98,11 @@ def fwd(
     if torch.compiler.is_compiling() or not _plain_eager():
         return _op.call(
             q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-            ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen,
+            ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate, beta_is_logit,
         )  # fmt: skip
     key = _validate.signature(
         q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-        ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen,
+        ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate, beta_is_logit,
     )  # fmt: skip
     record = _validate.record_of(key)
     if record is not None and record.launch is not None:
@@ -145,12 +148,13 @@ def fwd(
         # a tensor subclass must see the op (such calls never get a prepacked launch)
         return _op.call(
             q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-            ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen,
+            ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate, beta_is_logit,
         )  # fmt: skip
     dispatch.run(
         _validate.check_fwd(
             q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-            ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, key=key,
+            ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate, beta_is_logit,
+            key=key,
         )
     )  # fmt: skip
 

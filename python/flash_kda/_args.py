@@ -49,20 +49,25 @@ ARGS = (
     Arg("k", False, "torch.Tensor", REQUIRED, "Tensor", ("k", "k_strides"),
         "The keys, raw (L2-normalised inside), like q."),
     Arg("v", False, "torch.Tensor", REQUIRED, "Tensor", ("v", "v_strides"), "The values, like q."),
-    Arg("g", False, "torch.Tensor", REQUIRED, "Tensor", ("g", "g_strides"),
-        "The raw gate pre-activation, like q."),
-    Arg("beta", False, "torch.Tensor", REQUIRED, "Tensor", ("beta", "beta_strides"),
-        "bfloat16 ``[B, T, H]``, raw logits (sigmoid applied inside); any positive strides."),
+    Arg("g", False, "torch.Tensor", REQUIRED, "Tensor", ("g", "g_strides", "g_dtype"),
+        "The raw gate pre-activation, like q; with ``gate=\"log_decay\"`` the per-channel natural-log decay "
+        "itself, bfloat16 or float32 (float32 strides: multiples of 4 elements)."),
+    Arg("beta", False, "torch.Tensor", REQUIRED, "Tensor", ("beta", "beta_strides", "beta_dtype"),
+        "``[B, T, H]``, any positive strides: bfloat16 raw logits (sigmoid applied inside), or with "
+        "``beta_is_logit=False`` the write strength itself, bfloat16 or float32."),
     Arg("scale", False, "float", REQUIRED, "float", ("scale",),
         "Output scale, usually ``128 ** -0.5``; finite in bfloat16 (``|scale| < 3.3961e38``)."),
     Arg("out", False, "torch.Tensor", REQUIRED, "Tensor(a!)", ("out", "out_strides"),
         "bfloat16 ``[B, T, H, 128]``, same stride rules as q, not overlapping itself or any other "
         "argument. Rows of tokens outside every sequence are not written."),
-    Arg("A_log", False, "torch.Tensor", REQUIRED, "Tensor", ("A_log",),
-        "``[H]``, bfloat16, float16 or float32 (widened to float32 exactly)."),
-    Arg("dt_bias", False, "torch.Tensor", REQUIRED, "Tensor", ("dt_bias",),
-        "``[H, 128]`` or ``[H * 128]``, bfloat16, float16 or float32 (widened exactly)."),
-    Arg("lower_bound", False, "float", REQUIRED, "float", ("lower_bound",), "Gate lower bound in ``[-5, 0]``."),
+    Arg("A_log", False, "torch.Tensor", REQUIRED, "Tensor?", ("A_log",),
+        "``[H]``, bfloat16, float16 or float32 (widened to float32 exactly); None with ``gate=\"log_decay\"``."),
+    Arg("dt_bias", False, "torch.Tensor", REQUIRED, "Tensor?", ("dt_bias",),
+        "``[H, 128]`` or ``[H * 128]``, bfloat16, float16 or float32 (widened exactly); None with "
+        "``gate=\"log_decay\"``."),
+    Arg("lower_bound", False, "float", REQUIRED, "float?", ("lower_bound",),
+        "Gate lower bound in ``[-5, 0]`` with ``gate=\"lower_bound\"``; unused by ``\"softplus\"`` (None or any "
+        "finite number); None with ``\"log_decay\"``."),
     Arg("initial_state", False, "torch.Tensor, optional", None, "Tensor?", ("initial_state", "initial_state_dtype"),
         f"{_STATE} None: every sequence starts from zero."),
     Arg("final_state", False, "torch.Tensor, optional", None, "Tensor(b!)?", ("final_state", "final_state_dtype"),
@@ -109,6 +114,16 @@ ARGS = (
         "automatic path's plan follows it (its speed and bits; the exact path ignores it). None or 0: "
         "unknown. With ``cu_seqlens`` on the CPU the lengths are read there and the hint is not needed. "
         "Ignored in batched mode."),
+    Arg("gate", True, "str, optional", "lower_bound", "str", ("gate",),
+        "The decay gate's form (docs/design.md §2.5): ``\"lower_bound\"`` (FlashKDA's, above), ``\"softplus\"`` "
+        "(Kimi-Linear's unbounded gate, :math:`\\log\\alpha_t = -e^{A_{log}}\\,\\mathrm{softplus}(g_t + dt_{bias})`) "
+        "or ``\"log_decay\"`` (g is :math:`\\log\\alpha_t` itself: any value <= 0 including -inf; larger values "
+        "and NaN count as 0). Until their native kernels are validated on a GPU the last two run on fla's "
+        "Triton path, else PyTorch (docs/dispatch.md)."),
+    Arg("beta_is_logit", True, "bool, optional", True, "bool", ("beta_form",),
+        "True: beta holds logits. False: beta is the write strength :math:`\\beta_t` itself, as engines that "
+        "apply the sigmoid pass it; values outside [0, 1] are clamped and NaN counts as 0. Until its native "
+        "kernels are validated on a GPU, False (and a float32 beta) runs on fla's Triton path, else PyTorch."),
 )  # fmt: skip
 
 NAMES = tuple(a.name for a in ARGS)
@@ -120,7 +135,7 @@ OUTPUTS = tuple(a.name for a in ARGS if "!" in a.schema)
 # The fields of flash_kda_fwd_args that the dispatcher fills rather than an argument: the
 # struct's size, the workspace, the device's SMs and the reserved slots (0).
 DISPATCH_FIELDS = ("struct_size", "workspace", "workspace_bytes", "num_sms", "reserved0", "reserved",
-                   "reserved1", "reserved2", "reserved3")  # fmt: skip
+                   "reserved1", "reserved2", "reserved3", "reserved4")  # fmt: skip
 
 # The op's own last argument: a call whose final_state *is* its initial_state passes
 # initial_state=None and state_in_place=True, so that the schema's only mutated arguments are

@@ -90,8 +90,8 @@ def native_fields(call: _validate.FwdCall, num_sms: int) -> tuple[dict, tuple]:
     tokens = call.batch * call.seqlen > 0
     fields = dict(
         _DISPATCHER, batch=call.batch, seqlen=call.seqlen, heads=call.heads, head_dim=_validate.HEAD_DIM,
-        num_seqs=call.num_seqs, scale=call.scale, lower_bound=call.lower_bound, A_log=call.A_log.data_ptr(),
-        dt_bias=call.dt_bias.data_ptr(), initial_state=_address(initial), initial_state_dtype=_code(initial),
+        num_seqs=call.num_seqs, scale=call.scale, lower_bound=call.lower_bound, A_log=_address(call.A_log),
+        dt_bias=_address(call.dt_bias), initial_state=_address(initial), initial_state_dtype=_code(initial),
         final_state=_address(final), final_state_dtype=_code(final), cu_seqlens=_address(cu),
         cu_seqlens_dtype=_code(cu), state_indices=_address(indices), state_indices_dtype=_code(indices),
         state_pool_size=call.pool_size if indices is not None else 0, has_initial_state=_address(has_initial),
@@ -102,6 +102,8 @@ def native_fields(call: _validate.FwdCall, num_sms: int) -> tuple[dict, tuple]:
         q=call.q.data_ptr() if tokens else 0, k=call.k.data_ptr() if tokens else 0,
         v=call.v.data_ptr() if tokens else 0, g=call.g.data_ptr() if tokens else 0,
         out=call.out.data_ptr() if tokens else 0, beta=call.beta.data_ptr() if tokens else 0,
+        gate=_native.GATE_CODES[call.gate], g_dtype=_code(call.g), beta_dtype=_code(call.beta),
+        beta_form=_native.BETA_LOGIT if call.beta_is_logit else _native.BETA_PROBABILITY,
     )  # fmt: skip
     q, k, v, g, out, beta = call.strides  # (batch, token, head) each, in _STRIDED's order
     fields.update(zip(_STRIDE_NAMES, (*q, *k, *v, *g, *out, *beta)))
@@ -231,12 +233,14 @@ def prepacked(call: _validate.FwdCall, args: _native.FwdArgs, nbytes: int, lib, 
     states, pool_size = (args.initial_state_dtype, args.final_state_dtype), args.state_pool_size
     pooled = call.state_indices is not None or call.has_initial_state is not None or call.checkpoints is not None
     env, switch_key, off = _validate.ENVIRON, switch.encode(), b"0"
+    # the gates without parameters or a bound: NULL and 0.0, as the validated path passes them
+    parameters, bounded = call.A_log is not None, call.gate == "lower_bound"
 
     def launch(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
                ssm_state_indices, has_initial_state, checkpoints) -> bool:  # fmt: skip
         if _native.overrides is not None or (env.get(switch_key) == off if env is not None else _off(switch)):
             return False
-        a, d = A_log.data_ptr(), dt_bias.data_ptr()
+        a, d = (A_log.data_ptr(), dt_bias.data_ptr()) if parameters else (0, 0)
         cu = 0 if cu_seqlens is None else cu_seqlens.data_ptr()
         si = 0 if ssm_state_indices is None else ssm_state_indices.data_ptr()
         if (a | d) & 15 or (cu | si) & 7:
@@ -248,7 +252,8 @@ def prepacked(call: _validate.FwdCall, args: _native.FwdArgs, nbytes: int, lib, 
             with lock:
                 head.pack_into(
                     template, head_at, q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(),
-                    out.data_ptr(), a, d, scale, lower_bound, 0 if initial_state is None else initial_state.data_ptr(),
+                    out.data_ptr(), a, d, scale, lower_bound if bounded else 0.0,
+                    0 if initial_state is None else initial_state.data_ptr(),
                     0 if final_state is None else final_state.data_ptr(), *states, cu, ws.data_ptr(), ws.numel(),
                 )  # fmt: skip
                 if pooled:
@@ -281,6 +286,6 @@ def _refused(lib, status, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bo
         _validate.check_all(
             q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
             ssm_state_indices, has_initial_state, call.checkpoint_every if checkpoints is not None else None,
-            checkpoints, call.exact,
+            checkpoints, call.exact, gate=call.gate, beta_is_logit=call.beta_is_logit,
         )  # fmt: skip
     raise _native.NativeError(message, status)

@@ -35,21 +35,23 @@ def activation_strides(name: str, x: torch.Tensor) -> tuple[int, int, int]:
     """(batch, token, head) element strides of ``x`` [B, T, H, 128] for the C ABI.
 
     The last stride must be 1; a dimension longer than one needs a positive stride that is
-    a multiple of 8 elements (16 bytes) below 2**39; the base must be 16-byte aligned.
-    Dimensions of extent one get stride 0 (the library ignores them; all zero = contiguous).
+    a multiple of 16 bytes (8 bf16 or 4 fp32 elements) below 2**39; the base must be 16-byte
+    aligned. Dimensions of extent one get stride 0 (the library ignores them; all zero =
+    contiguous).
     """
     shape, strides = x.shape, x.stride()
     (n0, n1, n2, _), (s0, s1, s2, s3) = shape, strides  # written out: this runs on every new signature
+    vector = VECTOR if x.dtype == torch.bfloat16 else 16 // x.element_size()
     ok = (
         s3 == 1
-        and (n0 == 1 or (0 < s0 < MAX_STRIDE and not s0 % VECTOR))
-        and (n1 == 1 or (0 < s1 < MAX_STRIDE and not s1 % VECTOR))
-        and (n2 == 1 or (0 < s2 < MAX_STRIDE and not s2 % VECTOR))
+        and (n0 == 1 or (0 < s0 < MAX_STRIDE and not s0 % vector))
+        and (n1 == 1 or (0 < s1 < MAX_STRIDE and not s1 % vector))
+        and (n2 == 1 or (0 < s2 < MAX_STRIDE and not s2 % vector))
     )
     if not ok:
         raise ValueError(
             f"{_WHERE}: {name} must have strides (batch, token, head, 1) with each stride of a dimension longer "
-            f"than 1 a positive multiple of {VECTOR} elements below 2**39, got strides {tuple(strides)} "
+            f"than 1 a positive multiple of {vector} elements below 2**39, got strides {tuple(strides)} "
             f"for shape {_shape(x)}"
         )
     if x.data_ptr() % 16:

@@ -13,17 +13,21 @@ import struct
 import threading
 from typing import NamedTuple, Optional
 
-ABI_VERSION = 7
-TESTING_VERSION = 2  # flash_kda_testing.h
+ABI_VERSION = 8
+TESTING_VERSION = 3  # flash_kda_testing.h
 LIBRARY_NAME = "libflash_kda.so"
 LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
 
 FEATURE_FWD = 1
 FEATURE_PROBES = 2
+FEATURE_GATE_FORMS = 4  # the table runs every gate and beta form (flash_kda.h)
+FEATURE_STABLE_INVERSE = 8  # the table's AUTO mode takes the stable inverse
 
 DTYPE_NONE, DTYPE_BF16, DTYPE_FP32, DTYPE_INT32, DTYPE_INT64 = 0, 1, 2, 3, 4
 MODE_EXACT, MODE_AUTO = 0, 1
-PROBE_EX2, PROBE_SIGMOID, PROBE_RSQRT = 0, 1, 2
+PROBE_EX2, PROBE_SIGMOID, PROBE_RSQRT, PROBE_LG2 = 0, 1, 2, 3
+GATE_CODES = {"lower_bound": 0, "softplus": 1, "log_decay": 2}  # flash_kda_gate
+BETA_LOGIT, BETA_PROBABILITY = 0, 1  # flash_kda_beta
 PROBE_MMA_BF16_F32, PROBE_MMA_F16_F16 = 0, 1
 
 STATUS_INVALID_ARGUMENT = 1
@@ -115,6 +119,11 @@ class FwdArgs(ctypes.Structure):
         ("reserved2", _i32),
         ("reserved3", _i32),
         ("max_seqlen", _i32),
+        ("reserved4", _i32),
+        ("gate", _i32),
+        ("g_dtype", _i32),
+        ("beta_form", _i32),
+        ("beta_dtype", _i32),
     ]
 
 
@@ -208,11 +217,14 @@ class TestingDevice(ctypes.Structure):
                 ("combine_wide", _i32)]  # fmt: skip
 
 
-# The overrides of flash_kda_testing.h, in order (append-only): name, ctype. The plan's
-# forced parts, then (testing version 2) the generic passes, the simulated device limits, the
-# planted stall, the reference device, the producers' wait limit and the launch record.
+# The overrides of flash_kda_testing.h, in order (append-only): name, ctype. The plan's four;
+# (version 2) kernels an arch table does not enable yet: unvalidated_forms 1 runs the gate and
+# beta forms, stable_inverse 1 / -1 turns AUTO mode's stable inverse on / off; (version 3) the
+# generic passes, the simulated device limits, the planted stall, the reference device, the
+# producers' wait limit and the launch record.
 OVERRIDE_FIELDS = (
     ("block_v", _i32), ("segment_chunks", _i32), ("overlap", _i32), ("chunk_tokens", _i32),
+    ("unvalidated_forms", _i32), ("stable_inverse", _i32),
     ("generic_passes", _i32), ("sim_sms", _i32), ("sim_smem_optin", _i32), ("sim_smem_sm", _i32),
     ("sim_threads_sm", _i32), ("sim_regs_sm", _i32), ("sim_k1_ctas_sm", _i32), ("stall", _i32),
     ("device", _i32), ("wait_limit_ns", _i64), ("launches", _ptr),
@@ -220,8 +232,8 @@ OVERRIDE_FIELDS = (
 
 
 class TestingOverrides(ctypes.Structure):
-    """``flash_kda_testing_overrides`` (flash_kda_testing.h): forced parts of the plan and the
-    test switches."""
+    """``flash_kda_testing_overrides`` (flash_kda_testing.h): forced parts of the plan, kernels
+    not yet enabled by default, and the test switches."""
 
     _fields_ = [("struct_size", _u32), *OVERRIDE_FIELDS]
 

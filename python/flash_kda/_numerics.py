@@ -51,6 +51,16 @@ def fma_ftz(a, b, c):
     return ftz(_fma_exact(ftz(a), ftz(b), ftz(c)))
 
 
+def max_num(a: torch.Tensor, b) -> torch.Tensor:
+    """fp32 max where a NaN operand gives the other (max.f32, IEEE maxNum)."""
+    return torch.fmax(a, torch.as_tensor(b, dtype=a.dtype, device=a.device))
+
+
+def min_num(a: torch.Tensor, b) -> torch.Tensor:
+    """fp32 min where a NaN operand gives the other (min.f32, IEEE minNum)."""
+    return torch.fmin(a, torch.as_tensor(b, dtype=a.dtype, device=a.device))
+
+
 def bf(x: torch.Tensor) -> torch.Tensor:
     """fp32 -> bf16, round to nearest even."""
     return x.to(torch.bfloat16)
@@ -114,6 +124,10 @@ class Ops:
     def rsqrt(self, x):
         """RSQ = rsqrt.approx.ftz.f32 (exact: 1 / sqrt(x) in fp64, rounded)."""
         return self._unary(_native.PROBE_RSQRT, x, lambda t: ftz(torch.rsqrt(ftz(t).double()).float()))
+
+    def lg2(self, x):
+        """LG2 = lg2.approx.ftz.f32 (exact: log2(x) in fp64, rounded, flushed)."""
+        return self._unary(_native.PROBE_LG2, x, lambda t: ftz(torch.log2(ftz(t).double()).float()))
 
     def _mma(self, op: int, a: torch.Tensor, b: torch.Tensor, out_dtype) -> torch.Tensor:
         *lead, m, k = a.shape

@@ -29,14 +29,14 @@ _LIBRARY.define(_args.schema())
 def fwd_op(
     q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None, cu_seqlens=None,
     ssm_state_indices=None, has_initial_state=None, checkpoint_every=None, checkpoints=None, exact=None,
-    max_seqlen=None, state_in_place=False,
+    max_seqlen=None, gate="lower_bound", beta_is_logit=True, state_in_place=False,
 ) -> None:  # fmt: skip
     """Validate the call completely, then run it on the path the dispatcher picks."""
     if state_in_place:
         initial_state = final_state
     call = _validate.check_fwd(
         q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-        ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen,
+        ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate, beta_is_logit,
     )  # fmt: skip
     dispatch.run(call)
 
@@ -52,13 +52,15 @@ def _fwd_fake(*args, **kwargs) -> None:
 
 
 def call(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-         ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen) -> None:  # fmt: skip
+         ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate,
+         beta_is_logit) -> None:  # fmt: skip
     """``flash_kda.fwd`` through the op: the traceable checks, the scalars as the schema takes
     them, and the in-place state as ``state_in_place``."""
     tensors = dict(q=q, k=k, v=v, g=g, beta=beta, out=out, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state,
                    final_state=final_state, cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices,
                    has_initial_state=has_initial_state, checkpoints=checkpoints)  # fmt: skip
-    _validate.check_traceable(tensors, dict(out=out, final_state=final_state, checkpoints=checkpoints))
+    _validate.check_forms(gate, beta_is_logit)
+    _validate.check_traceable(tensors, dict(out=out, final_state=final_state, checkpoints=checkpoints), gate)
     scale, lower_bound, checkpoint_every, exact, max_seqlen = _validate.traceable_scalars(
         scale, lower_bound, checkpoint_every, exact, max_seqlen
     )
@@ -66,6 +68,6 @@ def call(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_stat
     OP(
         q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, None if in_place else initial_state, final_state,
         cu_seqlens, ssm_state_indices=ssm_state_indices, has_initial_state=has_initial_state,
-        checkpoint_every=checkpoint_every, checkpoints=checkpoints, exact=exact, max_seqlen=max_seqlen,
-        state_in_place=in_place,
+        checkpoint_every=checkpoint_every, checkpoints=checkpoints, exact=exact, max_seqlen=max_seqlen, gate=gate,
+        beta_is_logit=beta_is_logit, state_in_place=in_place,
     )  # fmt: skip

@@ -27,6 +27,10 @@ EXACT_ENV = "FLASH_KDA_EXACT"  # "1": bit-exact mode when fwd's exact is None
 _WHERE = "flash_kda.fwd"
 _STATE_DTYPES = (torch.bfloat16, torch.float32)
 _GATE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_BETA_DTYPES = (torch.bfloat16, torch.float32)  # beta, and g of the log-decay gate
+# The decay gate's forms (design §2.2, §2.5): FlashKDA's bounded gate, Kimi-Linear's softplus
+# gate, and a per-channel natural-log decay computed by the caller.
+GATES = ("lower_bound", "softplus", "log_decay")
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 # os.environ's own mapping of encoded names to values on POSIX (else None): what
@@ -63,10 +67,10 @@ class FwdCall(NamedTuple):
     g: torch.Tensor
     beta: torch.Tensor
     out: torch.Tensor
-    A_log: torch.Tensor  # float32 [H], contiguous
-    dt_bias: torch.Tensor  # float32 [H, 128], contiguous
+    A_log: Optional[torch.Tensor]  # float32 [H], contiguous; None with gate "log_decay"
+    dt_bias: Optional[torch.Tensor]  # float32 [H, 128], contiguous; likewise
     scale: float
-    lower_bound: float
+    lower_bound: float  # 0.0 where the gate takes none
     initial_state: Optional[torch.Tensor]  # [S, H, 128, 128], S = N or the pool size P
     final_state: Optional[torch.Tensor]  # may be initial_state itself
     cu_seqlens: Optional[torch.Tensor]  # int32/int64 [N + 1] on q's device, or None (batched)
@@ -84,6 +88,15 @@ class FwdCall(NamedTuple):
     strides: tuple  # (batch, token, head) element strides of q, k, v, g, out, beta for the C ABI
     max_seqlen: int = 0  # varlen: the longest sequence's tokens for the plan, 0 = unknown
     record: Optional["SignatureRecord"] = None  # of the call's signature, when it has one
+    gate: str = "lower_bound"  # one of GATES
+    beta_is_logit: bool = True  # False: beta is the write strength itself (clamped to [0, 1])
+
+    @property
+    def default_forms(self) -> bool:
+        """FlashKDA's input contract: the bounded gate, bf16 g and bf16 beta logits."""
+        return (
+            self.gate == "lower_bound" and self.beta_is_logit and self.beta.dtype == torch.bfloat16
+        )  # g is bf16 with every gate but log_decay
 
     @property
     def device(self) -> torch.device:
@@ -143,6 +156,38 @@ def _lower_bound(x) -> float:
     if not -5.0 <= value <= 0.0:
         raise ValueError(f"{_WHERE}: lower_bound must be in [-5, 0], got {value}")
     return value
+
+
+def check_forms(gate, beta_is_logit) -> None:
+    """``gate`` one of GATES, ``beta_is_logit`` a bool."""
+    if not isinstance(gate, str):
+        raise TypeError(f"{_WHERE}: gate must be a str, got {type(gate).__name__}")
+    if gate not in GATES:
+        raise ValueError(f"{_WHERE}: gate must be one of {', '.join(map(repr, GATES))}, got {gate!r}")
+    if not isinstance(beta_is_logit, bool):
+        raise TypeError(f"{_WHERE}: beta_is_logit must be a bool, got {type(beta_is_logit).__name__}")
+
+
+def _gate_parameters(gate: str, A_log, dt_bias, lower_bound, H: int) -> float:
+    """The gate's parameters for its form; returns lower_bound as a float (0.0 where unused).
+    "lower_bound": A_log, dt_bias and a lower_bound in [-5, 0]; "softplus": A_log and dt_bias,
+    lower_bound None or a finite number (unused); "log_decay": all three None."""
+    if gate == "log_decay":
+        for name, x in (("A_log", A_log), ("dt_bias", dt_bias), ("lower_bound", lower_bound)):
+            if x is not None:
+                raise ValueError(f"{_WHERE}: {name} must be None with gate='log_decay' (g is the log decay itself)")
+        return 0.0
+    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if x is None:
+            raise TypeError(f"{_WHERE}: {name} must be a torch.Tensor with gate={gate!r}, got None")
+    _gate_shapes(A_log, dt_bias, H)
+    if gate == "lower_bound":
+        if lower_bound is None:
+            raise TypeError(f"{_WHERE}: lower_bound must be a real number, got NoneType (gate='lower_bound' needs one)")
+        return _lower_bound(lower_bound)
+    if lower_bound is not None:
+        _finite("lower_bound", lower_bound)
+    return 0.0
 
 
 def refuse_grad(tensors: dict) -> None:
@@ -273,7 +318,7 @@ def _checkpoints(every, checkpoints, H: int, state_dtype) -> int:
     return every
 
 
-def _activations(q, k, v, g, beta, out) -> tuple[int, int, int]:
+def _activations(q, k, v, g, beta, out, gate: str) -> tuple[int, int, int]:
     tensor("q", q, (torch.bfloat16,), "bfloat16")
     if q.dim() != 4 or q.shape[-1] != HEAD_DIM:
         raise ValueError(f"{_WHERE}: q must have shape [B, T, H, {HEAD_DIM}], got {_shape(q)}")
@@ -282,10 +327,16 @@ def _activations(q, k, v, g, beta, out) -> tuple[int, int, int]:
         raise ValueError(f"{_WHERE}: q must have H >= 1 heads, got shape {_shape(q)}")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{_WHERE}: q must be on a CUDA device or the CPU, got {q.device}")
-    for name, x in (("k", k), ("v", v), ("g", g), ("out", out)):
+    for name, x in (("k", k), ("v", v), ("out", out)):
         if tensor(name, x, (torch.bfloat16,), "bfloat16").shape != q.shape:
             _expect_shape(name, x, _shape(q), "[B, T, H, D]")
-    _expect_shape("beta", tensor("beta", beta, (torch.bfloat16,), "bfloat16"), [B, T, H], "[B, T, H]")
+    if gate == "log_decay":
+        tensor("g", g, _BETA_DTYPES, "bfloat16 or float32 with gate='log_decay'")
+    else:
+        tensor("g", g, (torch.bfloat16,), "bfloat16")
+    if g.shape != q.shape:
+        _expect_shape("g", g, _shape(q), "[B, T, H, D]")
+    _expect_shape("beta", tensor("beta", beta, _BETA_DTYPES, "bfloat16 or float32"), [B, T, H], "[B, T, H]")
     if B * T >= MAX_TOKENS or H > MAX_HEADS:
         raise ValueError(f"{_WHERE}: need B * T < 2**31 and H <= {MAX_HEADS}, got B * T = {B * T}, H = {H}")
     return B, T, H
@@ -297,14 +348,18 @@ def _activations(q, k, v, g, beta, out) -> tuple[int, int, int]:
 # the compiled graph runs; these checks run in the traced Python, so that a call a graph
 # could never run fails when it is traced, with the same message.
 
-_REQUIRED = tuple(a.name for a in _args.ARGS if a.default is _args.REQUIRED and a.name in _args.TENSORS)
+# The tensors every call passes, and those of the gates with parameters (None with log_decay).
+_REQUIRED = tuple(a.name for a in _args.ARGS if a.schema.startswith("Tensor") and not a.schema.endswith("?"))
+_GATE_PARAMETERS = ("A_log", "dt_bias")
 
 
-def check_traceable(tensors: dict, outputs: dict) -> None:
-    """The checks ``torch.compile`` can trace: Python types, devices, grad, inference.
+def check_traceable(tensors: dict, outputs: dict, gate: str = "lower_bound") -> None:
+    """The checks ``torch.compile`` can trace: Python types, devices, grad, inference (``gate``
+    checked by :func:`check_forms`).
 
     One pass decides whether anything is wrong; only then do the checks run one by one
     (:func:`_report_untraceable`), so that the first fault is reported as before."""
+    required = _REQUIRED if gate == "log_decay" else _REQUIRED + _GATE_PARAMETERS
     q = tensors["q"]
     ok = isinstance(q, torch.Tensor)
     if ok:
@@ -315,7 +370,7 @@ def check_traceable(tensors: dict, outputs: dict) -> None:
             if not ok:
                 break
             if x is None:
-                ok = name not in _REQUIRED
+                ok = name not in required
             elif not isinstance(x, torch.Tensor) or (grad and x.requires_grad):
                 ok = False
             elif x.device != device:
@@ -325,13 +380,13 @@ def check_traceable(tensors: dict, outputs: dict) -> None:
                 if x is not None and x.is_inference():
                     ok = False
     if not ok:
-        _report_untraceable(tensors, outputs)
+        _report_untraceable(tensors, outputs, required)
 
 
-def _report_untraceable(tensors: dict, outputs: dict) -> None:
+def _report_untraceable(tensors: dict, outputs: dict, required: tuple) -> None:
     """:func:`check_traceable` check by check: raises for the first fault."""
     for name, x in tensors.items():
-        if (x is not None or name in _REQUIRED) and not isinstance(x, torch.Tensor):
+        if (x is not None or name in required) and not isinstance(x, torch.Tensor):
             raise TypeError(f"{_WHERE}: {name} must be a torch.Tensor, got {type(x).__name__}")
     device = tensors["q"].device
     if device.type not in ("cpu", "cuda"):
@@ -345,9 +400,11 @@ def _report_untraceable(tensors: dict, outputs: dict) -> None:
 
 
 def traceable_scalars(scale, lower_bound, checkpoint_every, exact, max_seqlen) -> tuple:
-    """The scalars as the op's schema takes them (float, float, int or None, bool or None,
-    int or None), with the type checks of the full validation."""
-    scale, lower_bound = _scalars.as_real(_WHERE, "scale", scale), _scalars.as_real(_WHERE, "lower_bound", lower_bound)
+    """The scalars as the op's schema takes them (float, float or None, int or None, bool or
+    None, int or None), with the type checks of the full validation."""
+    scale = _scalars.as_real(_WHERE, "scale", scale)
+    if lower_bound is not None:  # None: the gates without one (checked with the gate)
+        lower_bound = _scalars.as_real(_WHERE, "lower_bound", lower_bound)
     if checkpoint_every is not None:  # a multiple of 16 too, checked with checkpoints
         checkpoint_every = _scalars.as_count(_WHERE, "checkpoint_every", checkpoint_every)
         if not 0 < checkpoint_every < MAX_TOKENS:
@@ -397,7 +454,7 @@ class SignatureRecord:
 
     __slots__ = ("batch", "seqlen", "heads", "num_seqs", "pool_size", "state_dtype", "strides", "checkpoint_every",
                  "exact", "device", "early_aligned", "cu_on_host", "indices_on_host", "late_aligned", "overlaps",
-                 "A_log_ready", "dt_bias_ready", "gates_as_given", "launch")  # fmt: skip
+                 "A_log_ready", "dt_bias_ready", "gates_as_given", "gate", "beta_is_logit", "launch")  # fmt: skip
 
     def __init__(self, call: FwdCall, tensors: tuple, overlaps: tuple):
         q, A_log, dt_bias, cu, indices = (tensors[i] for i in (_Q, _A_LOG, _DT_BIAS, _CU, _INDICES))
@@ -410,11 +467,17 @@ class SignatureRecord:
         self.cu_on_host = cu is not None and cu.device.type == "cpu"  # contents checked, copied to q's device
         self.indices_on_host = indices is not None and indices.device.type == "cpu"  # contents checked
         self.overlaps = overlaps  # _layout.overlap_pairs, indexed by slot
-        # fp32 and contiguous: used as they are when 16-byte aligned, else widened
-        self.A_log_ready = A_log.dtype == torch.float32 and A_log.is_contiguous()
-        self.dt_bias_ready = dt_bias.dtype == torch.float32 and dt_bias.is_contiguous() and dt_bias.dim() == 2
+        # fp32 and contiguous: used as they are when 16-byte aligned, else widened (None: the
+        # log-decay gate, which takes neither)
+        self.A_log_ready = A_log is None or (A_log.dtype == torch.float32 and A_log.is_contiguous())
+        self.dt_bias_ready = dt_bias is None or (
+            dt_bias.dtype == torch.float32 and dt_bias.is_contiguous() and dt_bias.dim() == 2
+        )
         # both used as given (no copy) wherever they are 16-byte aligned
-        self.gates_as_given = self.A_log_ready and dt_bias.dtype == torch.float32 and dt_bias.is_contiguous()
+        self.gates_as_given = self.A_log_ready and (
+            dt_bias is None or (dt_bias.dtype == torch.float32 and dt_bias.is_contiguous())
+        )
+        self.gate, self.beta_is_logit = call.gate, call.beta_is_logit
         self.launch = None
 
 
@@ -432,12 +495,14 @@ _records: dict = {}  # signature -> SignatureRecord, or _SEEN after its first ca
 
 def signature(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
               cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None,
-              checkpoints=None, exact=None, max_seqlen=None):  # fmt: skip
+              checkpoints=None, exact=None, max_seqlen=None, gate="lower_bound", beta_is_logit=True):  # fmt: skip
     """Everything the signature-dependent checks read, as a hashable key (the resolved mode
     last); None when the call is not cached (scalars of other types than float, int and
-    bool/None, or an argument that does not look like a tensor: the full validation then
-    runs and reports it)."""
-    if type(scale) is not float or type(lower_bound) is not float:
+    bool/None, a gate that is not one of GATES, or an argument that does not look like a
+    tensor: the full validation then runs and reports it)."""
+    if type(scale) is not float or (type(lower_bound) is not float and lower_bound is not None):
+        return None
+    if (gate != "lower_bound" and gate not in GATES) or (beta_is_logit is not True and beta_is_logit is not False):
         return None
     if (checkpoint_every is not None and type(checkpoint_every) is not int) or (
         max_seqlen is not None and type(max_seqlen) is not int
@@ -462,7 +527,7 @@ def signature(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
         )
     except Exception:  # not a tensor: the full validation says what is wrong
         return None
-    return metas, scale, lower_bound, checkpoint_every, max_seqlen, written, mode
+    return metas, scale, lower_bound, checkpoint_every, max_seqlen, gate, beta_is_logit, written, mode
 
 
 def record_of(key) -> Optional[SignatureRecord]:
@@ -475,7 +540,7 @@ def clear_records() -> None:
     _records.clear()
 
 
-def _check_pointers(record: SignatureRecord, tensors: tuple, scale: float, lower_bound: float) -> FwdCall:
+def _check_pointers(record: SignatureRecord, tensors: tuple, scale: float, lower_bound) -> FwdCall:
     """A call whose signature passed the full validation before: only the pointer- and
     content-dependent checks, in the full validation's order (so the same error for the
     same fault), then the validated call."""
@@ -494,15 +559,17 @@ def _check_pointers(record: SignatureRecord, tensors: tuple, scale: float, lower
             _layout.aligned(name, tensors[slot], 16)
     _layout.check_overlaps(record.overlaps, pointers)
     A_log, dt_bias = tensors[_A_LOG], tensors[_DT_BIAS]
-    if not (record.A_log_ready and pointers[_A_LOG] % 16 == 0):
+    if A_log is not None and not (record.A_log_ready and pointers[_A_LOG] % 16 == 0):
         A_log = _widen(A_log)
-    if not (record.dt_bias_ready and pointers[_DT_BIAS] % 16 == 0):
+    if dt_bias is not None and not (record.dt_bias_ready and pointers[_DT_BIAS] % 16 == 0):
         dt_bias = _widen(dt_bias.reshape(record.heads, HEAD_DIM))
+    gate = record.gate
     return FwdCall(
         tensors[_Q], tensors[_K], tensors[_V], tensors[_G], tensors[_BETA], tensors[_OUT], A_log, dt_bias, scale,
-        lower_bound, tensors[_INITIAL], tensors[_FINAL], cu, tensors[_INDICES], tensors[_HAS_INITIAL],
-        record.checkpoint_every, tensors[_CHECKPOINTS], record.exact, record.batch, record.seqlen, record.heads,
-        record.num_seqs, record.state_dtype, bounds, record.strides, 0, record,
+        lower_bound if gate == "lower_bound" else 0.0, tensors[_INITIAL], tensors[_FINAL], cu, tensors[_INDICES],
+        tensors[_HAS_INITIAL], record.checkpoint_every, tensors[_CHECKPOINTS], record.exact, record.batch,
+        record.seqlen, record.heads, record.num_seqs, record.state_dtype, bounds, record.strides, 0, record, gate,
+        record.beta_is_logit,
     )  # fmt: skip
 
 
@@ -511,7 +578,8 @@ _NO_KEY = object()  # check_fwd's default: compute the signature
 
 def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
               cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None, checkpoints=None,
-              exact=None, max_seqlen=None, *, key=_NO_KEY) -> FwdCall:  # fmt: skip
+              exact=None, max_seqlen=None, gate="lower_bound", beta_is_logit=True, *,
+              key=_NO_KEY) -> FwdCall:  # fmt: skip
     """Validate one ``fwd`` call (arguments as :func:`flash_kda.fwd`); return it as a
     :class:`FwdCall`. Reads no device memory (index tensors on the CPU are read). Raises
     ``TypeError``, ``ValueError`` or ``RuntimeError`` (grad) before anything is written.
@@ -525,13 +593,13 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
     if key is _NO_KEY:
         key = signature(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state,
                         cu_seqlens, ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact,
-                        max_seqlen)  # fmt: skip
+                        max_seqlen, gate, beta_is_logit)  # fmt: skip
     record = None if key is None else _records.get(key)
     if record is not None and record is not _SEEN:
         return _longest(_check_pointers(record, tensors, scale, lower_bound), max_seqlen)
     if key is not None:
         exact = key[-1]  # the resolved mode: FLASH_KDA_EXACT is read once per call
-    call, overlaps = _check_all(tensors, scale, lower_bound, checkpoint_every, exact)
+    call, overlaps = _check_all(tensors, scale, lower_bound, checkpoint_every, exact, gate, beta_is_logit)
     if key is not None:
         if len(_records) >= SIGNATURE_CACHE_SIZE:
             _records.clear()
@@ -545,12 +613,13 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
 
 def check_all(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
               cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None, checkpoints=None,
-              exact=None, max_seqlen=None) -> FwdCall:  # fmt: skip
+              exact=None, max_seqlen=None, gate="lower_bound", beta_is_logit=True) -> FwdCall:  # fmt: skip
     """Every check of a ``fwd`` call, uncached (what :func:`check_fwd` runs on the first
     call of a signature)."""
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
                has_initial_state, checkpoints)  # fmt: skip
-    return _longest(_check_all(tensors, scale, lower_bound, checkpoint_every, exact)[0], max_seqlen)
+    call = _check_all(tensors, scale, lower_bound, checkpoint_every, exact, gate, beta_is_logit)[0]
+    return _longest(call, max_seqlen)
 
 
 def _longest(call: FwdCall, max_seqlen) -> FwdCall:
@@ -568,13 +637,14 @@ def _longest(call: FwdCall, max_seqlen) -> FwdCall:
     return call._replace(max_seqlen=longest) if longest else call
 
 
-def _check_all(tensors: tuple, scale, lower_bound, checkpoint_every, exact) -> tuple:
+def _check_all(tensors: tuple, scale, lower_bound, checkpoint_every, exact, gate, beta_is_logit) -> tuple:
     """:func:`check_all` on the tensor arguments in slot order (``_TENSORS``), returning
     ``(call, the overlap pairs it tested)``."""
     (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
      has_initial_state, checkpoints) = tensors  # fmt: skip
-    B, T, H = _activations(q, k, v, g, beta, out)
-    _gate_shapes(A_log, dt_bias, H)
+    check_forms(gate, beta_is_logit)
+    B, T, H = _activations(q, k, v, g, beta, out, gate)
+    lower_bound = _gate_parameters(gate, A_log, dt_bias, lower_bound, H)
     optional = dict(initial_state=initial_state, final_state=final_state, checkpoints=checkpoints)
     for name, x in optional.items():
         if x is not None:
@@ -589,7 +659,7 @@ def _check_all(tensors: tuple, scale, lower_bound, checkpoint_every, exact) -> t
     arguments = dict(inputs, **outputs)
     refuse_grad(arguments)
     _same_device(arguments, q.device)
-    scale, lower_bound = _scale(scale), _lower_bound(lower_bound)
+    scale = _scale(scale)
     mode = resolve_exact(exact)
     strides = tuple(
         _layout.activation_strides(name, x) for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("out", out))
@@ -607,8 +677,9 @@ def _check_all(tensors: tuple, scale, lower_bound, checkpoint_every, exact) -> t
     overlaps = _layout.overlap_pairs(outputs, dict(inputs, cu_seqlens=cu_seqlens), _SLOT)
     _layout.check_overlaps(overlaps, _layout.pointers(tensors))
     call = FwdCall(
-        q, k, v, g, beta, out, _widen(A_log), _widen(dt_bias.reshape(H, HEAD_DIM)), scale, lower_bound,
-        initial_state, final_state, device_cu, ssm_state_indices, has_initial_state, every, checkpoints, mode,
-        B, T, H, N, state_dtype, bounds, strides,
+        q, k, v, g, beta, out, None if A_log is None else _widen(A_log),
+        None if dt_bias is None else _widen(dt_bias.reshape(H, HEAD_DIM)), scale, lower_bound, initial_state,
+        final_state, device_cu, ssm_state_indices, has_initial_state, every, checkpoints, mode, B, T, H, N,
+        state_dtype, bounds, strides, gate=gate, beta_is_logit=beta_is_logit,
     )  # fmt: skip
     return call, overlaps

@@ -30,6 +30,8 @@ _UNAVAILABLE = "native library unavailable"
 _CHECKPOINTS = "fla's Triton forward cannot write checkpoints; using PyTorch for this call"
 _NO_TOKENS = "a call without tokens copies the states on the PyTorch path"
 _OLD_DRIVER = "CUDA driver "
+_FLA_TAKES = "; using fla Triton"
+_NO_FLA = "; fla is not importable, using PyTorch"
 _logged = set()
 
 
@@ -74,8 +76,8 @@ def choose_path(
     else:
         return NATIVE, f"native kernels for sm_{compute_capability}"
     if fla_present() if callable(fla_present) else fla_present:
-        return FLA, f"{why}; using fla Triton"
-    return TORCH, f"{why}; fla is not importable, using PyTorch"
+        return FLA, why + _FLA_TAKES
+    return TORCH, why + _NO_FLA
 
 
 @functools.cache
@@ -163,6 +165,39 @@ def run_native(call: _validate.FwdCall, *, workspace=None, overrides=None) -> No
     _launch.run(call, index, device_facts(index), ENV_SWITCH, workspace_tensor=workspace, overrides=overrides)
 
 
+def forms_refusal(device: torch.device, gate: str, beta_is_logit: bool, g_dtype, beta_dtype) -> Optional[str]:
+    """Why a native call of these gate and beta forms (other than FlashKDA's) would leave the
+    native path on CUDA ``device``, or None: their kernels run where the device's arch table
+    enables them (FEATURE_GATE_FORMS, once validated on that GPU) or the process-wide test
+    overrides ask for them (``flash_kda.testing``)."""
+    overrides = _native.overrides
+    if overrides is not None and overrides.unvalidated_forms:
+        return None
+    lib = _native.load()
+    cc = device_facts(_cuda_index(device))[0]
+    if lib is not None and any(
+        a.compute_capability == cc and a.features & _native.FEATURE_GATE_FORMS for a in lib.archs
+    ):
+        return None
+    forms = [f"gate={gate!r}"] if gate != "lower_bound" else []
+    forms += [] if beta_is_logit else ["beta_is_logit=False"]
+    forms += [f"float32 {name}" for name, dtype in (("g", g_dtype), ("beta", beta_dtype)) if dtype == torch.float32]
+    return f"native kernels for {', '.join(forms)} are built but not yet validated on a GPU"
+
+
+def native_refusal(device, *, gate="lower_bound", beta_is_logit=True, g_dtype=torch.bfloat16,
+                   beta_dtype=torch.bfloat16) -> Optional[str]:  # fmt: skip
+    """Why :func:`flash_kda.fwd` would not run a call of these forms with tensors on ``device``
+    on its native kernels (None: it would), as :func:`run` decides: the path's reason, or the
+    forms' (:func:`forms_refusal`). fla's chunk_kda backend asks it before taking a call."""
+    device = torch.device(device)
+    path, reason = _path_of(device)
+    if path != NATIVE:
+        return reason
+    default = gate == "lower_bound" and beta_is_logit and g_dtype == beta_dtype == torch.bfloat16
+    return None if default else forms_refusal(device, gate, beta_is_logit, g_dtype, beta_dtype)
+
+
 def _path_of(device: torch.device) -> tuple[str, str]:
     """:func:`explain` for the device of a validated call: its tensors live there, so a CUDA
     call skips explain's availability checks (4-6 us less host time a call on the H200
@@ -213,10 +248,17 @@ def recover(call: _validate.FwdCall, error: "_native.NativeError") -> None:
 
 
 def run(call: _validate.FwdCall) -> None:
-    """Run a validated call on the path :func:`explain` picks (logged once per reason),
-    falling back where the native library cannot run it (:func:`recover`)."""
+    """Run a validated call on the path :func:`explain` picks (logged once per reason); calls
+    of other gate or beta forms than FlashKDA's leave the native path until their kernels are
+    enabled (:func:`forms_refusal`); where the native library cannot run a call it falls back
+    (:func:`recover`)."""
     device = call.device
-    path, reason = _fallback_path(call, *_path_of(device))
+    path, reason = _path_of(device)
+    if path == NATIVE and not call.default_forms:
+        why = forms_refusal(device, call.gate, call.beta_is_logit, call.g.dtype, call.beta.dtype)
+        if why is not None:
+            path, reason = (FLA, why + _FLA_TAKES) if fallback.fla_available() else (TORCH, why + _NO_FLA)
+    path, reason = _fallback_path(call, path, reason)
     _log_once(device, path, reason)
     if path != NATIVE:
         _run_fallback(call, path)

@@ -79,6 +79,7 @@ class _Call(NamedTuple):
     tokens: tuple  # q, k, v, g, beta, out: [1, T_local, ...]
     params: tuple  # scale, A_log, dt_bias, lower_bound
     exact: Optional[bool]
+    forms: dict = {}  # gate, beta_is_logit
 
     def fwd(self, piece, *, v=None, **kw) -> None:
         """flash_kda.fwd over the local tokens [piece.start, piece.end) as one sequence (B = 1),
@@ -91,7 +92,7 @@ class _Call(NamedTuple):
         q, k, v_piece, g, beta, out = (x[:, start:end] for x in self.tokens)
         scale, A_log, dt_bias, lower_bound = self.params
         v = v_piece if v is None else v
-        _kda_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, exact=self.exact, **kw)
+        _kda_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, exact=self.exact, **self.forms, **kw)
 
 
 # ------------------------------------------------------------------ the exchange
@@ -249,6 +250,7 @@ def _split(split, tokens: int, rank: int, size: int) -> list:
 def fwd(
     q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None, cu_seqlens=None,
     *, group=None, split=None, ssm_state_indices=None, has_initial_state=None, exact=None, timings=None,
+    gate="lower_bound", beta_is_logit=True,
 ) -> None:  # fmt: skip
     """The KDA forward of one packed batch whose tokens are spread over the ranks of
     ``group``: this rank's part. Every rank of the group calls it, with the same global
@@ -284,7 +286,7 @@ def fwd(
     ssm_state_indices, has_initial_state : torch.Tensor, optional
         As for :func:`flash_kda.fwd`, ``[N]`` over the global sequences, on this rank's
         device.
-    exact : bool, optional
+    exact, gate, beta_is_logit : optional
         Passed to every :func:`flash_kda.fwd` call. Composed start states make the result
         deterministic and within the automatic path's accuracy contract, not bitwise the
         one-GPU result (docs/distributed.md says when it is).
@@ -310,7 +312,8 @@ def fwd(
         _WHERE, initial_state, final_state, ssm_state_indices, has_initial_state, len(bounds) - 1, heads, out
     )
     plan = _cp_plan.from_split(bounds, split, rank)
-    call = _Call((q, k, v, g, beta, out), (scale, A_log, dt_bias, lower_bound), exact)
+    forms = dict(gate=gate, beta_is_logit=beta_is_logit)
+    call = _Call((q, k, v, g, beta, out), (scale, A_log, dt_bias, lower_bound), exact, forms)
     _run(plan, call, states, group, timings)
 
 
@@ -334,7 +337,7 @@ def fla_refusal(cp_context) -> Optional[str]:
 
 def fla_chunk_kda(
     q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, *, cp_context, A_log, dt_bias,
-    lower_bound, exact=None,
+    lower_bound, exact=None, gate="lower_bound", beta_is_logit=True,
 ) -> tuple:  # fmt: skip
     """fla's ``chunk_kda(..., cp_context=...)`` with FlashKDA's flags (design §1.7) on this
     package: ``(o, final_state)`` for this rank's slice, as fla's FlashKDA backend returns.
@@ -344,7 +347,9 @@ def fla_chunk_kda(
     an earlier rank), and with ``output_final_state`` the fp32 ``[N_local, H, 128, 128]``
     state after each local sequence's last token on this rank (its final state where it
     ends here, the state handed to the next rank otherwise). fla's own CP path takes
-    neither. Raises ``ValueError`` for a context :func:`fla_refusal` names.
+    neither. ``gate`` and ``beta_is_logit`` as :func:`flash_kda.fwd` (fla's other gate and
+    beta flags, mapped by ``flash_kda._fla_backend``). Raises ``ValueError`` for a context
+    :func:`fla_refusal` names.
     """
     why = fla_refusal(cp_context)
     if why is not None:
@@ -364,5 +369,6 @@ def fla_chunk_kda(
     states = _cp_states.States(_FLA, initial_state, final, None, None, len(bounds) - 1, heads, out)
     plan = _cp_plan.from_fla(bounds, cp_context.pre_num_ranks, cp_context.post_num_ranks, rank)
     scale = D**-0.5 if scale is None else scale
-    _run(plan, _Call((q, k, v, g, beta, out), (scale, A_log, dt_bias, lower_bound), exact), states, group, None)
+    forms = dict(gate=gate, beta_is_logit=beta_is_logit)
+    _run(plan, _Call((q, k, v, g, beta, out), (scale, A_log, dt_bias, lower_bound), exact, forms), states, group, None)
     return out, final

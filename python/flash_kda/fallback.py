@@ -49,6 +49,26 @@ def fla_available() -> bool:
     return fla_chunk_kda() is not None
 
 
+def fla_forms(call) -> tuple:
+    """``(g, beta, keywords)``: fla's arguments for the call's gate and beta forms. The bounded
+    gate takes FLASH_KDA_FLAGS; the softplus gate fla's unbounded in-kernel gate (safe_gate
+    off, no lower_bound); a log decay fla's precomputed gate (use_gate_in_kernel off), clamped
+    to <= 0 as the kernels take it (NaN: 0); a probability beta fla's post-sigmoid beta, clamped
+    to [0, 1] (NaN: 0)."""
+    flags = dict(FLASH_KDA_FLAGS, A_log=call.A_log, lower_bound=call.lower_bound)
+    flags["dt_bias"] = None if call.dt_bias is None else call.dt_bias.reshape(-1)
+    g, beta = call.g.contiguous(), call.beta.contiguous()
+    if call.gate == "softplus":
+        flags.update(safe_gate=False, lower_bound=None)
+    elif call.gate == "log_decay":
+        flags.update(use_gate_in_kernel=False, safe_gate=False, lower_bound=None, A_log=None, dt_bias=None)
+        g = torch.fmin(g, torch.zeros((), dtype=g.dtype, device=g.device))
+    if not call.beta_is_logit:
+        flags.update(use_beta_sigmoid_in_kernel=False)
+        beta = torch.nan_to_num(beta, nan=0.0).clamp(0.0, 1.0)
+    return g, beta, flags
+
+
 def fla_fwd(call) -> None:
     """Run fla's Triton forward with FlashKDA's semantics on a validated call without
     checkpoints; write ``out`` (rows inside sequences) and ``final_state`` in place."""
@@ -61,20 +81,18 @@ def fla_fwd(call) -> None:
         return
     start = _sequences.initial_states(call, host)
     with torch.no_grad():
+        g, beta, flags = fla_forms(call)
         o, ht = impl(
             call.q.contiguous(),
             call.k.contiguous(),
             call.v.contiguous(),
-            call.g.contiguous(),
-            call.beta.contiguous(),
+            g,
+            beta,
             scale=call.scale,
             initial_state=None if start is None else start.float(),
             output_final_state=call.final_state is not None,
-            lower_bound=call.lower_bound,
             cu_seqlens=None if call.cu_seqlens is None else call.cu_seqlens.long(),
-            **FLASH_KDA_FLAGS,
-            A_log=call.A_log,
-            dt_bias=call.dt_bias.reshape(-1),
+            **flags,
         )
         if host.bounds is None:
             call.out.copy_(o)

@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import _args, _sequences, _validate
-from ._numerics import LOG2E, LOG2E_F, Ops, add_ftz, bf, bmul, fma_ftz, hadd, hf, mul_ftz
+from ._numerics import LOG2E, LOG2E_F, Ops, add_ftz, bf, bmul, fma_ftz, hadd, hf, max_num, min_num, mul_ftz
 
 C = 16  # tokens per chunk
 D = 128  # head dim
@@ -30,6 +30,9 @@ D = 128  # head dim
 # keyword-only arguments of fwd are passed by name when a problem dict has them.
 FWD_ARGS = _args.POSITIONAL
 FWD_KEYWORDS = _args.KEYWORD_ONLY
+GATES = _validate.GATES
+CLAMP_LOG2 = 15.0  # C of design §2.5: the score operands' clamped gamma~ = max(gamma, -C)
+INVERSE_TOLERANCE = 2.0**-8  # design §2.6: a sound Neumann inverse has every |residual| <= this
 GOLD_ARGS = ("q", "k", "v", "g", "beta", "scale", "A_log", "dt_bias", "lower_bound", "initial_state", "cu_seqlens")
 
 
@@ -164,6 +167,78 @@ def gate_cumsum(ops: Ops, g, valid, A_log, dt_bias, lower_bound) -> torch.Tensor
     return cumulative_gates(gate_values(ops, g, valid, A_log, dt_bias, lower_bound))
 
 
+def unbounded_gamma(ops: Ops, g, valid, A_log, dt_bias, gate: str) -> torch.Tensor:
+    """design §3.2 step U1 (§2.5), the log2 decay of the unbounded gates, in [-inf, 0]:
+    softplus: a = EX2(A_log * LOG2E_F), y = (g + dt) * LOG2E_F, gamma = min(-a * (max(y, 0) +
+    LG2(1 + EX2(-|y|))), 0); log_decay: gamma = min(g * LOG2E_F, 0); min and max return the
+    other operand for a NaN. 0 beyond the valid rows."""
+    x = g.float()
+    if gate == "softplus":
+        neg_a = -ops.ex2(mul_ftz(A_log.float(), torch.full_like(A_log.float(), LOG2E_F)))
+        y = mul_ftz(add_ftz(x, dt_bias.reshape(1, -1, 1, D).float().expand_as(x)), torch.full_like(x, LOG2E_F))
+        sp = add_ftz(max_num(y, 0.0), ops.lg2(add_ftz(torch.ones_like(y), ops.ex2(-y.abs()))))
+        gamma = min_num(mul_ftz(neg_a.reshape(1, -1, 1, 1).expand_as(sp), sp), 0.0)
+    else:
+        gamma = min_num(mul_ftz(x, torch.full_like(x, LOG2E_F)), 0.0)
+    return torch.where(valid[:, None, :, None], gamma, torch.zeros_like(gamma))
+
+
+def _chain(gamma: torch.Tensor, rows, start=None) -> list:
+    """The sequential fp32 sums (add_ftz) of gamma over ``rows`` in that order, from 0 (or
+    ``start``): element i is the sum after row rows[i]."""
+    acc = torch.zeros_like(gamma[:, :, 0]) if start is None else start
+    out = []
+    for t in rows:
+        acc = add_ftz(acc, gamma[:, :, t])
+        out.append(acc)
+    return out
+
+
+def unbounded_decays(ops: Ops, q_hat, k_hat, gamma, scale: float):
+    """design §3.2 steps U2, U3 (§2.5): every factor EX2 of a sum that never subtracts. With the
+    halves H0 = rows 0-7 and H1 = rows 8-15: G_t (H0 forward; in H1 G_7 + F_t, F forward from
+    row 8), D_t = sum_{s>t} gamma_s (H1 backward, T = D_7 its total; in H0 B_t + T, B backward
+    to row 7), e = EX2(G_7 + T); Kd = k (*) E(G), Qd = (q (*) E(G)) (*) sb, Kr = k (*) E(D) with
+    E = bf(EX2(.)); the score operands A = k (*) E(a), A_q = (q (*) E(a)) (*) sb, B = k (*) E(-a)
+    from the clamped gamma~ = max(gamma, -C): a_t = -B~_t in H0, F~_t in H1."""
+    half = C // 2
+    clamped = max_num(gamma, -CLAMP_LOG2)
+    G0 = _chain(gamma, range(half))  # G_0 .. G_7
+    D1 = _chain(gamma, range(C - 1, half - 1, -1))  # after rows 15, 14, .., 8: D_14 .. D_8, then T
+    T = D1[-1]
+    D = [None] * C
+    D[C - 1] = torch.zeros_like(T)
+    for i, t in enumerate(range(C - 2, half - 1, -1)):
+        D[t] = D1[i]
+    B0 = _chain(gamma, range(half - 1, 0, -1))  # after rows 7 .. 1: B_6 .. B_0
+    Bc = _chain(clamped, range(half - 1, 0, -1))
+    zero = torch.zeros_like(T)
+    B, Bt = [None] * half, [None] * half
+    B[half - 1], Bt[half - 1] = zero, zero
+    for i, t in enumerate(range(half - 2, -1, -1)):
+        B[t], Bt[t] = B0[i], Bc[i]
+    F = _chain(gamma, range(half, C))
+    Fc = _chain(clamped, range(half, C))
+    G7 = G0[-1]
+    G = G0 + [add_ftz(G7, f) for f in F]
+    for t in range(half):
+        D[t] = add_ftz(B[t], T)
+    a = [-b for b in Bt] + Fc
+    stack = lambda xs: torch.stack(xs, dim=2)  # noqa: E731
+    G, D, a = stack(G), stack(D), stack(a)
+    e = ops.ex2(add_ftz(G7, T))
+    sb = bf(torch.tensor(scale, dtype=torch.float32, device=G.device))
+    e_plus = bf(ops.ex2(G))
+    up, down = bf(ops.ex2(a)), bf(ops.ex2(-a))
+    Qd = bmul(bmul(q_hat, e_plus), sb.expand_as(e_plus))
+    Kd = bmul(k_hat, e_plus)
+    Kr = bmul(k_hat, bf(ops.ex2(D)))
+    A_q = bmul(bmul(q_hat, up), sb.expand_as(up))
+    A_k = bmul(k_hat, up)
+    B_op = bmul(k_hat, down)
+    return e, Qd, Kd, Kr, A_q, A_k, B_op
+
+
 def apply_decays(ops: Ops, q_hat, k_hat, G, scale: float):
     """design §3.2 steps 5, 6: e = EX2(G[15]); Qd = (q (*) E+) (*) sb, Kd = k (*) E+, Ki = k (*) E-,
     Kr = Ki (*) bf(e), with E+ = bf(EX2(G)), E- = bf(EX2(-G)), sb = bf(fp32(scale))."""
@@ -202,20 +277,73 @@ def neumann_product(ops: Ops, L) -> torch.Tensor:
     return n
 
 
-def neumann_inverse(ops: Ops, L) -> torch.Tensor:
-    """design §3.2 step 9: INV = bf(f(N3))."""
-    return bf(neumann_product(ops, L).float())
+def residual(ops: Ops, L, N) -> torch.Tensor:
+    """design §2.6: R = N + MMA16(L, N) - I, each entry the fp32 sum (RN) of the two fp16
+    values, 1 subtracted on the diagonal."""
+    R = N.float() + ops.mma16(L, N).float()
+    return R - torch.eye(R.shape[-1], dtype=R.dtype, device=R.device)
 
 
-def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks: Chunks) -> dict:
-    """K1 (design §3.2) for every chunk and head: tensors [chunks, H, ...]."""
+def within_tolerance(R) -> torch.Tensor:
+    """Every |R_ij| <= INVERSE_TOLERANCE (NaN is not), per matrix."""
+    return (R.abs() <= INVERSE_TOLERANCE).all(-1).all(-1)
+
+
+def forward_substitution(L) -> torch.Tensor:
+    """design §2.6: (I + L)^-1 of strictly lower fp16 L [..., n, n] in fp32, column by
+    column as the kernel's lanes: X_jj = 1, X_ij = 0 above, and for i > j X_ij = -acc with
+    acc = fma(L_is, X_sj, acc) over s = 0 .. i - 1 in order from +0 (FTZ)."""
+    Lf = L.float()
+    n = L.shape[-1]
+    X = torch.zeros(Lf.shape, dtype=torch.float32, device=L.device)
+    j = torch.arange(n, device=L.device)
+    for i in range(n):
+        acc = torch.zeros_like(X[..., 0, :])
+        for s in range(i):
+            acc = fma_ftz(Lf[..., i, s, None].expand_as(acc), X[..., s, :], acc)
+        X[..., i, :] = torch.where(j == i, torch.ones_like(acc), torch.where(j < i, -acc, torch.zeros_like(acc)))
+    return X
+
+
+def neumann_inverse(ops: Ops, L, stable: bool = False) -> torch.Tensor:
+    """design §3.2 step 9: INV = bf(f(N3)); with ``stable`` (AUTO mode, design §2.6), bf of the fp32
+    forward substitution where N3's residual is out of tolerance."""
+    N = neumann_product(ops, L)
+    INV = bf(N.float())
+    if not stable:
+        return INV
+    unsound = ~within_tolerance(residual(ops, L, N))
+    if unsound.any():
+        INV[unsound] = bf(forward_substitution(L[unsound]))
+    return INV
+
+
+def write_strength(ops: Ops, beta, beta_is_logit: bool = True) -> torch.Tensor:
+    """design §3.2 step 8's b in fp32: sig(f(beta)) of a logit, else min(max(f(beta), 0), 1) (NaN: 0)."""
+    x = beta.float()
+    if beta_is_logit:
+        return ops.sigmoid(x)
+    return min_num(max_num(x, 0.0), 1.0)
+
+
+def prepare(
+    ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks: Chunks, gate="lower_bound",
+    beta_is_logit=True, stable=False,
+) -> dict:  # fmt: skip
+    """K1 (design §3.2; the unbounded gates' steps U1-U3 of design §2.5) for every chunk and
+    head: tensors [chunks, H, ...]. ``stable``: the stable inverse of AUTO mode."""
     q_hat = l2_normalize(ops, gather_chunks(q, chunks))
     k_hat = l2_normalize(ops, gather_chunks(k, chunks))
-    G = gate_cumsum(ops, gather_chunks(g, chunks), chunks.valid, A_log, dt_bias, lower_bound)
-    e, Qd, Kd, Ki, Kr = apply_decays(ops, q_hat, k_hat, G, scale)
-    b = ops.sigmoid(gather_chunks(beta, chunks).float())
-    L, Mqk = chunk_scores(ops, Qd, Kd, Ki, b)
-    return dict(Kd=Kd, Qd=Qd, Kr=Kr, e=e, INV=neumann_inverse(ops, L), Mqk=Mqk, beta=bf(b))
+    if gate == "lower_bound":
+        G = gate_cumsum(ops, gather_chunks(g, chunks), chunks.valid, A_log, dt_bias, lower_bound)
+        e, Qd, Kd, Ki, Kr = apply_decays(ops, q_hat, k_hat, G, scale)
+        operands = Qd, Kd, Ki
+    else:
+        gamma = unbounded_gamma(ops, gather_chunks(g, chunks), chunks.valid, A_log, dt_bias, gate)
+        e, Qd, Kd, Kr, *operands = unbounded_decays(ops, q_hat, k_hat, gamma, scale)
+    b = write_strength(ops, gather_chunks(beta, chunks), beta_is_logit)
+    L, Mqk = chunk_scores(ops, *operands, b)
+    return dict(Kd=Kd, Qd=Qd, Kr=Kr, e=e, INV=neumann_inverse(ops, L, stable), Mqk=Mqk, beta=bf(b))
 
 
 def recurrence_step(ops: Ops, S, V, rec: dict):
@@ -295,8 +423,9 @@ def run(call: _validate.FwdCall, ops: Ops) -> None:
     with torch.no_grad():
         chunks = chunk_table(call.batch, T, host.bounds, device)
         rec = prepare(
-            ops, call.q, call.k, call.g, call.beta, call.A_log, call.dt_bias, call.scale, call.lower_bound, chunks
-        )
+            ops, call.q, call.k, call.g, call.beta, call.A_log, call.dt_bias, call.scale, call.lower_bound, chunks,
+            call.gate, call.beta_is_logit, stable=not call.exact,
+        )  # fmt: skip
         V = gather_chunks(call.v, chunks)
         start = _sequences.initial_states(call, host)  # design §1.4: the state is bf16
         S = torch.zeros(call.num_seqs, H, D, D, dtype=torch.bfloat16, device=device)
@@ -319,18 +448,39 @@ def fwd(*args, **kwargs) -> None:
     contract of :func:`flash_kda.fwd` (pools, checkpoints and strided views included).
 
     On a GPU whose arch table the library has, the approximate instructions run through
-    the library's probes: the bitwise oracle of the native forward in exact mode (``exact``
-    and ``max_seqlen`` are accepted and ignored: the ledger is always exact and has no plan).
+    the library's probes: the bitwise oracle of the native forward in exact mode, and with
+    ``exact=False`` of the automatic path's 16-token whole-sequence passes (the stable inverse
+    of design §2.6; the reference has no plan: no segments, no 32-token chunks, and
+    ``max_seqlen`` is ignored). ``gate`` and ``beta_is_logit`` as :func:`flash_kda.fwd`.
     Elsewhere it uses exact math.
     """
     call = _validate.check_fwd(*args, **kwargs)
     run(call, Ops(call.device))
 
 
+def gate_gold(g, A_log, dt_bias, lower_bound, gate="lower_bound") -> torch.Tensor:
+    """The natural-log decay of every gate form in fp64, [B * T, H, 128] (design §2.2,
+    §2.5): lower_bound * sigmoid(e^A_log (g + dt)), -e^A_log softplus(g + dt), or g itself
+    clamped to <= 0 (NaN: 0)."""
+    B, T, H, _ = g.shape
+    x = g.to(torch.float64).reshape(B * T, H, D)
+    if gate == "log_decay":
+        return torch.fmin(x, torch.zeros((), dtype=x.dtype, device=x.device))
+    a = torch.exp(A_log.to(torch.float64)).reshape(1, H, 1)
+    x = x + dt_bias.to(torch.float64).reshape(1, H, D)
+    if gate == "softplus":
+        # -a softplus(x); NaN (an a of 0 against an infinite softplus, or a NaN g) takes no decay
+        decay = -a * torch.logaddexp(x, torch.zeros_like(x))
+        return torch.where(torch.isnan(decay), torch.zeros_like(decay), decay)
+    return lower_bound * torch.sigmoid(a * x)
+
+
 def gold(
-    q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, initial_state=None, cu_seqlens=None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact recurrence of design §2.1 in fp64, one token at a time.
+    q, k, v, g, beta, scale, A_log, dt_bias, lower_bound, initial_state=None, cu_seqlens=None, *,
+    gate="lower_bound", beta_is_logit=True,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The exact recurrence of design §2.1 in fp64, one token at a time, for every gate form
+    (:func:`gate_gold`) and beta form (a logit, or the write strength clamped to [0, 1]).
 
     Returns ``(out, final_state)``: ``out`` [B, T, H, 128] and ``final_state``
     [N, H, 128 (V), 128 (K)], both float64. The initial state is used unrounded.
@@ -345,9 +495,9 @@ def gold(
 
         qn, kn = unit(q).reshape(B * T, H, D), unit(k).reshape(B * T, H, D)
         vv = v.to(f64).reshape(B * T, H, D)
-        a = torch.exp(A_log.to(f64)).reshape(1, H, 1)
-        gate = lower_bound * torch.sigmoid(a * (g.to(f64).reshape(B * T, H, D) + dt_bias.to(f64).reshape(1, H, D)))
-        alpha, b = torch.exp(gate), torch.sigmoid(beta.to(f64).reshape(B * T, H))
+        alpha = torch.exp(gate_gold(g, A_log, dt_bias, lower_bound, gate))
+        b = beta.to(f64).reshape(B * T, H)
+        b = torch.sigmoid(b) if beta_is_logit else torch.nan_to_num(b, nan=0.0).clamp(0.0, 1.0)
         if cu_seqlens is None:
             bounds = [i * T for i in range(B + 1)]
         else:

@@ -157,51 +157,98 @@ struct DeviceLimits {
   int sms, regs_sm, smem_optin, smem_sm, threads_sm;
 };
 
+// The K1 kernels a call can run (prepare.cuh K1Variant): 16- and 32-token records of FlashKDA's
+// contract, the same with the beta forms or the stable inverse, and 16-token records of the
+// unbounded gates (design §2.5).
+enum K1Kind {
+  kK1Bounded16 = 0,
+  kK1Bounded32 = 1,
+  kK1Forms16 = 2,
+  kK1Forms32 = 3,
+  kK1Unbounded16 = 4,
+  kK1Kinds = 5
+};
+
 struct DeviceFacts {
   int sms, regs_sm, smem_optin, smem_sm, threads_sm;
-  int k1_alone[2];    // prepare_overlap_kernel<blocks> CTAs per SM by itself, blocks = 1, 2
-  int k1_prepare[2];  // prepare_kernel<blocks> CTAs per SM by itself
-  Footprint k1[2];    // what one prepare_overlap_kernel CTA holds
+  int k1_alone[kK1Kinds];    // prepare_overlap_kernel CTAs per SM by itself, by K1Kind
+  int k1_prepare[kK1Kinds];  // prepare_kernel CTAs per SM by itself
+  Footprint k1[kK1Kinds];    // what one prepare_overlap_kernel CTA holds
   DeviceLimits real;
   bool simulated;
   int plan_sms;  // the plan's SM count: sms, or a simulated count above the device's
 };
 
-// K1 for chunks of `blocks` 16-token blocks: its kernels, threads and dynamic shared memory.
+// K1 of a kind: its kernels, threads and dynamic shared memory.
 struct K1Launch {
   const void *kernel, *overlap;
   int threads, smem;
   const char *name, *overlap_name;
 };
 
-inline K1Launch k1_launch(int blocks, RecordOrder order = RecordOrder::kFragments) {
-  if (blocks == 2)
-    return {reinterpret_cast<const void *>(prepare_kernel<2>),
-            reinterpret_cast<const void *>(prepare_overlap_kernel<2>),
-            K1Shape<2>::kThreads,
-            K1Shape<2>::kDynamicSmem,
-            "prepare_kernel<2, RecordOrder::kFragments>",
-            "prepare_overlap_kernel<2, RecordOrder::kFragments>"};
+// The names of K1's two kernels as the source writes the instantiation ("prepare_kernel<1,
+// RecordOrder::kFragments>"; FlashKDA's variant, the default, unnamed), built once.
+template <int kBlocks, RecordOrder kOrder, K1Variant kVariant>
+const std::string *k1_names() {
+  static const std::string args =
+      std::to_string(kBlocks) +
+      (kOrder == RecordOrder::kTiles ? ", RecordOrder::kTiles" : ", RecordOrder::kFragments") +
+      (kVariant == K1Variant::kBoundedForms ? ", K1Variant::kBoundedForms"
+       : kVariant == K1Variant::kUnbounded  ? ", K1Variant::kUnbounded"
+                                            : "") +
+      ">";
+  static const std::string names[2] = {"prepare_kernel<" + args, "prepare_overlap_kernel<" + args};
+  return names;
+}
+
+template <int kBlocks, RecordOrder kOrder, K1Variant kVariant>
+K1Launch k1_kernels() {
+  const std::string *names = k1_names<kBlocks, kOrder, kVariant>();
+  return {reinterpret_cast<const void *>(prepare_kernel<kBlocks, kOrder, kVariant>),
+          reinterpret_cast<const void *>(prepare_overlap_kernel<kBlocks, kOrder, kVariant>),
+          K1Shape<kBlocks>::kThreads,
+          K1Shape<kBlocks>::kDynamicSmem,
+          names[0].c_str(),
+          names[1].c_str()};
+}
+
+// The 16-token K1 of a variant in `order`.
+template <K1Variant kVariant>
+K1Launch k1_kernels16(RecordOrder order) {
 #if FLASH_KDA_CC == 90
-  if (order == RecordOrder::kTiles)
-    return {reinterpret_cast<const void *>(prepare_kernel<1, RecordOrder::kTiles>),
-            reinterpret_cast<const void *>(prepare_overlap_kernel<1, RecordOrder::kTiles>),
-            K1Shape<1>::kThreads,
-            K1Shape<1>::kDynamicSmem,
-            "prepare_kernel<1, RecordOrder::kTiles>",
-            "prepare_overlap_kernel<1, RecordOrder::kTiles>"};
+  if (order == RecordOrder::kTiles) return k1_kernels<1, RecordOrder::kTiles, kVariant>();
 #endif
-  return {reinterpret_cast<const void *>(prepare_kernel<1>),
-          reinterpret_cast<const void *>(prepare_overlap_kernel<1>),
-          K1Shape<1>::kThreads,
-          K1Shape<1>::kDynamicSmem,
-          "prepare_kernel<1, RecordOrder::kFragments>",
-          "prepare_overlap_kernel<1, RecordOrder::kFragments>"};
+  return k1_kernels<1, RecordOrder::kFragments, kVariant>();
+}
+
+inline K1Launch k1_launch(int kind, RecordOrder order = RecordOrder::kFragments) {
+  constexpr RecordOrder kFrags = RecordOrder::kFragments;
+  switch (kind) {
+    case kK1Bounded32:
+      return k1_kernels<2, kFrags, K1Variant::kBounded>();
+    case kK1Forms32:
+      return k1_kernels<2, kFrags, K1Variant::kBoundedForms>();
+    case kK1Forms16:
+      return k1_kernels16<K1Variant::kBoundedForms>(order);
+    case kK1Unbounded16:
+      return k1_kernels16<K1Variant::kUnbounded>(order);
+    default:
+      return k1_kernels16<K1Variant::kBounded>(order);
+  }
 }
 
 // Chunks of the call, in 16-token blocks (1 or 2).
 inline int chunk_blocks(const FwdParams &p) {
   return p.chunk_shift == 5 ? 2 : 1;
+}
+
+// The K1 kind of a call: FlashKDA's kernels for FlashKDA's contract (an fp32 g comes with the
+// log-decay gate only).
+inline int k1_kind(const FwdParams &p) {
+  const bool forms = p.beta_prob || p.beta_fp32 || p.stable_inverse;
+  if (chunk_blocks(p) == 2) return forms ? kK1Forms32 : kK1Bounded32;
+  if (p.gate != Gate::kLowerBound) return kK1Unbounded16;
+  return forms ? kK1Forms16 : kK1Bounded16;
 }
 
 inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
@@ -216,19 +263,19 @@ inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
     const cudaError_t err = cudaDeviceGetAttribute(value, attr, device);
     if (err != cudaSuccess) return err;
   }
-  for (int blocks = 1; blocks <= 2; ++blocks) {
-    const K1Launch k1 = k1_launch(blocks);
+  for (int kind = 0; kind < kK1Kinds; ++kind) {
+    const K1Launch k1 = k1_launch(kind);
     for (const void *kernel : {k1.kernel, k1.overlap}) {
       if (k1.smem == 0) continue;
       const cudaError_t err = allow_smem(kernel, k1.smem);
       if (err != cudaSuccess) return err;
     }
-    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &f.k1_alone[blocks - 1], k1.overlap, k1.threads, k1.smem);
+    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.k1_alone[kind], k1.overlap,
+                                                                    k1.threads, k1.smem);
     if (err == cudaSuccess)
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.k1_prepare[blocks - 1], k1.kernel,
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.k1_prepare[kind], k1.kernel,
                                                           k1.threads, k1.smem);
-    if (err == cudaSuccess) err = footprint(k1.overlap, k1.threads, k1.smem, f.k1[blocks - 1]);
+    if (err == cudaSuccess) err = footprint(k1.overlap, k1.threads, k1.smem, f.k1[kind]);
     if (err != cudaSuccess) return err;
   }
   f.real = {f.sms, f.regs_sm, f.smem_optin, f.smem_sm, f.threads_sm};
@@ -259,7 +306,7 @@ inline void simulate(const TestSwitches &t, DeviceFacts &d) {
   clamp(d.smem_optin, t.smem_optin);
   clamp(d.smem_sm, t.smem_sm);
   clamp(d.threads_sm, t.threads_sm);
-  for (int b = 0; b < 2; ++b) {  // both K1 kernels: the same threads and shared memory
+  for (int b = 0; b < kK1Kinds; ++b) {  // both K1 kernels: the same threads and shared memory
     d.k1_alone[b] = resident_on(d, d.k1[b], d.k1_alone[b]);
     d.k1_prepare[b] = resident_on(d, d.k1[b], d.k1_prepare[b]);
     clamp(d.k1_alone[b], t.k1_ctas_sm);
@@ -485,13 +532,13 @@ LaunchStatus configure_chunk(const FwdParams &p, ChainPass pass, int block_v, Pa
 // K1 CTAs (prepare_overlap_kernel) that fit on an SM beside one CTA of `pass`: by the
 // registers of the fullest sub-partition, shared memory and threads, at most as many as K1
 // runs by itself.
-inline LaunchStatus k1_fit_beside(const PassLaunch &pass, const DeviceFacts &d, int blocks,
+inline LaunchStatus k1_fit_beside(const PassLaunch &pass, const DeviceFacts &d, int kind,
                                   int &fit) {
-  const Footprint &k1 = d.k1[blocks - 1];
+  const Footprint &k1 = d.k1[kind];
   Footprint k2;
   const cudaError_t err = footprint(pass.kernel, pass.threads, pass.smem, k2);
   if (err != cudaSuccess) return {err, "recurrence_kernel attributes"};
-  fit = std::min({d.k1_alone[blocks - 1],
+  fit = std::min({d.k1_alone[kind],
                   (d.regs_sm / 4 - k2.sub_partition_regs) / k1.sub_partition_regs,
                   (d.smem_sm - k2.smem) / k1.smem, (d.threads_sm - k2.threads) / k1.threads});
   return {cudaSuccess, nullptr};
@@ -538,11 +585,11 @@ LaunchStatus configure_warpgroup_64(const FwdParams &p, PassLaunch &out) {
   if (st.error != cudaSuccess) return st;
   if (p.ready == nullptr || p.overlap_min_ctas < 1 || p.overlap_max_ctas < 1) return st;
   int fit = 0;
-  st = k1_fit_beside(out, d, 1, fit);
+  st = k1_fit_beside(out, d, k1_kind(p), fit);
   if (st.error != cudaSuccess || fit >= p.overlap_min_ctas) return st;
   PassLaunch shared;
   st = configure_warpgroup<1, 2, kCode>(p, shared);
-  if (st.error == cudaSuccess) st = k1_fit_beside(shared, d, 1, fit);
+  if (st.error == cudaSuccess) st = k1_fit_beside(shared, d, k1_kind(p), fit);
   if (st.error == cudaSuccess && fit >= p.overlap_min_ctas) out = shared;
   return st;
 }
@@ -713,12 +760,12 @@ inline LaunchStatus plan_overlap(const FwdParams &p, const DeviceFacts &d, PassL
                                  int &keep, int &leave_sms) {
   keep = leave_sms = 0;
   if (p.ready == nullptr || p.overlap_min_ctas < 1) return {cudaSuccess, nullptr};
-  const int blocks = chunk_blocks(p);
+  const int kind = k1_kind(p);
   int beside = 0;
-  const LaunchStatus st = k1_fit_beside(first, d, blocks, beside);
+  const LaunchStatus st = k1_fit_beside(first, d, kind, beside);
   if (st.error != cudaSuccess) return st;
   if (p.overlap_max_ctas == 0 && first.ctas < d.sms) {
-    keep = d.k1_alone[blocks - 1];
+    keep = d.k1_alone[kind];
     leave_sms = static_cast<int>(first.ctas);
     first.smem = d.smem_optin;
     const cudaError_t err = allow_smem(first.kernel, first.smem);
@@ -750,12 +797,12 @@ inline LaunchStatus configure_k1(const FwdParams &p, PassLaunch &first, K1Config
   int leave_sms = 0;
   const LaunchStatus st = plan_overlap(p, d, first, k1.keep, leave_sms);
   if (st.error != cudaSuccess) return st;
-  const int blocks = chunk_blocks(p), alone = d.k1_alone[blocks - 1];
+  const int kind = k1_kind(p), alone = d.k1_alone[kind];
   const bool overlap = k1.keep > 0;
   k1.params = p;
   k1.params.leave_sms = leave_sms;
   if (!overlap) k1.params.ready = first.params.ready = nullptr;
-  const K1Launch shape = k1_launch(blocks, first.records);
+  const K1Launch shape = k1_launch(kind, first.records);
   k1.kernel = overlap ? shape.overlap : shape.kernel;
   k1.name = overlap ? shape.overlap_name : shape.name;
   k1.threads = shape.threads;
@@ -890,14 +937,15 @@ inline LaunchStatus k1_beside_whole(const TestSwitches &t, const DeviceFacts &d,
   p.chunk_shift = blocks == 2 ? 5 : 4;
   p.num_seqs = p.heads = 1;
   p.chain_block_v = block_v;
+  const int kind = k1_kind(p);  // FlashKDA's K1 (the plan's facts are its)
   PassLaunch pass;
   LaunchStatus st = configure_pass(p, ChainPass::kWhole, block_v, pass);
-  if (st.error == cudaSuccess) st = k1_fit_beside(pass, d, blocks, fit);
+  if (st.error == cudaSuccess) st = k1_fit_beside(pass, d, kind, fit);
 #if FLASH_KDA_CC == 90
   if (st.error == cudaSuccess && block_v == 64 && warpgroup_passes(p)) {
     int shared_fit = 0;
     st = configure_warpgroup<1, 2, PassCode::kPlain>(p, pass);
-    if (st.error == cudaSuccess) st = k1_fit_beside(pass, d, blocks, shared_fit);
+    if (st.error == cudaSuccess) st = k1_fit_beside(pass, d, kind, shared_fit);
     fit = std::max(fit, shared_fit);
   }
 #endif
@@ -917,9 +965,10 @@ inline LaunchStatus query_plan_device(const TestSwitches &t, PlanDevice &out) {
   out.threads_sm = d.threads_sm;
   out.regs_sm = d.regs_sm;
   out.combine_wide = combine_wide(d);
-  for (int b = 0; b < 2; ++b) {
-    out.k1_alone[b] = d.k1_prepare[b];
-    out.k1_overlap[b] = d.k1_alone[b];
+  for (int b = 0; b < 2; ++b) {  // FlashKDA's K1 for 16- and 32-token records
+    const int kind = b == 0 ? kK1Bounded16 : kK1Bounded32;
+    out.k1_alone[b] = d.k1_prepare[kind];
+    out.k1_overlap[b] = d.k1_alone[kind];
     for (int i = 0; i < kNumRecurrenceShapes; ++i) {
       const LaunchStatus st =
           k1_beside_whole(t, d, kRecurrenceShapes[i].block_v, b + 1, out.k1_beside[b][i]);
@@ -946,7 +995,11 @@ inline LaunchStatus plan_device(const TestSwitches &t, PlanDevice &out) {
 inline LaunchStatus launch_probe_unary(int op, const float *x, float *y, int64_t count,
                                        cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>(ceil_div(count, kProbeThreads), 65535);
-  probe_unary_kernel<<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(op, x, y, count);
+  if (op == FLASH_KDA_PROBE_LG2)
+    probe_lg2_kernel<<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(x, y, count);
+  else
+    probe_unary_kernel<<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(op, x, y,
+                                                                                    count);
   return launch_status("probe_unary_kernel launch");
 }
 

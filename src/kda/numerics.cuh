@@ -58,6 +58,26 @@ __device__ __forceinline__ float rsqrt_approx(float x) {
   return y;
 }
 
+// LG2(x): MUFU.LG2 (lg2.approx.ftz.f32), the softplus gate's logarithm (design §2.5). Required.
+__device__ __forceinline__ float lg2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// min / max of fp32 (FMNMX): where one operand is NaN, the other (IEEE minNum / maxNum).
+__device__ __forceinline__ float min_num(float a, float b) {
+  float d;
+  asm("min.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+
+__device__ __forceinline__ float max_num(float a, float b) {
+  float d;
+  asm("max.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+
 __device__ __forceinline__ float tanh_approx(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -65,8 +65,13 @@ struct TestSwitches {
 // the records before it, a few ms on the H200.
 constexpr uint64_t kWaitLimitNs = uint64_t{60} * 1000 * 1000 * 1000;
 
+// The decay gate's form (flash_kda_gate): FlashKDA's bounded gate, or one of the two
+// unbounded forms, which K1 takes through the split of design §2.5.
+enum class Gate : uint8_t { kLowerBound = 0, kSoftplus = 1, kLogDecay = 2 };
+
 struct FwdParams {
-  // Activations [B, T, H, 128] bf16 (bit patterns) with their element strides.
+  // Activations [B, T, H, 128] bf16 (bit patterns) with their element strides; g is fp32
+  // where g_fp32 (the log-decay gate), beta where beta_fp32.
   const uint16_t *q;
   const uint16_t *k;
   const uint16_t *v;
@@ -74,8 +79,8 @@ struct FwdParams {
   const uint16_t *beta;  // [B, T, H]
   uint16_t *out;
   Strides q_strides, k_strides, v_strides, g_strides, beta_strides, out_strides;
-  const float *A_log;    // [heads]
-  const float *dt_bias;  // [heads, 128]
+  const float *A_log;    // [heads]; nullptr with Gate::kLogDecay
+  const float *dt_bias;  // [heads, 128]; likewise
 
   // States [S, heads, 128 (V), 128 (K)], S = num_seqs, or pool_size with state_indices.
   const void *initial_state;
@@ -138,6 +143,10 @@ struct FwdParams {
 
   // Sequence-parallel segments (docs/design.md §6); segment_chunks 0 = not segmented.
   int32_t segment_chunks;
+  // AUTO mode where enabled (flash_kda.h FEATURE_STABLE_INVERSE): K1 checks each chunk's Neumann
+  // inverse and recomputes the unsound ones in fp32 (design §2.6); else FlashKDA's inverse. (In
+  // the padding before max_segments, like the forms at the end.)
+  int32_t stable_inverse;
   int64_t max_segments;
   uint16_t *segment_states;  // [max_segments, heads, 256, 128] bf16: [S^ ; M^T] per segment
   uint16_t *segment_starts;  // [max_segments, heads, 128, 128] bf16: start state per segment
@@ -157,6 +166,13 @@ struct FwdParams {
   ChainPass pass;
   int32_t block_v;  // value columns per recurrence CTA (the instantiation's kBlockV)
   int32_t stages;   // ring depth, from the device's shared-memory limit
+
+  // The gate and beta forms (K1 only), in the struct's tail padding: its size and every field's
+  // offset stay those of FlashKDA's forms alone, and so do the kernels' parameter layouts.
+  Gate gate;
+  uint8_t g_fp32;     // g holds fp32 (Gate::kLogDecay only)
+  uint8_t beta_fp32;  // beta holds fp32
+  uint8_t beta_prob;  // beta is the write strength itself (clamped to [0, 1]), not a logit
 };
 
 }  // namespace flash_kda

@@ -33,6 +33,18 @@ constexpr int kPrepareThreads = 128;
 constexpr int kRow = kHeadDim + 8;                     // padded row of a 16x128 bf16 tile (272 B)
 constexpr float kLog2eF = 1.44269502162933349609375f;  // LOG2E_F, design §0
 
+// What a K1 instantiation takes (the launch picks one per call, launch.cuh k1_kind):
+// - kBounded: FlashKDA's contract, the bounded gate, bf16 beta logits and the fp16 Neumann
+//   inverse; the kernels every call ran before the other forms existed, kept apart so that
+//   their code does not change with them;
+// - kBoundedForms: the bounded gate with any beta form (fp32, probabilities) and, where
+//   p.stable_inverse, the stable inverse (design §2.6): both CTA-uniform switches, so one
+//   instantiation carries both;
+// - kUnbounded: the softplus and log-decay gates (design §2.5, 16-token chunks), any beta or
+//   g form, the stable inverse where p.stable_inverse; its decays need their own code and
+//   register budget.
+enum class K1Variant { kBounded, kBoundedForms, kUnbounded };
+
 struct PrepareSmem {
   // Raw q, k, g; then in place: q -> q_hat -> Qd, k -> k_hat -> Kd, g -> Ki (from the
   // gate on, each thread owns two columns over half the rows).
@@ -47,12 +59,14 @@ struct PrepareSmem {
 
 enum Tile { kQ = 0, kK = 1, kG = 2, kQd = 0, kKd = 1, kKi = 2 };
 
-// Load: q, k, g rows t < n (zeros beyond), beta -> b_t = sig(f(beta_t)). Thread t
+// Load: q, k, g rows t < n (zeros beyond), beta -> b_t = sig(f(beta_t)) (bf16 logits; with
+// kForms also fp32, or a probability: min(max(f(beta_t), 0), 1), NaN giving 0). Thread t
 // copies 16-byte vector t % 16 of rows t / 16 + kStep r (kStep = threads / 16) of each tile
 // (one row base per tensor, then one multiply-add per row: K1 is issue-bound, ncu H200)
 // straight into shared memory (cp.async: no registers held, no store), and computes beta
-// while the copies fly. kRows = 16 or 32 (a 32-token chunk, K1 of 256 threads).
-template <int kRows, int kThreads>
+// while the copies fly. An fp32 g (the log-decay gate, kForms) is not copied:
+// gate_values_unbounded reads it. kRows = 16 or 32 (a 32-token chunk, K1 of 256 threads).
+template <int kRows, int kThreads, bool kForms>
 __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                           uint16_t (*const x[3])[kRow], uint16_t *beta_bf,
                                           float *beta_h) {
@@ -63,6 +77,8 @@ __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const C
   const Strides *const st[3] = {&p.q_strides, &p.k_strides, &p.g_strides};
 #pragma unroll
   for (int which = 0; which < 3; ++which) {
+    if constexpr (kForms)
+      if (which == kG && p.g_fp32) continue;  // CTA-uniform
     const uint4 *base = reinterpret_cast<const uint4 *>(
                             src[which] + token_offset(*st[which], ch.b, ch.t0 + row0, h)) +
                         vec;
@@ -80,19 +96,32 @@ __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const C
   }
   if (threadIdx.x < kRows) {
     const int t = threadIdx.x;
-    const uint32_t raw =
-        t < ch.n ? __ldg(p.beta + token_offset(p.beta_strides, ch.b, ch.t0 + t, h)) : 0u;
-    const float b = sigmoid_tanh(bf16_to_f32(raw));
-    beta_bf[t] = static_cast<uint16_t>(f32_to_bf16(b));
-    beta_h[t] = f16_to_f32(f32_to_f16(b));
+    if constexpr (kForms) {
+      float raw = 0.f;
+      if (t < ch.n) {
+        const int64_t at = token_offset(p.beta_strides, ch.b, ch.t0 + t, h);
+        raw = p.beta_fp32 ? __ldg(reinterpret_cast<const float *>(p.beta) + at)
+                          : bf16_to_f32(__ldg(p.beta + at));
+      }
+      const float b = p.beta_prob ? min_num(max_num(raw, 0.f), 1.f) : sigmoid_tanh(raw);
+      beta_bf[t] = static_cast<uint16_t>(f32_to_bf16(b));
+      beta_h[t] = f16_to_f32(f32_to_f16(b));
+    } else {
+      const uint32_t raw =
+          t < ch.n ? __ldg(p.beta + token_offset(p.beta_strides, ch.b, ch.t0 + t, h)) : 0u;
+      const float b = sigmoid_tanh(bf16_to_f32(raw));
+      beta_bf[t] = static_cast<uint16_t>(f32_to_bf16(b));
+      beta_h[t] = f16_to_f32(f32_to_f16(b));
+    }
   }
   wait_copies();
 }
 
+template <bool kForms>
 __device__ __forceinline__ void load_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                            PrepareSmem &sm) {
   uint16_t (*const x[3])[kRow] = {sm.x[0], sm.x[1], sm.x[2]};
-  load_rows<kChunk, kPrepareThreads>(p, h, ch, x, sm.beta_bf, sm.beta_h);
+  load_rows<kChunk, kPrepareThreads, kForms>(p, h, ch, x, sm.beta_bf, sm.beta_h);
 }
 
 // §3.2 step 2: x_hat = bf(f(x) * RSQ(T + 1e-6)) with T the fixed reduction tree:
@@ -395,9 +424,109 @@ __device__ __forceinline__ Tile16 neumann_product(const Tile16 &l) {
   return add_f16(n2, mma16(n2, p8));
 }
 
+// The stable inverse (AUTO mode, design §2.6). The fp16 product N of a block is sound where
+// the residual R = N + MMA16(L, N) - I, each entry an fp32 sum of the two fp16 values (RN)
+// and 1 subtracted on the diagonal, has every |R_ij| <= kInverseTolerance (NaN is not).
+// Warp-uniform (a vote).
+constexpr float kInverseTolerance = 0.00390625f;  // 2^-8
+
+__device__ __forceinline__ bool residual_sound(const Tile16 &a, const Tile16 &b, bool diagonal,
+                                               bool ok = true) {
+  const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
+#pragma unroll
+  for (int idx = 0; idx < 4; ++idx) {
+    const int nb = idx / 2, r = idx % 2;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int i = g + 8 * r, j = 8 * nb + 2 * cq + c;
+      const uint32_t wa = a.c[nb][r], wb = b.c[nb][r];
+      float x = add_rn(f16_to_f32(c ? hi16(wa) : lo16(wa)), f16_to_f32(c ? hi16(wb) : lo16(wb)));
+      if (diagonal && i == j) x = add_rn(x, -1.f);
+      ok = ok && fabsf(x) <= kInverseTolerance;
+    }
+  }
+  return __all_sync(0xffffffffu, ok);
+}
+
+// N + MMA16(L, N) - I within tolerance (a diagonal block; L reloaded from its row-major block
+// rather than kept live through the Neumann product: the 40-register K1 spilled otherwise).
+__device__ __forceinline__ bool neumann_sound(const uint16_t (*lmat)[kChunk], const Tile16 &n) {
+  return residual_sound(n, mma16(load_tile16(lmat), n), true);
+}
+
+// (f(x) - f(y)) - f(e) within tolerance (the cross block of a 32-token chunk, cross_inverse32).
+__device__ __forceinline__ bool cross_sound(const Tile16 &x, const Tile16 &y, const Tile16 &e) {
+  bool ok = true;
+#pragma unroll
+  for (int idx = 0; idx < 4; ++idx) {
+    const uint32_t wx = x.c[idx / 2][idx % 2], wy = y.c[idx / 2][idx % 2];
+    const uint32_t we = e.c[idx / 2][idx % 2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float fx = f16_to_f32(c ? hi16(wx) : lo16(wx));
+      const float fy = f16_to_f32(c ? hi16(wy) : lo16(wy));
+      const float r = sub_rn(sub_rn(fx, fy), f16_to_f32(c ? hi16(we) : lo16(we)));
+      ok = ok && fabsf(r) <= kInverseTolerance;
+    }
+  }
+  return __all_sync(0xffffffffu, ok);
+}
+
+// Lower triangle of a chunk's fp16 L (kBlocks 16-row blocks, row-major blocks in block_pair
+// order), as fp32: L(i, s), s < i.
+template <int kBlocks>
+__device__ __forceinline__ float l_entry(const uint16_t (*lmat)[kChunk][kChunk], int i, int s) {
+  return f16_to_f32(lmat[block_pair(i / kChunk, s / kChunk)][i % kChunk][s % kChunk]);
+}
+
+// (I + L)^-1 in fp32 by forward substitution (one warp), in `scratch`, kN x kN floats of shared
+// memory that nothing else reads at the time: lane j computes column j (lanes past the chunk's
+// rows idle): X_jj = 1, X_ij = 0 above, and for i > j X_ij = -acc with acc the FMA chain
+// acc = fma(L(i, s), X_sj, acc) over s = 0 .. i - 1 in order from +0 (the zeros X_sj, s < j,
+// add nothing). Required (design §2.6). Then bf(X) into the chunk's INV tiles (block_pair
+// order). It runs for unsound chunks only: loops, not unrolled, keep its registers and code
+// small (with the column in registers the 40-register K1 spilled).
+template <int kBlocks>
+__device__ __forceinline__ void fp32_inverse(const uint16_t (*lmat)[kChunk][kChunk],
+                                             float *scratch, uint16_t (*inv)[kTileElems]) {
+  constexpr int kN = kBlocks * kChunk;
+  const int j = threadIdx.x % 32;
+  if (j < kN) {
+    float (*x)[kN] = reinterpret_cast<float (*)[kN]>(scratch);
+#pragma unroll 1
+    for (int i = 0; i < kN; ++i) {
+      float acc = 0.f;
+#pragma unroll 1
+      for (int s = 0; s < i; ++s)
+        acc = fma_ftz(l_entry<kBlocks>(lmat, i, s), x[s][j], acc);
+      x[i][j] = i == j ? 1.f : i < j ? 0.f : -acc;
+    }
+#pragma unroll 1
+    for (int i = j / kChunk * kChunk; i < kN; ++i)  // the blocks (I, J), J <= I, of column j
+      inv[block_pair(i / kChunk, j / kChunk)][frag_a_index(i % kChunk, j % kChunk)] =
+          static_cast<uint16_t>(f32_to_bf16(x[i][j]));
+  }
+  __syncwarp();
+}
+
 // §3.2 step 9 (one warp): INV = bf(N3).
 __device__ __forceinline__ void neumann_inverse(PrepareSmem &sm) {
   store_bf16_frag(neumann_product(load_tile16(sm.lmat)), false, sm.inv);
+}
+
+// §3.2 step 9 (one warp) where the stable inverse may run: INV = bf(N3) into sm.inv, and
+// whether N3 is sound, true without p.stable_inverse (returned to every lane: a vote).
+__device__ __forceinline__ bool neumann_inverse_checked(const FwdParams &p, PrepareSmem &sm) {
+  const Tile16 n = neumann_product(load_tile16(sm.lmat));
+  store_bf16_frag(n, false, sm.inv);
+  return !p.stable_inverse || neumann_sound(sm.lmat, n);
+}
+
+// The stable inverse's fp32 INV of an unsound 16-token chunk (warp 0), over sm.inv, with the
+// q tile (no longer read) as scratch.
+__device__ __forceinline__ void fp32_inverse16(PrepareSmem &sm) {
+  fp32_inverse<1>(&sm.lmat, reinterpret_cast<float *>(sm.x[kQ]),
+                  reinterpret_cast<uint16_t (*)[kTileElems]>(sm.inv));
 }
 
 // Lane's A fragment of key block mb of X^T (rows k = 16 mb + i, columns t) from a
@@ -509,12 +638,13 @@ __device__ __forceinline__ void store_record(const FwdParams &p, int64_t h, cons
   }
 }
 
-// One record: the load and §3.2 steps 1-9 of chunk `ch` of head h, written to the workspace
-// in kOrder.
-template <RecordOrder kOrder>
+// One record of the bounded gate: the load and §3.2 steps 1-9 of chunk `ch` of head h, written
+// to the workspace in kOrder (kVariant kBounded or kBoundedForms).
+template <RecordOrder kOrder, K1Variant kVariant>
 __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                               PrepareSmem &sm) {
-  load_chunk(p, h, ch, sm);
+  constexpr bool kForms = kVariant == K1Variant::kBoundedForms;
+  load_chunk<kForms>(p, h, ch, sm);
   __syncthreads();
   l2_normalize(sm);
   __syncthreads();
@@ -526,9 +656,239 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   __syncthreads();
   chunk_scores(sm);
   __syncthreads();
-  if (threadIdx.x < 32) neumann_inverse(sm);
+  if constexpr (!kForms) {
+    if (threadIdx.x < 32) neumann_inverse(sm);
+    __syncthreads();
+    store_record<kOrder>(p, h, ch, sm);
+  } else {
+    __shared__ int unsound;  // whether N3 failed the residual test (design §2.6)
+    if (threadIdx.x < 32) {
+      const bool sound = neumann_inverse_checked(p, sm);
+      if (threadIdx.x == 0) unsound = !sound;
+    }
+    __syncthreads();
+    store_record<kOrder>(p, h, ch, sm);
+    // The stable inverse, an unsound chunk (CTA-uniform, rare): once every tile is stored,
+    // warp 0 forms the fp32 inverse and writes the INV plane again.
+    if (p.stable_inverse && unsound) {
+      __syncthreads();
+      if (threadIdx.x < 32) {
+        fp32_inverse16(sm);
+        uint8_t *rec = p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes;
+        store_tile<kOrder>(rec, kOffInv, reinterpret_cast<const uint4 *>(sm.inv)[threadIdx.x]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- unbounded gates
+// The softplus and log-decay gates (design §2.5, ledger steps U1-U3): gamma is any value in
+// [-inf, 0], so K1 never forms 2^-G. Per channel, with the chunk's halves H0 = rows 0-7 and
+// H1 = rows 8-15, each factor is EX2 of a sum that never subtracts:
+//   Kd, Qd  G_t = sum_{s<=t} gamma_s; in H1 G_7 + F_t with F_t = sum_{s=8..t} gamma_s
+//   Kr      D_t = sum_{s=t+1..15} gamma_s; in H0 B_t + T with B_t = sum_{s=t+1..7} gamma_s,
+//           T = D_7
+//   e       EX2(G_7 + T)
+// L and Mqk are the one MMA32 of step 7 on operands rebased on token 7 with the clamped
+// gamma~ = max(gamma, -C): A = k^ (*) bf(EX2(a_t)), A_q = (q^ (*) bf(EX2(a_t))) (*) sb and
+// B = k^ (*) bf(EX2(-a_t)), a_t = -B~_t in H0 and F~_t in H1, so that A_i B_j =
+// 2^(sum_{s=j+1..i} gamma~_s) for i >= j in every block. The three tiles hold these operands,
+// so Kd and Qd go to the record straight from registers and Kr waits in registers for a tile
+// the scores leave free. The bounds (tests/test_gates.py checks them against fp64):
+// - range: H1 sums 8 terms, H0 7, so |a_t| <= 8 C = 120: no EX2 flush, no bf16 overflow;
+// - clamp: where no token s in (j, i] has gamma_s < -C the factor is exact to rounding; else the
+//   true factor is below 2^gamma_s < 2^-C and the computed one at most 2^-C, so |dL_ij| <=
+//   beta_i sum_k |k^_ik k^_jk| 2^-C <= 2^-15 (unit keys) and |dMqk_ij| <= |scale| 2^-15;
+// - underflow: an operand below bf16's 2^-133 is lost against a partner of at most 2^7C (B of
+//   j <= 14 in H1, A of i >= 1 in H0 below 2^6C): under 2^-28 a channel, 2^-21 an entry.
+// One reference is what one MMA needs (the cross block must come from the diagonal blocks'
+// operands) and it spans 15 steps, so 8 C <= 126 bounds C. The state's factors are never
+// clamped: they are all <= 1, so one that underflows stands for a true one below 2^-126.
+constexpr float kClampLog2 = 15.f;  // C: |a_t| <= 8 C = 120, within EX2's normal range
+
+// §3.2 step U1, softplus: gamma = min(-a * log2(1 + 2^y), 0) with y = (g + dt) log2 e, the
+// logarithm as max(y, 0) + LG2(1 + EX2(-|y|)) (no overflow, -inf and +inf exact); NaN gives 0.
+__device__ __forceinline__ float softplus_gamma(float g, float dt, float neg_a) {
+  const float y = mul_ftz(add_ftz(g, dt), kLog2eF);
+  const float sp = add_ftz(max_num(y, 0.f), lg2_approx(add_ftz(1.f, ex2_approx(-fabsf(y)))));
+  return min_num(mul_ftz(neg_a, sp), 0.f);
+}
+
+// §3.2 step U1, log decay: gamma = min(g log2 e, 0); g > 0 and NaN give 0.
+__device__ __forceinline__ float log_decay_gamma(float g) {
+  return min_num(mul_ftz(g, kLog2eF), 0.f);
+}
+
+// §3.2 step U1 for the thread's channel pair cp and rows 8 th .. 8 th + 7: gamma of both channels,
+// 0 for rows t >= n (selected). An fp32 g is read here from global memory (valid rows only).
+__device__ __forceinline__ void gate_values_unbounded(const FwdParams &p, int64_t h,
+                                                      const ChunkRef &ch,
+                                                      const uint16_t (*g)[kRow], int cp, int th,
+                                                      float2 (&gamma)[8]) {
+  if (p.gate == Gate::kSoftplus) {
+    const float neg_a = -ex2_approx(mul_ftz(__ldg(p.A_log + h), kLog2eF));
+    const float2 dt = __ldg(reinterpret_cast<const float2 *>(p.dt_bias + h * kHeadDim) + cp);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t w = tile_pair(g, 8 * th + j, 2 * cp);
+      gamma[j] = make_float2(softplus_gamma(bf16_to_f32(lo16(w)), dt.x, neg_a),
+                             softplus_gamma(bf16_to_f32(hi16(w)), dt.y, neg_a));
+    }
+  } else if (p.g_fp32) {
+    const float *row = reinterpret_cast<const float *>(p.g) +
+                       token_offset(p.g_strides, ch.b, ch.t0 + 8 * th, h) + 2 * cp;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float2 x = make_float2(0.f, 0.f);
+      if (8 * th + j < ch.n)
+        x = __ldg(reinterpret_cast<const float2 *>(row + j * p.g_strides.token));
+      gamma[j] = make_float2(log_decay_gamma(x.x), log_decay_gamma(x.y));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t w = tile_pair(g, 8 * th + j, 2 * cp);
+      gamma[j] = make_float2(log_decay_gamma(bf16_to_f32(lo16(w))),
+                             log_decay_gamma(bf16_to_f32(hi16(w))));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (8 * th + j >= ch.n) gamma[j] = make_float2(0.f, 0.f);
+}
+
+__device__ __forceinline__ float2 add_pair(float2 a, float2 b) {
+  return make_float2(add_ftz(a.x, b.x), add_ftz(a.y, b.y));
+}
+
+__device__ __forceinline__ float2 clamp_pair(float2 g) {
+  return make_float2(max_num(g.x, -kClampLog2), max_num(g.y, -kClampLog2));
+}
+
+// §3.2 steps U2, U3 (thread as in gate_cumsum): Kd and Qd to the record, the score operands A_q, A
+// and B in place of q^, k^ and g, e into sm.decay, and the thread's Kr words (row 8 th + j)
+// into kr[j]. H0 sums forward (G), hands G_7 over and takes T, then sums backward (B, B~);
+// H1 sums backward (D, ending at T), hands T over and takes G_7, then sums forward (F, F~).
+// Each sum is a sequential fp32 chain (FTZ) over the rows in the order stated; required.
+template <RecordOrder kOrder>
+__device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, const ChunkRef &ch,
+                                                 uint8_t *rec, PrepareSmem &sm,
+                                                 uint32_t (&kr)[kChunk / 2]) {
+  const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
+  const uint32_t sb = p.scale_bf16 | (p.scale_bf16 << 16);
+  float2 gamma[kChunk / 2];
+  gate_values_unbounded(p, h, ch, sm.x[kG], cp, th, gamma);
+  float2 *const head = reinterpret_cast<float2 *>(sm.decay) + cp;  // G_7, then e
+  float2 *const tail = reinterpret_cast<float2 *>(sm.lmat) + cp;   // T (lmat is free until L)
+  auto kd_qd = [&](int t, float2 G) {  // Kd, Qd of row t to the record
+    const uint32_t e = ex2_pair(G.x, G.y);
+    const uint32_t q_hat = *pair_word(sm.x[kQ], t, cp), k_hat = *pair_word(sm.x[kK], t, cp);
+    auto *const kd = reinterpret_cast<uint32_t *>(rec + plane_word_offset(kOrder, false, t, cp));
+    auto *const qd = reinterpret_cast<uint32_t *>(rec + plane_word_offset(kOrder, true, t, cp));
+    *kd = bf16x2_mul(k_hat, e);
+    *qd = bf16x2_mul(bf16x2_mul(q_hat, e), sb);
+  };
+  auto operands = [&](int t, float2 a) {  // A_q, A, B of row t, in place
+    uint32_t *const q = pair_word(sm.x[kQ], t, cp);
+    uint32_t *const k = pair_word(sm.x[kK], t, cp);
+    const uint32_t up = ex2_pair(a.x, a.y), down = ex2_pair(-a.x, -a.y);
+    const uint32_t q_hat = *q, k_hat = *k;
+    *q = bf16x2_mul(bf16x2_mul(q_hat, up), sb);
+    *k = bf16x2_mul(k_hat, up);
+    *pair_word(sm.x[kG], t, cp) = bf16x2_mul(k_hat, down);
+  };
+  auto kr_word = [&](int t, float2 D) {
+    return bf16x2_mul(*pair_word(sm.x[kK], t, cp), ex2_pair(D.x, D.y));
+  };
+  const float2 zero = make_float2(0.f, 0.f);
+  if (th == 0) {
+    float2 G = zero;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      G = add_pair(G, gamma[j]);
+      kd_qd(j, G);
+    }
+    *head = G;
+    cta_barrier(kHandoffBarrier, kPrepareThreads);  // G_7 and T of every channel
+    const float2 T = *tail;
+    float2 B = zero, Bc = zero;  // B_t, B~_t
+#pragma unroll
+    for (int j = 7; j >= 0; --j) {
+      kr[j] = kr_word(j, add_pair(B, T));
+      operands(j, make_float2(-Bc.x, -Bc.y));
+      B = add_pair(B, gamma[j]);
+      Bc = add_pair(Bc, clamp_pair(gamma[j]));
+    }
+  } else {
+    float2 D = zero;
+#pragma unroll
+    for (int j = 7; j >= 0; --j) {
+      kr[j] = kr_word(8 + j, D);
+      D = add_pair(D, gamma[j]);
+    }
+    *tail = D;
+    cta_barrier(kHandoffBarrier, kPrepareThreads);
+    const float2 G7 = *head;
+    *head = make_float2(ex2_approx(add_ftz(G7.x, D.x)), ex2_approx(add_ftz(G7.y, D.y)));  // e
+    float2 F = zero, Fc = zero;  // F_t, F~_t
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      F = add_pair(F, gamma[j]);
+      Fc = add_pair(Fc, clamp_pair(gamma[j]));
+      kd_qd(8 + j, add_pair(G7, F));
+      operands(8 + j, Fc);
+    }
+  }
+}
+
+// Warps 1-3 of the unbounded record's last stage: Kr^T (eight tiles from the staged Kr,
+// ldmatrix.trans), Mqk, the decay plane and beta. (Warp 0 forms and stores INV meanwhile.)
+template <RecordOrder kOrder>
+__device__ __forceinline__ void store_unbounded_planes(uint8_t *rec, const PrepareSmem &sm) {
+  const uint32_t tid = threadIdx.x - 32, warp = tid / 32, lane = tid % 32;
+  constexpr uint32_t kStoreWarps = kPrepareThreads / 32 - 1;
+  for (uint32_t mb = warp; mb < kKBlocks; mb += kStoreWarps)
+    store_tile<kOrder>(rec, kOffKrT + mb * kTileBytes, t_frag(sm.x[kK], mb));
+  uint4 *const vec = reinterpret_cast<uint4 *>(rec);
+  if (warp == 0) {
+    store_tile<kOrder>(rec, kOffMqk, reinterpret_cast<const uint4 *>(sm.mqk)[lane]);
+  } else if (warp == 1) {
+    vec[kOffDecay / 16 + lane] = decay_vec<kOrder>(sm.decay, lane);
+  } else if (lane < (kRecordBytes - kOffBeta) / 16) {  // beta (32 B), then zero padding
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (lane < 2) v = reinterpret_cast<const uint4 *>(sm.beta_bf)[lane];
+    vec[kOffBeta / 16 + lane] = v;
+  }
+}
+
+// One record of an unbounded gate: the load and §3.2 steps 2, U1-U3, 7-9 of chunk `ch` of head
+// h, in kOrder.
+template <RecordOrder kOrder>
+__device__ __forceinline__ void prepare_chunk_unbounded(const FwdParams &p, int64_t h,
+                                                        const ChunkRef &ch, PrepareSmem &sm) {
+  uint8_t *rec = p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes;
+  load_chunk<true>(p, h, ch, sm);
   __syncthreads();
-  store_record<kOrder>(p, h, ch, sm);
+  l2_normalize(sm);
+  __syncthreads();
+  uint32_t kr[kChunk / 2];
+  unbounded_decays<kOrder>(p, h, ch, rec, sm, kr);
+  __syncthreads();
+  chunk_scores(sm);  // L from (A, B), Mqk from (A_q, B): the tiles of Kd, Qd, Ki
+  __syncthreads();
+  {  // Kr into the tile A leaves
+    const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
+#pragma unroll
+    for (int j = 0; j < kChunk / 2; ++j) *pair_word(sm.x[kK], 8 * th + j, cp) = kr[j];
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // the q tile (A_q) is free: the fp32 inverse's scratch
+    if (!neumann_inverse_checked(p, sm)) fp32_inverse16(sm);
+    __syncwarp();
+    store_tile<kOrder>(rec, kOffInv, reinterpret_cast<const uint4 *>(sm.inv)[threadIdx.x]);
+  } else {
+    store_unbounded_planes<kOrder>(rec, sm);
+  }
 }
 
 // ---------------------------------------------------------------- 32-token records
@@ -733,29 +1093,54 @@ __device__ __forceinline__ void neumann_diagonal32(PrepareSmem32 &sm) {
   store_bf16_frag(n, false, sm.inv[pair]);
 }
 
-// Warp 0, after the diagonal blocks: INV10 = bf(-MMA16(N11, MMA16(L10, N00))), then the INV
-// plane (three tiles) to the record.
-__device__ __forceinline__ void cross_inverse32(uint4 *rec, PrepareSmem32 &sm) {
-  const Tile16 x = mma16(load_tile16(sm.lmat[block_pair(1, 0)]), load_tile16(sm.nprod[0]));
-  store_bf16_frag(mma16(load_tile16(sm.nprod[1]), x), true, sm.inv[block_pair(1, 0)]);
-  __syncwarp();
+// The INV plane's three tiles to the record (warp 0).
+__device__ __forceinline__ void store_inv_plane32(uint4 *rec, const PrepareSmem32 &sm) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int i = 0; i < Record32::kPairs; ++i)
     rec[Record32::kOffInv / 16 + 32 * i + lane] = reinterpret_cast<const uint4 *>(sm.inv[i])[lane];
 }
 
-// One 32-token record: chunk `ch` of head h (fragment order only).
-template <RecordOrder kOrder>
+// Warp 0, after the diagonal blocks: INV10 = bf(-MMA16(N11, MMA16(L10, N00))), then the INV
+// plane (three tiles) to the record.
+__device__ __forceinline__ void cross_inverse32(uint4 *rec, PrepareSmem32 &sm) {
+  const Tile16 x = mma16(load_tile16(sm.lmat[block_pair(1, 0)]), load_tile16(sm.nprod[0]));
+  store_bf16_frag(mma16(load_tile16(sm.nprod[1]), x), true, sm.inv[block_pair(1, 0)]);
+  __syncwarp();
+  store_inv_plane32(rec, sm);
+}
+
+// AUTO mode, warp 0 once the INV plane is stored: the 32-token record's residual test (design
+// §2.6) from the blocks' fp16 L and N in shared memory. Sound where both diagonal blocks are and
+// the cross block's residual, block 10 of (I + L) N = L10 N00 + (I + L11) N10 with N10 = -y,
+// taken as (f(x) - f(y)) - f(MMA16(L11, y)) with x = MMA16(L10, N00), y = MMA16(N11, x), is
+// within tolerance; else the INV plane is stored again from the fp32 forward substitution of
+// the 32 rows, with the blocks' own tiles (no longer read) as scratch. A stage of its own:
+// inside step 9, or inlined, its registers made the 80-register K1 spill more on sm_100 and
+// later.
+__device__ __noinline__ void stable_inverse32(uint4 *rec, PrepareSmem32 &sm) {
+  const bool diagonal = neumann_sound(sm.lmat[block_pair(0, 0)], load_tile16(sm.nprod[0])) &&
+                        neumann_sound(sm.lmat[block_pair(1, 1)], load_tile16(sm.nprod[1]));
+  const Tile16 x = mma16(load_tile16(sm.lmat[block_pair(1, 0)]), load_tile16(sm.nprod[0]));
+  const Tile16 y = mma16(load_tile16(sm.nprod[1]), x);
+  const Tile16 e = mma16(load_tile16(sm.lmat[block_pair(1, 1)]), y);
+  if (diagonal && cross_sound(x, y, e)) return;  // warp-uniform
+  fp32_inverse<2>(sm.lmat, reinterpret_cast<float *>(sm.own), sm.inv);
+  store_inv_plane32(rec, sm);
+}
+
+// One 32-token record of the bounded gate: chunk `ch` of head h (fragment order only).
+template <RecordOrder kOrder, K1Variant kVariant>
 __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                               PrepareSmem32 &sm) {
   static_assert(kOrder == RecordOrder::kFragments, "32-token records are in fragment order");
+  constexpr bool kForms = kVariant == K1Variant::kBoundedForms;
   // The record's address first, so that h and ch need not live through the steps.
   uint4 *rec =
       reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * Record32::kBytes);
   {
     uint16_t (*const x[3])[kRow] = {sm.x[0], sm.x[1], sm.x[2]};
-    load_rows<2 * kChunk, kPrepare32Threads>(p, h, ch, x, sm.beta_bf, sm.beta_h);
+    load_rows<2 * kChunk, kPrepare32Threads, kForms>(p, h, ch, x, sm.beta_bf, sm.beta_h);
   }
   __syncthreads();
   {
@@ -778,7 +1163,11 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   else
     store_operands32(rec, sm);
   __syncthreads();
-  if (threadIdx.x < 32) cross_inverse32(rec, sm);
+  if (threadIdx.x < 32) {
+    cross_inverse32(rec, sm);
+    if constexpr (kForms)
+      if (p.stable_inverse) stable_inverse32(rec, sm);
+  }
 }
 
 // ---------------------------------------------------------------- the K1 kernels
@@ -813,15 +1202,28 @@ struct K1Shape<2> {
   }
 };
 
+// One record of variant kVariant (unbounded gates: 16-token records only).
+template <K1Variant kVariant, RecordOrder kOrder, class Smem>
+__device__ __forceinline__ void prepare_record(const FwdParams &p, int64_t h, const ChunkRef &ch,
+                                               Smem &sm) {
+  if constexpr (kVariant == K1Variant::kUnbounded)
+    prepare_chunk_unbounded<kOrder>(p, h, ch, sm);
+  else
+    prepare_chunk<kOrder, kVariant>(p, h, ch, sm);
+}
+
 // K1 before the recurrence: grid (records, heads), one record per CTA, in kOrder (tile
 // order where the first pass is the warpgroup pass).
-template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments>
+template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments,
+          K1Variant kVariant = K1Variant::kBounded>
 __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(const FwdParams p) {
+  static_assert(kBlocks == 1 || kVariant != K1Variant::kUnbounded,
+                "unbounded gates take 16-token records");
   auto &sm = K1Shape<kBlocks>::smem();
   allow_dependents();  // the first pass launches early and waits for K1's end (design §4.1)
   ChunkRef ch;
   if (!locate_chunk(p, blockIdx.x, ch)) return;  // excess CTA of varlen's upper-bound grid
-  prepare_chunk<kOrder>(p, blockIdx.y, ch, sm);
+  prepare_record<kVariant, kOrder>(p, blockIdx.y, ch, sm);
 }
 
 // K1 beside the first recurrence pass (design §4.7): a grid that the GPU holds at once
@@ -841,9 +1243,23 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(con
 // they leave: it runs beside no K1 CTA while the other SMs write its records.
 constexpr uint32_t kNoItem = 0xffffffffu;  // above any item count (prepare_items < 2^31)
 
-template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments>
-__global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, K1Shape<kBlocks>::kOverlapCtas)
+// CTAs an SM the overlap kernel is bounded to. The unbounded gates' K1 (design §2.5) holds more
+// per thread: eight (64 registers; bounded to 40 its decays spilled ~110 bytes). The 16-token
+// kBoundedForms K1 keeps twelve (40 registers) but on sm_120 and sm_121, where its residual test
+// spilled 16 bytes at 40: ten there (48).
+template <int kBlocks, K1Variant kVariant>
+constexpr int overlap_ctas() {
+  if (kVariant == K1Variant::kUnbounded) return 8;
+  if (kVariant == K1Variant::kBoundedForms && kBlocks == 1 && FLASH_KDA_CC >= 120) return 10;
+  return K1Shape<kBlocks>::kOverlapCtas;
+}
+
+template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments,
+          K1Variant kVariant = K1Variant::kBounded>
+__global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, overlap_ctas<kBlocks, kVariant>())
     prepare_overlap_kernel(const FwdParams p) {
+  static_assert(kBlocks == 1 || kVariant != K1Variant::kUnbounded,
+                "unbounded gates take 16-token records");
   auto &sm = K1Shape<kBlocks>::smem();
   __shared__ uint32_t next;
   allow_dependents();
@@ -861,7 +1277,7 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, K1Shape<kBlocks>::
     int64_t h;
     ChunkRef ch;
     const bool valid = locate_item(p, static_cast<int32_t>(i), h, ch);
-    if (valid) prepare_chunk<kOrder>(p, h, ch, sm);
+    if (valid) prepare_record<kVariant, kOrder>(p, h, ch, sm);
     __syncthreads();  // every record store before the flag; smem and `next` free again
     if (valid && threadIdx.x == 0) publish_flag(p.ready + h * p.tiles_per_head + ch.tile);
   }

@@ -200,6 +200,39 @@ static_assert(tile_order_consistent(), "tile order (RecordTiles)");
 // pass (32-token records have only the first).
 enum class RecordOrder { kFragments, kTiles };
 
+// Byte offset in a 16-token record of the word holding (row t, columns 2 cp, 2 cp + 1) of the
+// Kd plane (or the Qd plane), in `order`: where the unbounded gates' K1 stores Kd and Qd
+// straight from registers (prepare.cuh unbounded_decays; design §4.4).
+constexpr int plane_word_offset(RecordOrder order, bool qd, int t, int cp) {
+  const int kb = cp / 8, c = cp % 8;  // k-block; pair within it
+  if (order == RecordOrder::kFragments)
+    return (qd ? kOffQd : kOffKd) + kb * kTileBytes +
+           4 * (((t % 8) * 4 + c % 4) * 4 + t / 8 + 2 * (c / 4));
+  return RecordTiles::kKdQd + kb * RecordTiles::kKdQdStride + (qd ? RecordTiles::kQdInBlock : 0) +
+         (t / 8) * RecordTiles::kCoreRowBytes + (c / 4) * RecordTiles::kCoreKBytes + 16 * (t % 8) +
+         4 * (c % 4);
+}
+
+// The words land where the fragments (frag_a_index) and the tile-order vectors (tile_vec_row,
+// tile_vec_col, at 16 v of a tile) of the other K1 put those elements.
+constexpr bool plane_words_consistent() {
+  for (int qd = 0; qd < 2; ++qd)
+    for (int t = 0; t < kChunk; ++t)
+      for (int cp = 0; cp < kHeadDim / 2; ++cp) {
+        const int kb = cp / 8, col = 2 * cp % 16;
+        const int frag = (qd ? kOffQd : kOffKd) + kb * kTileBytes + 2 * frag_a_index(t, col);
+        if (plane_word_offset(RecordOrder::kFragments, qd, t, cp) != frag) return false;
+        int tile = -1;
+        for (uint32_t v = 0; v < 32; ++v)
+          if (tile_vec_row(v) == static_cast<uint32_t>(t) && tile_vec_col(v) == 8u * (col / 8))
+            tile = RecordTiles::kKdQd + kb * RecordTiles::kKdQdStride +
+                   (qd ? RecordTiles::kQdInBlock : 0) + 16 * static_cast<int>(v) + 2 * (col % 8);
+        if (plane_word_offset(RecordOrder::kTiles, qd, t, cp) != tile) return false;
+      }
+  return true;
+}
+static_assert(plane_words_consistent(), "Kd / Qd words of the unbounded gates' K1");
+
 // Records per head: an upper bound on the chunks of `tokens` tokens (16 or 32) of any
 // split of total_tokens into num_seqs sequences (design §1.6).
 constexpr int64_t tiles_per_head(int64_t total_tokens, int64_t num_seqs, int tokens = kChunk) {

@@ -32,7 +32,7 @@
 #define FLASH_KDA_NOEXCEPT
 #endif
 
-#define FLASH_KDA_ABI_VERSION 7
+#define FLASH_KDA_ABI_VERSION 8
 
 #ifdef __cplusplus
 extern "C" {
@@ -66,9 +66,34 @@ typedef enum flash_kda_mode {
   FLASH_KDA_MODE_AUTO = 1
 } flash_kda_mode;
 
-/* Bits of flash_kda_arch_desc.features. */
-#define FLASH_KDA_FEATURE_FWD 1u    /* the KDA forward (prepare + recurrence) */
-#define FLASH_KDA_FEATURE_PROBES 2u /* single-instruction probes for the reference */
+/* The decay gate's form (flash_kda_fwd_args.gate, append-only; docs/design.md §2.2, §2.5). */
+typedef enum flash_kda_gate {
+  /* lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), lower_bound in [-5, 0]: FlashKDA's
+   * bounded gate (the only gate before ABI 7) */
+  FLASH_KDA_GATE_LOWER_BOUND = 0,
+  /* -exp(A_log) * softplus(g + dt_bias): Kimi-Linear's unbounded gate; lower_bound unused */
+  FLASH_KDA_GATE_SOFTPLUS = 1,
+  /* g is the per-channel natural-log decay itself (<= 0; a larger value or NaN counts as 0,
+   * -inf decays fully); A_log and dt_bias must be NULL, lower_bound unused */
+  FLASH_KDA_GATE_LOG_DECAY = 2
+} flash_kda_gate;
+
+/* What beta holds (flash_kda_fwd_args.beta_form, append-only). */
+typedef enum flash_kda_beta {
+  FLASH_KDA_BETA_LOGIT = 0,      /* raw logits, sigmoid applied inside (as before ABI 7) */
+  FLASH_KDA_BETA_PROBABILITY = 1 /* the write strength itself, clamped to [0, 1] (NaN: 0) */
+} flash_kda_beta;
+
+/* Bits of flash_kda_arch_desc.features. The kernels of the last two are built for every arch;
+ * a table enables them once they have been validated on that arch's GPU. Without GATE_FORMS,
+ * flash_kda_fwd refuses any gate or beta form but the default (LOWER_BOUND, bf16 LOGIT) with
+ * FLASH_KDA_UNSUPPORTED_DEVICE; without STABLE_INVERSE, AUTO mode keeps FlashKDA's fp16
+ * inverse (flash_kda_testing.h reaches both). */
+#define FLASH_KDA_FEATURE_FWD 1u            /* the KDA forward (prepare + recurrence) */
+#define FLASH_KDA_FEATURE_PROBES 2u         /* single-instruction probes for the reference */
+#define FLASH_KDA_FEATURE_GATE_FORMS 4u     /* every flash_kda_gate, flash_kda_beta, fp32 g / beta */
+#define FLASH_KDA_FEATURE_STABLE_INVERSE 8u /* AUTO mode: each chunk's inverse checked, an
+                                             * unsound one recomputed in fp32 (design §2.6) */
 
 typedef struct flash_kda_arch_desc {
   const char *name;           /* "sm_90a" */
@@ -87,12 +112,13 @@ typedef struct flash_kda_strides {
 
 /*
  * Arguments of one forward call (docs/api.md). Activations q, k, v, g, out are bf16
- * [B, T, H, 128] with the strides below; beta bf16 [B, T, H]; A_log fp32 [H]; dt_bias
- * fp32 [H, 128] contiguous. States are contiguous bf16 or fp32 [S, H, 128 (V), 128 (K)]
+ * [B, T, H, 128] with the strides below (g may be fp32, see g_dtype); beta bf16 or fp32
+ * [B, T, H]; A_log fp32 [H]; dt_bias fp32 [H, 128] contiguous (both NULL with
+ * GATE_LOG_DECAY). States are contiguous bf16 or fp32 [S, H, 128 (V), 128 (K)]
  * (V-first) with S = num_seqs, or S = state_pool_size when state_indices is given.
  * cu_seqlens [N + 1] (int64 or int32, on the device) or NULL for batched mode (N = B).
- * Every tensor pointer must be 16-byte aligned (beta: 2-byte, cu_seqlens and
- * state_indices 8-byte). No output (out, final_state, checkpoints, workspace) may overlap
+ * Every tensor pointer must be 16-byte aligned (beta: 2-byte, 4-byte when fp32; cu_seqlens
+ * and state_indices 8-byte). No output (out, final_state, checkpoints, workspace) may overlap
  * another argument's bytes, except final_state == initial_state (in place).
  *
  * A call may hold no tokens (batch or seqlen 0) or no sequences (num_seqs 0): it writes
@@ -110,6 +136,12 @@ typedef struct flash_kda_strides {
  * named reserved0 .. reserved3, and must be 0: a caller of ABI 2-5 that left them 0 runs
  * unchanged; one that set them gets FLASH_KDA_INVALID_ARGUMENT rather than a silently
  * ignored request. ABI 6 also added the overlap check above and calls without tokens.
+ *
+ * ABI 7: the gate and beta forms (gate, g_dtype, beta_form, beta_dtype after max_seqlen), the
+ * feature bits GATE_FORMS and STABLE_INVERSE and the probe LG2.
+ *
+ * ABI 8: flash_kda_fwd_plan takes the compute capability, and plans for the current
+ * device's facts through that arch's table.
  */
 typedef struct flash_kda_fwd_args {
   uint32_t struct_size; /* sizeof(flash_kda_fwd_args) of the caller's header */
@@ -128,7 +160,7 @@ typedef struct flash_kda_fwd_args {
   const float *A_log;
   const float *dt_bias;
   double scale;
-  double lower_bound; /* in [-5, 0] */
+  double lower_bound; /* in [-5, 0] with GATE_LOWER_BOUND; unused by the other gates */
   const void *initial_state;
   void *final_state;           /* may be initial_state itself (in place) */
   int32_t initial_state_dtype; /* flash_kda_dtype: NONE, BF16 or FP32 */
@@ -174,6 +206,14 @@ typedef struct flash_kda_fwd_args {
                        * lengths live on the device). The call is correct whatever it is;
                        * only AUTO mode's plan (speed and bits) follows it. Ignored in EXACT
                        * and in batched mode */
+  /* ---- ABI 7: a caller may pass the ABI 6 size, without these fields (lower_bound gate,
+   * bf16 g, bf16 beta logits) ---- */
+  int32_t reserved4;  /* ABI 6's tail padding: ignored */
+  int32_t gate;       /* flash_kda_gate; the plan reads it (unbounded gates: 16-token chunks) */
+  int32_t g_dtype;    /* NONE (= BF16) or BF16; FP32 with GATE_LOG_DECAY. g's strides are in its
+                       * elements and must be multiples of 16 bytes */
+  int32_t beta_form;  /* flash_kda_beta */
+  int32_t beta_dtype; /* NONE (= BF16), BF16 or FP32 (4-byte aligned); either beta_form */
 } flash_kda_fwd_args;
 
 /* What flash_kda_fwd will run for some arguments (flash_kda_fwd_plan). */
@@ -204,7 +244,8 @@ typedef struct flash_kda_fwd_plan_info {
 typedef enum flash_kda_probe_unary {
   FLASH_KDA_PROBE_EX2 = 0,     /* ex2.approx.ftz.f32 */
   FLASH_KDA_PROBE_SIGMOID = 1, /* fma(tanh.approx(x * 0.5), 0.5, 0.5), FTZ */
-  FLASH_KDA_PROBE_RSQRT = 2    /* rsqrt.approx.ftz.f32 */
+  FLASH_KDA_PROBE_RSQRT = 2,   /* rsqrt.approx.ftz.f32 */
+  FLASH_KDA_PROBE_LG2 = 3      /* lg2.approx.ftz.f32 (ABI 7) */
 } flash_kda_probe_unary;
 
 typedef enum flash_kda_probe_mma {
@@ -242,10 +283,10 @@ FLASH_KDA_API int32_t flash_kda_pick_block_v(int64_t num_seqs, int64_t heads,
                                              int32_t num_sms) FLASH_KDA_NOEXCEPT;
 
 /* The plan of flash_kda_fwd for these arguments on the current CUDA device, which must be
- * the one the call will run on: only sizes, mode, num_sms, checkpoint_every, max_seqlen and
- * whether cu_seqlens is NULL are read (no memory behind a pointer), so a caller can size the
- * workspace first, and the facts of the device (its shared memory, K1's CTAs an SM beside
- * each pass), asked once per device through the table for `compute_capability` (ABI 7: the
+ * the one the call will run on: only sizes, mode, num_sms, checkpoint_every, max_seqlen, gate
+ * and whether cu_seqlens is NULL are read (no memory behind a pointer), so a caller can size
+ * the workspace first, and the facts of the device (its shared memory, K1's CTAs an SM beside
+ * each pass), asked once per device through the table for `compute_capability` (ABI 8: the
  * plan follows the device, not num_sms alone). The same arguments on the same device always
  * give the same plan (remembered, so a repeated call costs a lookup). */
 FLASH_KDA_API flash_kda_status flash_kda_fwd_plan(int32_t compute_capability,

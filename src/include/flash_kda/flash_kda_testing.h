@@ -4,7 +4,8 @@
  * flash_kda.h. They run the same checks, plan and launches as flash_kda_fwd_plan and
  * flash_kda_fwd, with parts of the plan forced (flash_kda_testing_overrides). Results never
  * depend on an override in EXACT mode (every plan gives FlashKDA's bits); in AUTO mode the
- * overrides pick among the plans the library could choose itself.
+ * overrides pick among the plans the library could choose itself. unvalidated_forms and
+ * stable_inverse reach kernels that an arch table does not enable yet (flash_kda.h features).
  *
  * Versioning: FLASH_KDA_TESTING_VERSION changes with any signature here; it is independent
  * of FLASH_KDA_ABI_VERSION. flash_kda_testing_overrides is append-only and starts with its
@@ -16,7 +17,8 @@
 
 #include <flash_kda/flash_kda.h>
 
-#define FLASH_KDA_TESTING_VERSION 2
+#define FLASH_KDA_TESTING_VERSION 3 /* 2: unvalidated_forms, stable_inverse; 3: every arch's
+                                     * code path on the GPU at hand */
 
 #ifdef __cplusplus
 extern "C" {
@@ -73,7 +75,8 @@ typedef struct flash_kda_testing_device {
   int32_t combine_wide;    /* 16-row combine CTAs fit (two stages) */
 } flash_kda_testing_device;
 
-/* Forced parts of the plan and test switches; 0 everywhere = the library's own plan. */
+/* Forced parts of the plan, kernels not yet enabled by default, and test switches; 0
+ * everywhere = the library's own plan and kernels. */
 typedef struct flash_kda_testing_overrides {
   uint32_t struct_size;   /* sizeof(flash_kda_testing_overrides) of the caller's header */
   int32_t block_v;        /* value columns per recurrence CTA: 0 = pick, or 32 / 64 / 128 */
@@ -85,7 +88,12 @@ typedef struct flash_kda_testing_overrides {
   int32_t chunk_tokens;   /* 16 or 32 tokens per chunk (32: AUTO mode, no segment_chunks,
                            * block_v 32 or 64); AUTO results with 32-token chunks are not
                            * bitwise equal to EXACT's (docs/design.md §4.8) */
-  /* ---- testing version 2: every arch's code path on the GPU at hand ---- */
+  /* ---- version 2 ---- */
+  int32_t unvalidated_forms; /* 1: run the gate and beta forms on a table without
+                              * FLASH_KDA_FEATURE_GATE_FORMS (kernels not yet validated there) */
+  int32_t stable_inverse;    /* AUTO mode's stable inverse (design §2.6): 1 = on, -1 = off,
+                              * 0 = as the table's FLASH_KDA_FEATURE_STABLE_INVERSE says */
+  /* ---- version 3: every arch's code path on the GPU at hand ---- */
   int32_t generic_passes; /* 1: the other arches' passes: recurrence_kernel everywhere,
                            * records in fragment order (sm_90a's warpgroup passes off) */
   int32_t sim_sms;        /* > 0: the plan spreads the work over this many SMs, the launch over
