@@ -20,13 +20,19 @@ USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) byt
 COMPILED = re.compile(r"flash-kda: (\S+\.cu) compiled in ([\d.]+) s")
 PASS_CODES = ("Plain", "General", "States", "Rerun")  # src/kda/config.h PassCode
 ORDERS = ("Fragments", "Tiles")  # src/kda/workspace.h RecordOrder
+# src/kda/prepare.cuh K1Variant; FlashKDA's (kBounded, the default) is left unnamed, as the
+# launch record (flash_kda.testing.launched) names K1.
+K1_VARIANTS = (None, "K1Variant::kBoundedForms", "K1Variant::kUnbounded")
 
 
 def _template_args(mangled):
     """The template arguments of a flash_kda kernel's mangled name, as written in the source."""
     args = []
-    for kind, value in re.findall(r"L(i|NS_8PassCodeE|NS_11RecordOrderE|b)(\d+)E", mangled):
-        if kind == "i":
+    for kind, value in re.findall(r"L(i|NS_8PassCodeE|NS_11RecordOrderE|NS\d*_9K1VariantE|b)(\d+)E", mangled):
+        if "K1Variant" in kind:
+            if K1_VARIANTS[int(value)]:
+                args.append(K1_VARIANTS[int(value)])
+        elif kind == "i":
             args.append(value)
         elif kind == "b":
             args.append("true" if value == "1" else "false")
