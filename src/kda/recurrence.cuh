@@ -663,12 +663,7 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
     else
       run_chain_streamed<kCode, kBlocks>(w, task.span, state);
   }
-  // The segment pass finds its task again for the sink rather than hold the sink through
-  // the chain: at its two-CTA register cap (96) that spilled it (ptxas, CUDA 13.0, the
-  // arches after sm_90a; sm_90a keeps the held sink).
-  const ChainTask &done =
-      kCode == PassCode::kStates && FLASH_KDA_CC != 90 ? chain_task<kBlockV, kCode>(p) : task;
-  store_state(done.sink, done.col0 + vcol, state);
+  store_state(task.sink, task.col0 + vcol, state);
 }
 
 }  // namespace flash_kda::FLASH_KDA_ARCH
