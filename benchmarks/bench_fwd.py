@@ -430,12 +430,18 @@ def main():
     parser.add_argument(
         "--sustained", type=float, default=0.0, metavar="S", help="also S seconds of back-to-back replays"
     )
+    parser.add_argument("--mode", default="default", help="a test mode (flash_kda.testing.TEST_MODES): generic "
+                        "times the other arches' passes on this GPU, the mma.sync estimate")  # fmt: skip
     parser.add_argument("--gate", choices=GATES, default="lower_bound", help="the gate form of every row")
     args = parser.parse_args()
+    from flash_kda import testing
     from triton.testing import do_bench
+
+    testing.set_overrides(**testing.mode_overrides(args.mode))
 
     bw, rate = measure_ceilings(do_bench)
     env = environment()
+    env["test_mode"] = args.mode
     env.update(copy_tb_s=bw / 1e12, matmul_tflop_s=rate / 1e12)
     command = "python " + " ".join(sys.argv)
     data = dict(environment=env, command=command, results=[], sweep=[], pools=[])

@@ -4,12 +4,16 @@ change keeps every bit. Diagnostics, not a test:
 
     FLASH_KDA_LIBRARY=old.so python benchmarks/output_hashes.py old.json
     FLASH_KDA_LIBRARY=new.so python benchmarks/output_hashes.py new.json --against old.json
+    python benchmarks/output_hashes.py generic.json --mode generic --against default.json
 
 The grid: 15 length sets (1-32768 tokens, batched and varlen, with empty-prefix and length-1
 sequences) x H in {1, 3, 6, 12, 32, 96} (up to 600k token-heads) x both modes, so every pass
 kind the plan picks runs (16- and 32-token chunks, segments, K1 first, beside and leaving).
 Each case hashes out and the final state (bf16) of one call on bench_fwd.make_inputs' inputs.
 The automatic path's bits follow its plan: compare libraries whose plans agree (plan_grid.py).
+--mode runs every call in a test mode (flash_kda.testing.TEST_MODES: the other arches' passes,
+their simulated limits), whose exact cases must give the default mode's bits; its plans, and
+so its automatic cases' bits, may differ.
 """
 
 import argparse
@@ -43,7 +47,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", help="JSON file of {case: hash} to write")
     parser.add_argument("--against", help="an earlier run's JSON: print the cases whose hashes differ")
+    parser.add_argument("--mode", default="default", help="a test mode (flash_kda.testing.TEST_MODES)")
     args = parser.parse_args()
+    from flash_kda import testing
+
+    testing.set_overrides(**testing.mode_overrides(args.mode))
     hashes = {}
     for lens in LENGTHS:
         for heads in HEADS:
@@ -60,6 +68,8 @@ def main():
             base = json.load(f)
         differ = [k for k in hashes if base.get(k) != hashes[k]]
         print(f"{len(differ)} of {len(hashes)} differ from {args.against}: {differ}")
+        exact = [k for k in hashes if k.endswith("-exact")]
+        print(f"exact: {sum(k in differ for k in exact)} of {len(exact)} differ")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 """Small native forwards for compute-sanitizer (memcheck, racecheck). Run on a GPU:
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 ci/sanitize_cases.py
+    FLASH_KDA_TEST_MODE=sm120 compute-sanitizer ... python3 ci/sanitize_cases.py   (a test mode:
+        the other arches' code paths on this GPU, flash_kda.testing.TEST_MODES)
 
 Every block_v on a batched and a varlen case (with an empty and a partial sequence), in
 exact mode with K1 before, beside the recurrence and leaving the recurrence's SMs (design
@@ -30,6 +32,7 @@ import torch
 sys.path.insert(0, "tests")
 from conftest import (
     FWD_ARGS,
+    TEST_MODE,
     check,
     degenerate_problem,
     forms,
@@ -39,6 +42,10 @@ from conftest import (
     with_forms,
 )
 from flash_kda import testing
+
+if TEST_MODE != "default":  # every call below in the mode (testing.run_native adds its switches)
+    testing.set_overrides(**testing.mode_overrides(TEST_MODE))
+print(f"test mode: {TEST_MODE} {testing.get_overrides()}", flush=True)
 
 CASES = [
     dict(batch=2, seqlen=37, heads=2, initial=torch.float32, final=torch.float32),

@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: MIT
-# flash_kda_resolve_archs(<archs-var> <request-var>): turn FLASH_KDA_CUDA_ARCHS into the
-# arches to build, and give the request itself, normalized (lower case, no spaces).
+# flash_kda_arch_request(<request-var>): FLASH_KDA_CUDA_ARCHS normalized (lower case, no
+# spaces; unset means auto). flash_kda_enable_cuda(): the CUDA language, or an error that says
+# what to install or set. flash_kda_resolve_archs(<archs-var> <request>): the arches to build.
 #
 #   FLASH_KDA_CUDA_ARCHS=auto        the visible GPUs' arches (nvidia-smi); with no GPU
 #                                    visible, says so and builds `all`
 #   FLASH_KDA_CUDA_ARCHS=all         every arch of the product this nvcc can build
 #   FLASH_KDA_CUDA_ARCHS=90a,100a    exactly those (an `sm_` prefix is accepted)
+#   FLASH_KDA_CUDA_ARCHS=none        no kernels and no CUDA toolkit: the package's PyTorch and
+#                                    fla paths only (a pure-Python wheel, pyproject.toml)
 #
 # Example: FLASH_KDA_CUDA_ARCHS=all with nvcc 13.0 -> archs "90a;100a;103a;110a;120a;121a"
 # and request "all"; with nvcc 12.8 -> archs "90a;100a;120a". The value comes from the
@@ -85,7 +88,7 @@ function(_flash_kda_visible_archs out seen)
   set(${seen} "${caps}" PARENT_SCOPE)
 endfunction()
 
-function(flash_kda_resolve_archs out out_request)
+function(flash_kda_arch_request out)
   set(request "${FLASH_KDA_CUDA_ARCHS}")
   if(request STREQUAL "")
     set(request "$ENV{FLASH_KDA_CUDA_ARCHS}")
@@ -95,22 +98,57 @@ function(flash_kda_resolve_archs out out_request)
   endif()
   string(TOLOWER "${request}" request)
   string(REPLACE " " "" request "${request}")
+  set(${out} "${request}" PARENT_SCOPE)
+endfunction()
+
+# The CUDA language (nvcc), found as CMake finds it (CUDACXX, CMAKE_CUDA_COMPILER, PATH), or
+# a configure error naming what to install or set.
+macro(flash_kda_enable_cuda)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(NOT CMAKE_CUDA_COMPILER)
+    message(FATAL_ERROR
+      "flash-kda: no CUDA compiler (nvcc) found, which the kernels need. Install the CUDA "
+      "toolkit (12.8 or newer builds every arch but 103a, 110a and 121a, which need 12.9 or "
+      "13.0; 12.0 builds sm_90a) and put its bin/ on PATH, or point CUDACXX or "
+      "CMAKE_CUDA_COMPILER at nvcc. To build without kernels (the PyTorch and fla paths only), "
+      "set FLASH_KDA_CUDA_ARCHS=none.")
+  endif()
+  enable_language(CUDA)
+endmacro()
+
+function(flash_kda_resolve_archs out request)
   string(REPLACE ";" "," valid_list "${_FLASH_KDA_ARCHS}")
-  set(valid "auto, all, or a comma list of ${valid_list}")
+  set(valid "auto, all, none, or a comma list of ${valid_list}")
+  set(nvcc "nvcc ${CMAKE_CUDA_COMPILER_VERSION}")
+  _flash_kda_all_archs(all_archs)
+  set(skipped "")
+  foreach(arch IN LISTS _FLASH_KDA_ARCHS)
+    if(NOT arch IN_LIST all_archs)
+      list(APPEND skipped "${arch} (needs nvcc ${_FLASH_KDA_MIN_NVCC_${arch}})")
+    endif()
+  endforeach()
+  if(skipped)
+    string(REPLACE ";" ", " skipped "; not ${skipped}")
+  endif()
 
   if(request STREQUAL "auto")
     _flash_kda_visible_archs(archs seen)
-    if(archs STREQUAL "")
-      _flash_kda_all_archs(archs)
+    string(REPLACE ";" ", " seen_text "${seen}")
+    if(NOT archs STREQUAL "")
+      set(why "auto: the visible GPUs are compute capability ${seen_text}")
+    else()
+      set(archs "${all_archs}")
       if(seen STREQUAL "")
-        message(STATUS "flash-kda: FLASH_KDA_CUDA_ARCHS=auto sees no GPU; building all")
+        set(why "auto: no GPU visible, so every arch ${nvcc} builds${skipped}")
       else()
-        message(STATUS "flash-kda: FLASH_KDA_CUDA_ARCHS=auto sees compute capability ${seen}, "
-                       "which has no native kernels; building all (that GPU uses the fallback)")
+        string(CONCAT why "auto: the visible GPUs (compute capability ${seen_text}) have no "
+               "native kernels and use the fallback, so every arch ${nvcc} builds${skipped}")
       endif()
     endif()
   elseif(request STREQUAL "all")
-    _flash_kda_all_archs(archs)
+    set(archs "${all_archs}")
+    set(why "all: every arch ${nvcc} builds${skipped}")
   else()
     string(REPLACE "," ";" entries "${request}")
     set(archs "")
@@ -128,15 +166,14 @@ function(flash_kda_resolve_archs out out_request)
         list(APPEND archs ${arch})
       endif()
     endforeach()
+    set(why "${request}: as requested, ${nvcc}")
   endif()
   if(archs STREQUAL "")
-    message(FATAL_ERROR "FLASH_KDA_CUDA_ARCHS=${request}: nvcc ${CMAKE_CUDA_COMPILER_VERSION} "
-                        "supports none of ${valid_list}")
+    message(FATAL_ERROR "FLASH_KDA_CUDA_ARCHS=${request}: ${nvcc} supports none of ${valid_list}")
   endif()
-  message(STATUS "flash-kda: building kernels for ${archs} (FLASH_KDA_CUDA_ARCHS=${request}, "
-                 "nvcc ${CMAKE_CUDA_COMPILER_VERSION})")
+  string(REPLACE ";" ", " archs_text "${archs}")
+  message(STATUS "flash-kda: building kernels for ${archs_text} (FLASH_KDA_CUDA_ARCHS=${why})")
   set(${out} "${archs}" PARENT_SCOPE)
-  set(${out_request} "${request}" PARENT_SCOPE)
 endfunction()
 
 # `cmake -P cmake/FlashKdaArchs.cmake` prints the product table on stdout, a header line

@@ -36,7 +36,7 @@ endfunction()
 # the request and the nvcc version (the fields are documented in the template's docstring).
 # Example: flash_kda_build_info(${FLASH_KDA_GENERATED}/_build_info.py all "90a;100a") with
 # nvcc 13.0.88 writes BUILT_ARCHS = ("90a", "100a"), NVCC_VERSION = "13.0.88",
-# FLASH_KDA_CUDA_ARCHS = "all" and PRODUCT_ARCHS = ({"arch": "90a", "compute_capability":
+# FLASH_KDA_CUDA_ARCHS = "all", DEBUG_WAITS = False and PRODUCT_ARCHS = ({"arch": "90a", "compute_capability":
 # 90, "min_nvcc": "12.0"}, ...), one dict per row of the product table.
 function(flash_kda_build_info path request archs)
   set(FLASH_KDA_PY_PRODUCT_ARCHS "(\n")
@@ -47,5 +47,10 @@ function(flash_kda_build_info path request archs)
   string(APPEND FLASH_KDA_PY_PRODUCT_ARCHS ")")
   _flash_kda_py_str_tuple("${archs}" FLASH_KDA_PY_BUILT_ARCHS)
   set(FLASH_KDA_PY_REQUEST "${request}")
+  if(FLASH_KDA_DEBUG_WAITS)
+    set(FLASH_KDA_PY_DEBUG_WAITS True)
+  else()
+    set(FLASH_KDA_PY_DEBUG_WAITS False)
+  endif()
   configure_file("${PROJECT_SOURCE_DIR}/cmake/build_info.py.in" "${path}" @ONLY)
 endfunction()

@@ -9,10 +9,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "arch/table.h"
 #include "args.h"
+#include "costs.h"
 #include "kda/config.h"
 #include "kda/workspace.h"
 #include "plan.h"
@@ -84,8 +86,29 @@ flash_kda_status launch_result(const char *fn, const LaunchStatus &st) {
               std::string(st.stage) + " failed: " + cudaGetErrorName(st.error));
 }
 
+// The facts of the device a call is planned for: the reference device overrides->device
+// (costs.h, no GPU asked), else the current device's through `table` (launch.cuh
+// plan_device, under the test switches). The plan spreads the work over sim_sms SMs where a
+// test sets it, else over the caller's num_sms. FLASH_KDA_OK, or the failure recorded.
+flash_kda_status device_for(const char *fn, int32_t cc, const flash_kda_fwd_args &a,
+                            const flash_kda_testing_overrides &o, PlanDevice &d) {
+  if (o.device != FLASH_KDA_TESTING_DEVICE_CURRENT) {
+    for (const ReferenceDevice &r : kReferenceDevices)
+      if (r.id == o.device) d = r.facts;
+  } else {
+    const ArchTable *table = nullptr;
+    flash_kda_status st = find_table(fn, cc, table);
+    if (st == FLASH_KDA_OK) st = check_driver(fn);
+    if (st != FLASH_KDA_OK) return st;
+    const LaunchStatus query = table->plan_device(switches_of(o), d);
+    if (query.error != cudaSuccess) return launch_result(fn, query);
+  }
+  d.sms = o.sim_sms > 0 ? o.sim_sms : a.num_sms;
+  return FLASH_KDA_OK;
+}
+
 // flash_kda_fwd_plan with overrides: the plan info of the checked arguments.
-flash_kda_status plan_call(const char *fn, const flash_kda_fwd_args *args,
+flash_kda_status plan_call(const char *fn, int32_t cc, const flash_kda_fwd_args *args,
                            const flash_kda_testing_overrides *overrides,
                            flash_kda_fwd_plan_info *out) {
   if (out == nullptr ||
@@ -98,8 +121,15 @@ flash_kda_status plan_call(const char *fn, const flash_kda_fwd_args *args,
   flash_kda_testing_overrides o;
   std::string err = read_args(args, a);
   if (err.empty()) err = read_overrides(overrides, o);
+  if (err.empty()) err = check_call(a, o);
+  if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
+  PlanDevice device{};
+  if (has_tokens(a)) {
+    const flash_kda_status st = device_for(fn, cc, a, o, device);
+    if (st != FLASH_KDA_OK) return st;
+  }
   Plan plan{};
-  if (err.empty()) err = check_plan(a, o, plan);
+  err = check_plan(a, o, device, plan);
   if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
   out->block_v = plan.block_v;
   out->segment_chunks = plan.segment_chunks;
@@ -115,22 +145,32 @@ flash_kda_status plan_call(const char *fn, const flash_kda_fwd_args *args,
   return FLASH_KDA_OK;
 }
 
-// flash_kda_fwd with overrides: every check, then the launches (none for a call without
-// sequences; only the state copy for one without tokens).
+// flash_kda_fwd with overrides: every check that needs no device, then the device's facts,
+// the plan and the workspace, then the launches (none for a call without sequences; only
+// the state copy for one without tokens).
 flash_kda_status forward(const char *fn, int32_t compute_capability, const flash_kda_fwd_args *args,
                          const flash_kda_testing_overrides *overrides, void *stream) {
   flash_kda_fwd_args a;
   flash_kda_testing_overrides o;
   std::string err = read_args(args, a);
   if (err.empty()) err = read_overrides(overrides, o);
+  if (err.empty() && o.device != FLASH_KDA_TESTING_DEVICE_CURRENT)
+    err =
+        "overrides->device plans for a reference device: flash_kda_testing_fwd runs the current "
+        "one";
+#ifndef FLASH_KDA_DEBUG_WAITS
+  if (err.empty() && o.stall != 0)
+    err = "overrides->stall needs a library built with FLASH_KDA_DEBUG_WAITS=ON (its kernels "
+          "carry the planted stall and the bounded waits that end it), got stall " +
+          std::to_string(o.stall) + " in a release build";
+#endif
   if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
   const ArchTable *table = nullptr;
   flash_kda_status st = find_table(fn, compute_capability, table);
   if (st != FLASH_KDA_OK) return st;
-  Plan plan{};
   FwdParams params{};
-  err = check_plan(a, o, plan);
-  if (err.empty()) err = check_tensors(a, plan, params);
+  err = check_call(a, o);
+  if (err.empty()) err = check_tensors(a, params);
   if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
   if (!default_forms(a) && !(table->features & FLASH_KDA_FEATURE_GATE_FORMS) &&
       o.unvalidated_forms != 1)
@@ -143,13 +183,57 @@ flash_kda_status forward(const char *fn, int32_t compute_capability, const flash
   if (a.num_seqs == 0) return FLASH_KDA_OK;
   st = check_driver(fn);
   if (st != FLASH_KDA_OK) return st;
+  PlanDevice device{};
+  if (has_tokens(a)) {
+    st = device_for(fn, compute_capability, a, o, device);
+    if (st != FLASH_KDA_OK) return st;
+  }
+  Plan plan{};
+  err = check_plan(a, o, device, plan);
+  if (err.empty()) err = check_workspace(a, plan);
+  if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
   fill_params(a, plan, params);
+  params.test = switches_of(o);
+  if (o.wait_limit_ns > 0) params.wait_limit_ns = static_cast<uint64_t>(o.wait_limit_ns);
+  if (params.test.record != nullptr) params.test.record->count = 0;
   // AUTO mode's stable inverse where the table enables it, or the test entry point asks
   const bool stable = o.stable_inverse == 0
                           ? (table->features & FLASH_KDA_FEATURE_STABLE_INVERSE) != 0
                           : o.stable_inverse == 1;
   params.stable_inverse = a.mode == FLASH_KDA_MODE_AUTO && stable;
   return launch_result(fn, table->fwd(params, static_cast<cudaStream_t>(stream)));
+}
+
+// The facts of flash_kda_testing_device_facts.
+flash_kda_status device_facts_call(const char *fn, int32_t cc,
+                                   const flash_kda_testing_overrides *overrides,
+                                   flash_kda_testing_device *out) {
+  flash_kda_testing_overrides o;
+  std::string err = read_overrides(overrides, o);
+  if (err.empty() && (out == nullptr || out->struct_size != sizeof(flash_kda_testing_device)))
+    err = "facts must not be NULL and facts->struct_size must be " +
+          std::to_string(sizeof(flash_kda_testing_device));
+  if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
+  flash_kda_fwd_args a{};
+  a.num_sms = 0;
+  PlanDevice d{};
+  const flash_kda_status st = device_for(fn, cc, a, o, d);
+  if (st != FLASH_KDA_OK) return st;
+  if (o.device == FLASH_KDA_TESTING_DEVICE_CURRENT && o.sim_sms <= 0) {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
+      d.sms = sms;
+  } else if (o.sim_sms <= 0) {
+    for (const ReferenceDevice &r : kReferenceDevices)
+      if (r.id == o.device) d.sms = r.facts.sms;
+  }
+  static_assert(sizeof(flash_kda_testing_device) == 4 * (1 + kPlanDeviceWords),
+                "flash_kda_testing_device is struct_size and plan.h plan_device_words");
+  int32_t words[kPlanDeviceWords];
+  plan_device_words(d, words);
+  std::memcpy(&out->compute_capability, words, sizeof(words));
+  return FLASH_KDA_OK;
 }
 
 }  // namespace
@@ -212,10 +296,10 @@ int32_t flash_kda_pick_block_v(int64_t num_seqs, int64_t heads, int32_t num_sms)
   return flash_kda::pick_block_v(num_seqs * heads, num_sms);
 }
 
-flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
+flash_kda_status flash_kda_fwd_plan(int32_t compute_capability, const flash_kda_fwd_args *args,
                                     flash_kda_fwd_plan_info *plan) noexcept {
   try {
-    return flash_kda::plan_call("flash_kda_fwd_plan", args, nullptr, plan);
+    return flash_kda::plan_call("flash_kda_fwd_plan", compute_capability, args, nullptr, plan);
   } catch (...) {
     return fail(FLASH_KDA_INTERNAL, "flash_kda_fwd_plan", "unexpected C++ exception");
   }
@@ -236,13 +320,25 @@ int32_t flash_kda_testing_version(void) noexcept {
   return FLASH_KDA_TESTING_VERSION;
 }
 
-flash_kda_status flash_kda_testing_plan(const flash_kda_fwd_args *args,
+flash_kda_status flash_kda_testing_plan(int32_t compute_capability, const flash_kda_fwd_args *args,
                                         const flash_kda_testing_overrides *overrides,
                                         flash_kda_fwd_plan_info *plan) noexcept {
   try {
-    return flash_kda::plan_call("flash_kda_testing_plan", args, overrides, plan);
+    return flash_kda::plan_call("flash_kda_testing_plan", compute_capability, args, overrides,
+                                plan);
   } catch (...) {
     return fail(FLASH_KDA_INTERNAL, "flash_kda_testing_plan", "unexpected C++ exception");
+  }
+}
+
+flash_kda_status flash_kda_testing_device_facts(int32_t compute_capability,
+                                                const flash_kda_testing_overrides *overrides,
+                                                flash_kda_testing_device *facts) noexcept {
+  try {
+    return flash_kda::device_facts_call("flash_kda_testing_device_facts", compute_capability,
+                                        overrides, facts);
+  } catch (...) {
+    return fail(FLASH_KDA_INTERNAL, "flash_kda_testing_device_facts", "unexpected C++ exception");
   }
 }
 

@@ -248,28 +248,57 @@ std::string read_overrides(const flash_kda_testing_overrides *in, flash_kda_test
   return "";
 }
 
-std::string check_plan(const flash_kda_fwd_args &a, const flash_kda_testing_overrides &o,
-                       Plan &plan) {
+namespace {
+
+ProblemSizes sizes_of(const flash_kda_fwd_args &a) {
+  return {a.batch,     a.seqlen, a.heads, a.num_seqs, a.cu_seqlens != nullptr, a.checkpoint_every,
+          a.max_seqlen};
+}
+
+PlanRequest request_of(const flash_kda_fwd_args &a, const flash_kda_testing_overrides &o) {
+  return {a.mode, o.block_v, o.segment_chunks, o.overlap, o.chunk_tokens, a.gate};
+}
+
+}  // namespace
+
+std::string check_call(const flash_kda_fwd_args &a, const flash_kda_testing_overrides &o) {
   if (a.head_dim != kHeadDim) return "head_dim must be 128, got " + str(a.head_dim);
-  const bool varlen = a.cu_seqlens != nullptr;
-  const ProblemSizes sizes = {a.batch, a.seqlen,           a.heads,     a.num_seqs,
-                              varlen,  a.checkpoint_every, a.max_seqlen};
-  std::string err = check_sizes(sizes);
-  if (!err.empty()) return err;
+  std::string err = check_sizes(sizes_of(a));
+  if (!err.empty() || !has_tokens(a)) return err;
+  if (o.block_v == 0 && a.num_sms < 1)
+    return "num_sms must be >= 1 when block_v is 0, got " + str(a.num_sms);
+  if (o.device < FLASH_KDA_TESTING_DEVICE_CURRENT || o.device > FLASH_KDA_TESTING_DEVICE_SM120)
+    return "overrides->device must be a flash_kda_testing_device_id, got " + str(o.device);
+  return check_request(sizes_of(a), request_of(a, o));
+}
+
+std::string check_plan(const flash_kda_fwd_args &a, const flash_kda_testing_overrides &o,
+                       const PlanDevice &device, Plan &plan) {
   if (!has_tokens(a)) {
     plan = Plan{};
     plan.chunk_tokens = kChunk;
     return "";
   }
-  const PlanRequest request = {a.mode,    o.block_v, o.segment_chunks, a.num_sms,
-                               o.overlap, o.chunk_tokens, a.gate};
-  return cached_plan(sizes, request, plan);
+  return cached_plan(sizes_of(a), request_of(a, o), device, plan);
 }
 
-std::string check_tensors(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
+TestSwitches switches_of(const flash_kda_testing_overrides &o) {
+  TestSwitches t{};
+  t.generic = o.generic_passes;
+  t.sms = o.sim_sms;
+  t.smem_optin = o.sim_smem_optin;
+  t.smem_sm = o.sim_smem_sm;
+  t.threads_sm = o.sim_threads_sm;
+  t.regs_sm = o.sim_regs_sm;
+  t.k1_ctas_sm = o.sim_k1_ctas_sm;
+  t.stall = o.stall;
+  t.record = o.launches;
+  return t;
+}
+
+std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p) {
   const std::string forms = check_forms(a);
   if (!forms.empty()) return forms;
-  if (plan.workspace_bytes > 0 && a.workspace == nullptr) return "workspace must not be NULL";
   if (!aligned(a.workspace, 16)) return "workspace must be 16-byte aligned";
   std::string err = check_activations(a, p);
   const int64_t slots = a.state_indices != nullptr ? a.state_pool_size : a.num_seqs;
@@ -308,10 +337,15 @@ std::string check_tensors(const flash_kda_fwd_args &a, const Plan &plan, FwdPara
   if (!std::isfinite(a.scale) || !std::isfinite(scale) ||
       ((bf16_bits(scale) >> 7) & 0xffu) == 0xffu)
     return "scale must be finite in bfloat16 (|scale| < 3.39e38), got " + std::to_string(a.scale);
+  return check_overlap(a, p);
+}
+
+std::string check_workspace(const flash_kda_fwd_args &a, const Plan &plan) {
+  if (plan.workspace_bytes > 0 && a.workspace == nullptr) return "workspace must not be NULL";
   if (a.workspace_bytes < plan.workspace_bytes)
     return "workspace must hold " + str(plan.workspace_bytes) + " bytes, got " +
            str(a.workspace_bytes);
-  return check_overlap(a, p);
+  return "";
 }
 
 namespace {
@@ -378,6 +412,7 @@ void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
   p.scale_bf16 = bf16_bits(static_cast<float>(a.scale));
   p.chain_block_v = plan.block_v;
   p.segment_block_v = plan.segment_block_v;
+  p.wait_limit_ns = kWaitLimitNs;
   p.gate = static_cast<Gate>(a.gate);
   p.g_fp32 = a.g_dtype == FLASH_KDA_DTYPE_FP32;
   p.beta_fp32 = a.beta_dtype == FLASH_KDA_DTYPE_FP32;

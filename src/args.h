@@ -22,14 +22,24 @@ std::string read_args(const flash_kda_fwd_args *in, flash_kda_fwd_args &a);
 // The caller's overrides (NULL: none), zero-extended likewise.
 std::string read_overrides(const flash_kda_testing_overrides *in, flash_kda_testing_overrides &o);
 
-// head_dim, the sizes and the plan (remembered per plan input; a call without tokens or
-// sequences has the empty plan: no workspace, nothing but the state copy).
-std::string check_plan(const flash_kda_fwd_args &a, const flash_kda_testing_overrides &o,
-                       Plan &plan);
+// head_dim, the sizes and the request: every check of the plan's inputs that needs no
+// device (the plan itself needs the device's facts).
+std::string check_call(const flash_kda_fwd_args &a, const flash_kda_testing_overrides &o);
 
-// Pointers, strides, states, pool, checkpoints, values, the workspace's size and that no
-// output overlaps another argument; fills the strides of p.
-std::string check_tensors(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p);
+// The plan of a checked call on `device` (remembered per plan input and device; a call
+// without tokens or sequences has the empty plan: no workspace, nothing but the state copy).
+std::string check_plan(const flash_kda_fwd_args &a, const flash_kda_testing_overrides &o,
+                       const PlanDevice &device, Plan &plan);
+
+// The test switches of the overrides (params.h TestSwitches; all zero without overrides).
+TestSwitches switches_of(const flash_kda_testing_overrides &o);
+
+// Pointers, strides, states, pool, checkpoints, values and that no output overlaps another
+// argument; fills the strides of p.
+std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p);
+
+// The workspace against the plan's size.
+std::string check_workspace(const flash_kda_fwd_args &a, const Plan &plan);
 
 // The rest of p for a checked call, laid out by its plan.
 void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p);

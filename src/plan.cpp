@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "costs.h"
 #include "kda/config.h"
 #include "kda/workspace.h"
 
@@ -30,92 +31,35 @@ std::string str(int64_t x) {
 }
 
 // ---------------------------------------------------------------- cost model
-// Microseconds on the H200 (config.h; fitted to per-kernel profiles at forced segment
-// lengths, benchmarks/profile_kernels.py), K1 included (prepare_us and the overlap models below).
+// Microseconds (costs.h: the device's family's row, fitted to per-kernel profiles at forced
+// segment lengths, benchmarks/profile_kernels.py), K1 included (prepare_us and the overlap
+// models below).
 
-constexpr double kLaunchUs = 5.0;  // one more kernel launch on the stream
-constexpr double kWaveUs = 6.0;    // a segment pass's fixed cost per wave of CTAs
-// combine_kernel, one step a start: 0.85 us with 8-row CTAs, 1.22 with 16-row CTAs, as
-// fitted with its older cp.async ring. Its steps now take 0.72 and 1.04 (ncu, H200), but
-// with those the plan cut T = 2048 H = 1-4 into segments of 8 chunks instead of 10, 3%
-// slower there: the older step stands in for the fixed part the model undercounts at
-// short T.
-constexpr double kCombineStepUs = 0.85;      // 8-row CTAs, one an SM
-constexpr double kCombineWideStepUs = 1.22;  // 16-row CTAs, one an SM
-constexpr double kCombineFixedUs = 4.0;      // combine_kernel's first two starts and its tail
-constexpr double kMargin = 0.9;              // segments only when the forward is predicted
-                                             // 10% faster
-// Segments rather than 32-token whole chains only where predicted 12% faster. Against the
-// 32-token forward the segments' predicted-to-measured ratio ran 0.06-0.20 high at H = 16-24
-// (H200: T = 131072 H = 16 predicted 0.886, measured 0.949; H = 20
-// 0.911 and 1.052; T = 1M H = 20 0.892 and 1.095; H = 16 0.865 and 0.982). 0.88 takes no
-// measured loss and keeps the wins at T = 262144 - 1M H = 16 and T = 2048 H = 1-4; the 2-5% it
-// gave up at T = 65536 - 131072 H = 16 the margin below takes back.
-constexpr double kSegmentsOver32Margin = 0.88;
-// Where the 32-token forward has K1 leave the pass's SMs (N H = 9-18 on 132 SMs) and the
-// segments are at most 512 chunks long, 5% suffices: there the 32-token prediction ran 5-6%
-// high and the segments' within 2% (H200: T = 32768 H = 16 predicted
-// 0.790 against 0.864 ms, measured 0.776 against 0.822; T = 8192 H = 14 segments measured 0.191
-// against 0.220). Longer segments ran up to 9% slower than predicted (T = 131072 H = 18, 1639
-// chunks: 3.31 predicted, 3.48 measured; T = 65536 H = 18, 820 chunks, 1.68-1.81 against the
-// 32-token 1.73).
-constexpr double kSegmentsOver32LeavingMargin = 0.95;
-constexpr int64_t kLeavingMarginMaxChunks = 512;
-// Segments of at most 32 chunks need no margin over the 32-token forward: there the segments'
-// prediction ran ~8 us high and the 32-token one 5-9 us low (H200:
-// T = 2048 H = 8 predicted 56.8 against 59.4 us, measured 48.8 against 64.5; H = 5-8 and N H =
-// 5-8 at T = 2048, T = 2560 H = 9 and T = 3072 H = 11 ran 16-32% faster segmented).
-constexpr int64_t kShortSegmentChunks = 32;
-// The whole-sequence pass at a wider block_v than the narrowest that fits one wave where the
-// model predicts the forward 12.5% faster: at N H = 28-33 block_v 64 (half the CTAs, K1 on the
-// SMs they leave free) against block_v 32 (K1 beside it). Its prediction ran 4-6% low (H200:
-// T = 8192 H = 32 predicted 0.291 against 0.345 ms, measured
-// 0.307 against 0.343); at T = 2048 H = 28 (predicted 0.886) block_v 64 measured 3.6% slower,
-// at T = 8192 H = 28 (0.873) 2.5% faster, at T = 2048 H = 30 (0.871) 2.4% slower, the one loss
-// this margin keeps.
-constexpr double kWiderMargin = 0.875;
-constexpr int64_t kMinSegments = 3;         // two segments cost as much as one chain (§6.4)
-constexpr int64_t kMinSegmentChunks = 8;    // shortest segment considered
-constexpr int64_t kFineSegmentCounts = 64;  // every segment count up to this one is a candidate
-// K1 (design §4.7), one record per K1 CTA: 11.6 us at 12 CTAs on each SM (T=8192 H=96:
-// 49,152 records in 360 us on 132 SMs: the rate the plan's choices and margins were fitted
-// with; K1 with cp.async rows takes 10.3 us, 320 us there, which only the leave's lead
-// counts, ChunkCosts::k1_lead_record_us), 6.2 us at 3 per SM beside a pass (H=24: 12,288
-// records on 396 CTAs in 194 us), less for a lone K1 CTA beside a pass CTA (config.h
-// prepare_one_us). While K1 runs beside it, the pass's links take ~1.3x as
-// long (T=8192 H=96: 749 us against 590 alone, T=32768: 2.96 ms against 2.30).
-constexpr double kPrepareRecordUs = 11.6;
-constexpr double kPrepareBesideRecordUs = 6.2;
-constexpr double kBesideSlowdown = 1.3;
-constexpr int kPrepareCtasAlone = 12;  // K1's CTAs per SM by itself (__launch_bounds__)
-constexpr double kOverlapUs = 3.0;     // the flags' memset
-// Where the SMs the pass leaves free can write this share of the records the pass reads,
-// one K1 CTA per SM beside the pass is enough (H200: T=8192 H=96 0.781 ms with
-// one and the free SMs, 0.787 with three; T=32768 H=96 3.22 against 3.40).
-constexpr double kFreeSupply = 0.4;
+// The cost model's inputs for one chunk length: the family's costs (costs.h) and the
+// device's facts (plan.h PlanDevice).
+struct Model {
+  const ArchCosts &costs;
+  const PlanDevice &device;
+  int32_t tokens;  // 16 or 32 (design §4.8)
 
-// The chunk length's part of the cost model. 16-token chunks: config.h's link times and
-// K1's measured rates above. 32-token chunks (design §4.8): whole-sequence passes only (no
-// segments), one CTA per SM (config.h resident_ctas), and a link costs chunk32_link_scale
-// 16-token links of the same width at one CTA per SM (config.h); K1's 32-token CTAs are
-// 256 threads, four per SM by their shared memory: 9.4 us a record per CTA alone (9.0 for
-// the leave's lead, as k1_lead_record_us) and ~14 beside the pass, where config.h's
-// prepare32_beside fit (H200).
-struct ChunkCosts {
-  int32_t tokens;
-  double k1_record_us;         // K1 alone: one record per CTA
-  int k1_ctas_alone;           // K1 CTAs per SM alone
-  double k1_beside_record_us;  // a record per K1 CTA beside the pass
-  int k1_overlap_ctas;         // prepare_overlap_kernel's CTAs per SM (its launch bounds)
-  double k1_lead_record_us;    // K1 alone as measured now: the lead's records (k1_leaves_us)
+  int record_index() const { return tokens == 32 ? 1 : 0; }
+  const K1Costs &k1() const { return tokens == 32 ? costs.k1_32 : costs.k1_16; }
+  int32_t sms() const { return device.sms; }
+  int k1_alone() const { return device.k1_alone[record_index()]; }
+  int k1_overlap() const { return device.k1_overlap[record_index()]; }
+  const WidthCosts &width(int32_t block_v) const { return costs.widths[shape_index(block_v)]; }
+  // A link of width block_v for these chunks against the table's 16-token link times.
+  double link_scale(int32_t block_v) const {
+    return tokens == 32 ? width(block_v).chunk32_link_scale : 1.0;
+  }
+  // K1 CTAs beside one CTA of the whole-sequence pass at width block_v (0: none fits).
+  int k1_beside(int32_t block_v) const {
+    return device.k1_beside[record_index()][shape_index(block_v)];
+  }
 };
-constexpr ChunkCosts kCosts16 = {
-    16, kPrepareRecordUs, kPrepareCtasAlone, kPrepareBesideRecordUs, 12, 10.3};
-constexpr ChunkCosts kCosts32 = {32, 9.4, 4, 14.0, 3, 9.0};
 
-// A link of width s for these chunks against config.h's 16-token link times.
-double link_scale(const RecurrenceShape &s, const ChunkCosts &cost) {
-  return cost.tokens == 32 ? s.chunk32_link_scale : 1.0;
+Model model_of(const PlanDevice &device, int32_t tokens) {
+  return {costs_for(device.cc, device.generic), device, tokens};
 }
 
 // Whether the whole-sequence pass of this width is built for 32-token chunks (config.h).
@@ -123,70 +67,53 @@ bool chunk32_built(int32_t block_v) {
   return instantiated(*recurrence_shape(block_v), PassCode::kPlain, 2);
 }
 
-const ChunkCosts &costs_of(int32_t tokens) {
-  return tokens == 32 ? kCosts32 : kCosts16;
-}
-
 double waves(int64_t ctas, int64_t slots) {
   return static_cast<double>(ceil_div(ctas, slots));
 }
 
 // The whole-sequence pass: one CTA per SM, chains of `chunks` links.
-double whole_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms,
-                const ChunkCosts &cost) {
-  const RecurrenceShape &s = *recurrence_shape(block_v);
-  return waves(pairs * (kHeadDim / block_v), num_sms) * static_cast<double>(chunks) *
-         s.whole_link_us * link_scale(s, cost);
+double whole_us(const Model &m, int64_t pairs, int64_t chunks, int32_t block_v) {
+  return waves(pairs * (kHeadDim / block_v), m.sms()) * static_cast<double>(chunks) *
+         m.width(block_v).whole_link_us * m.link_scale(block_v);
 }
 
 // A pass of `ctas` CTAs in chains of `links` links, `resident` CTAs per SM: each wave
 // costs its links plus a fixed part (the start state in, the end state out, the ring
 // filling). A last wave of at most one CTA per SM runs its links at `alone_us`, a single
 // wave of more at `wave_us`.
-double pass_us(int64_t ctas, int64_t links, int32_t num_sms, int resident, double link_us,
+double pass_us(const Model &m, int64_t ctas, int64_t links, int resident, double link_us,
                double alone_us, double wave_us) {
-  const int64_t slots = int64_t{num_sms} * resident;
-  if (ctas > num_sms && ctas <= slots) return static_cast<double>(links) * wave_us + kWaveUs;
+  const int64_t num_sms = m.sms(), slots = num_sms * resident;
+  const double fixed = m.costs.wave_us;
+  if (ctas > num_sms && ctas <= slots) return static_cast<double>(links) * wave_us + fixed;
   const int64_t rest = ctas % slots;
-  double t = static_cast<double>(ctas / slots) * (static_cast<double>(links) * link_us + kWaveUs);
-  if (rest > 0) t += static_cast<double>(links) * (rest <= num_sms ? alone_us : link_us) + kWaveUs;
+  double t = static_cast<double>(ctas / slots) * (static_cast<double>(links) * link_us + fixed);
+  if (rest > 0) t += static_cast<double>(links) * (rest <= num_sms ? alone_us : link_us) + fixed;
   return t;
 }
 
-// The segment pass at block_v 128 is one CTA an SM (the warpgroup pass): config.h's "two an
-// SM" for it (states_link_us = 2 x states_alone_us) are two turns of each SM, and each turn
-// pays a wave's fixed part, not one for both. Counted where its CTAs fit that one "wave",
-// as measured on the H200; a pass of more keeps pass_us's one fixed part a wave.
-bool takes_turns(const RecurrenceShape &s) {
-  return s.states_resident > 1 && s.states_link_us >= 0.95 * s.states_resident * s.states_alone_us;
-}
-
-// A segment pass of two CTAs an SM (block_v 64) over more than one wave runs chains of at
-// most this many links at its one-wave rate (states_wave_us), longer ones at states_link_us
-// (H200: L = 94 0.3044 -> 0.3003 ms at T = 32768 H = 6 against block_v 128, but L = 249 and
-// 512 2.8% slower at T = 131072 H = 4 and T = 1M). At L = 79-128 the order of the two widths
-// follows the machine's power headroom: on a hotter H200 (machine B) block_v 64 ran up to 3%
-// slower there, at L <= 64 level or faster on both machines.
-constexpr int64_t kShortChainLinks = 128;
-
 // The fastest width for a pass of segments (code kStates: phase A; kGeneral: the rerun)
 // that covers `columns` value columns in chains of `links` links (16-token chunks: segments
-// never run 32-token ones, design §4.8).
-double best_pass_us(PassCode code, int64_t columns, int64_t links, int32_t num_sms,
+// never run 32-token ones, design §4.8). A segment pass whose "two an SM" are two turns
+// (WidthCosts::states_turns) pays a wave's fixed part a turn where its CTAs fit that one
+// "wave", as measured on the H200; a pass of more keeps pass_us's one a wave.
+double best_pass_us(const Model &m, PassCode code, int64_t columns, int64_t links,
                     int32_t &block_v) {
   double best = -1.0;
   for (const RecurrenceShape &s : kRecurrenceShapes) {
+    const WidthCosts &w = m.width(s.block_v);
     const bool states = code == PassCode::kStates;
-    double link_us = states ? s.states_link_us : s.rerun_link_us;
+    double link_us = states ? w.states_link_us : w.rerun_link_us;
     if (link_us <= 0) continue;
-    const double wave_us = states && s.states_wave_us > 0 ? s.states_wave_us : link_us;
-    if (states && s.states_wave_us > 0 && links <= kShortChainLinks) link_us = s.states_wave_us;
+    const double wave_us = states && w.states_wave_us > 0 ? w.states_wave_us : link_us;
+    if (states && w.states_wave_us > 0 && links <= m.costs.short_chain_links)
+      link_us = w.states_wave_us;
     const int64_t ctas = ceil_div(columns, s.block_v);
     const int resident = states ? s.states_resident : s.resident;
-    double t = pass_us(ctas, links, num_sms, resident, link_us,
-                       states ? s.states_alone_us : s.rerun_alone_us, wave_us);
-    if (states && takes_turns(s) && ctas > num_sms && ctas <= int64_t{num_sms} * resident)
-      t += (resident - 1) * kWaveUs;
+    double t = pass_us(m, ctas, links, resident, link_us,
+                       states ? w.states_alone_us : w.rerun_alone_us, wave_us);
+    if (states && w.states_turns && ctas > m.sms() && ctas <= int64_t{m.sms()} * resident)
+      t += (resident - 1) * m.costs.wave_us;
     if (best < 0 || t < best) {
       best = t;
       block_v = s.block_v;
@@ -197,107 +124,97 @@ double best_pass_us(PassCode code, int64_t columns, int64_t links, int32_t num_s
 
 // Phase B for P segments a sequence: one step per start after the second, per wave of the
 // launch's CTAs (config.h combine_rows).
-double combine_us(int64_t pairs, int64_t P, int32_t num_sms) {
-  const int rows = combine_rows(pairs, num_sms);
-  return static_cast<double>(P - 2) * (rows == 8 ? kCombineStepUs : kCombineWideStepUs) *
-             waves(pairs * (kHeadDim / rows), num_sms) +
-         kCombineFixedUs;
+double combine_us(const Model &m, int64_t pairs, int64_t P) {
+  const int rows = combine_rows(pairs, m.sms(), m.device.combine_wide);
+  return static_cast<double>(P - 2) *
+             (rows == 8 ? m.costs.combine_step_us : m.costs.combine_wide_step_us) *
+             waves(pairs * (kHeadDim / rows), m.sms()) +
+         m.costs.combine_fixed_us;
 }
 
 // Predicted recurrence time with segments of L chunks, chains of `chunks` chunks.
-double segmented_us(int64_t pairs, int64_t chunks, int64_t L, int32_t num_sms, int32_t &bv_a,
+double segmented_us(const Model &m, int64_t pairs, int64_t chunks, int64_t L, int32_t &bv_a,
                     int32_t &bv_c) {
   const int64_t P = std::max<int64_t>(ceil_div(chunks, L), 2);
   // Phase A: value columns of segments 0..P-2, transition columns of segments 1..P-2.
   const int64_t columns_a = pairs * kHeadDim * ((P - 1) + (P - 2));
-  const double a = best_pass_us(PassCode::kStates, columns_a, L, num_sms, bv_a);
-  const double combine = combine_us(pairs, P, num_sms);
-  const double c = best_pass_us(PassCode::kGeneral, pairs * P * kHeadDim, L, num_sms, bv_c);
-  return a + combine + c + 2 * kLaunchUs;
+  const double a = best_pass_us(m, PassCode::kStates, columns_a, L, bv_a);
+  const double combine = combine_us(m, pairs, P);
+  const double c = best_pass_us(m, PassCode::kGeneral, pairs * P * kHeadDim, L, bv_c);
+  return a + combine + c + 2 * m.costs.launch_us;
 }
 
 // K1 alone on the GPU.
-double prepare_us(int64_t records, int32_t num_sms, const ChunkCosts &cost) {
-  return static_cast<double>(records) * cost.k1_record_us / (num_sms * cost.k1_ctas_alone);
+double prepare_us(const Model &m, int64_t records) {
+  return static_cast<double>(records) * m.k1().record_us / (m.sms() * m.k1_alone());
 }
 
 // SMs the whole-sequence pass leaves free (none where it runs in more than one wave).
-int64_t free_sms(int64_t pairs, int32_t block_v, int32_t num_sms) {
-  return std::max<int64_t>(num_sms - pairs * (kHeadDim / block_v), 0);
+int64_t free_sms(const Model &m, int64_t pairs, int32_t block_v) {
+  return std::max<int64_t>(m.sms() - pairs * (kHeadDim / block_v), 0);
 }
 
 // K1 then the whole-sequence pass (k = 0), or K1 beside the pass (design §4.7): k K1
 // CTAs on each of the pass's SMs (a lone one writes its records faster than each of
-// several) and kPrepareCtasAlone on each SM it leaves free. While K1
-// runs, the pass advances kBesideSlowdown times slower; the forward ends when both have.
-double k1_and_pass_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms, int k,
-                      const ChunkCosts &cost) {
-  const double pass = whole_us(pairs, chunks, block_v, num_sms, cost);
+// several) and K1's CTAs alone on each SM it leaves free. While K1 runs, the pass advances
+// beside_slowdown times slower; the forward ends when both have.
+double k1_and_pass_us(const Model &m, int64_t pairs, int64_t chunks, int32_t block_v, int k) {
+  const double pass = whole_us(m, pairs, chunks, block_v);
   const double records = static_cast<double>(pairs * chunks);
-  if (k == 0) return prepare_us(pairs * chunks, num_sms, cost) + pass;
-  const int64_t ctas = pairs * (kHeadDim / block_v), free = free_sms(pairs, block_v, num_sms);
-  const double lone = cost.tokens == 16 ? 1.0 / recurrence_shape(block_v)->prepare_one_us : 0.0;
-  const double per_pass_sm = std::max(lone, k / cost.k1_beside_record_us);
-  const double rate = static_cast<double>(std::min<int64_t>(ctas, num_sms)) * per_pass_sm +
-                      static_cast<double>(free * cost.k1_ctas_alone) / cost.k1_record_us;
+  if (k == 0) return prepare_us(m, pairs * chunks) + pass;
+  const int64_t ctas = pairs * (kHeadDim / block_v), free = free_sms(m, pairs, block_v);
+  const double lone_us = m.width(block_v).k1_lone_record_us;
+  const double lone = m.tokens == 16 && lone_us > 0 ? 1.0 / lone_us : 0.0;
+  const double per_pass_sm = std::max(lone, k / m.k1().beside_record_us);
+  const double rate = static_cast<double>(std::min<int64_t>(ctas, m.sms())) * per_pass_sm +
+                      static_cast<double>(free * m.k1_alone()) / m.k1().record_us;
   const double beside = records / rate;
-  return beside + std::max(0.0, pass - beside / kBesideSlowdown) + kOverlapUs;
+  return beside + std::max(0.0, pass - beside / m.costs.beside_slowdown) + m.costs.flags_us;
 }
 
 // K1 CTAs per SM kept beside the pass at its start (at least overlap_min_ctas): one where
-// the free SMs write at least kFreeSupply of the records as fast as the pass reads them,
+// the free SMs write at least free_supply of the records as fast as the pass reads them,
 // else as many as fit.
-int32_t overlap_max_ctas(int64_t pairs, int32_t block_v, int32_t num_sms, const ChunkCosts &cost) {
-  const int64_t free = free_sms(pairs, block_v, num_sms);
-  const double free_rate = static_cast<double>(free * cost.k1_ctas_alone) / cost.k1_record_us;
-  const RecurrenceShape &s = *recurrence_shape(block_v);
-  const double pass_rate = static_cast<double>(pairs) / (s.whole_link_us * link_scale(s, cost));
-  return free_rate >= kFreeSupply * pass_rate ? 1 : cost.k1_ctas_alone;
+int32_t overlap_max_ctas(const Model &m, int64_t pairs, int32_t block_v) {
+  const int64_t free = free_sms(m, pairs, block_v);
+  const double free_rate = static_cast<double>(free * m.k1_alone()) / m.k1().record_us;
+  const double pass_rate =
+      static_cast<double>(pairs) / (m.width(block_v).whole_link_us * m.link_scale(block_v));
+  return free_rate >= m.costs.free_supply * pass_rate ? 1 : m.k1_alone();
 }
 
 // K1 leaving the pass's SMs (design §4.7): K1 on every SM for a lead of `lead` records,
 // then only on the SMs the pass leaves free, while the pass runs as it does alone. The lead
 // is what those SMs could not write while the pass reads its records (at K1's rate alone),
-// so the forward takes the lead, the pass and kLeaveUs; -1 where no SM is free. The time
-// compared with the other ways counts the lead at k1_record_us, the rate the margins were
-// fitted with; the lead the launch takes is counted at k1_lead_record_us, K1's measured
-// rate (on the H200 the decisions that rate would move measured 1-6% slower, the shorter
-// leads alone 1-5% faster).
-constexpr double kLeaveUs = 4.0;       // K1 leaving the SMs the pass starts on, its tail
-constexpr double kLeaveMargin = 0.97;  // chosen over K1 beside the pass or first only when
-                                       // predicted 3% faster (H200)
-double k1_leaves_us(int64_t pairs, int64_t chunks, int32_t block_v, int32_t num_sms,
-                    const ChunkCosts &cost, int64_t &lead) {
+// so the forward takes the lead, the pass and leave_us; -1 where no SM is free. The time
+// compared with the other ways counts the lead at record_us, the rate the margins were
+// fitted with; the lead the launch takes is counted at lead_record_us, K1's measured rate
+// (on the H200 the decisions that rate would move measured 1-6% slower, the shorter leads
+// alone 1-5% faster).
+double k1_leaves_us(const Model &m, int64_t pairs, int64_t chunks, int32_t block_v, int64_t &lead) {
   lead = 0;
-  const int64_t free = free_sms(pairs, block_v, num_sms);
+  const int64_t free = free_sms(m, pairs, block_v);
   if (free < 1) return -1.0;
-  const double pass = whole_us(pairs, chunks, block_v, num_sms, cost);
+  const double pass = whole_us(m, pairs, chunks, block_v);
   // Records the free SMs have not written when the pass has read them all, at `per_sm`
   // records a us on each.
   const auto behind = [&](double per_sm) {
     const double left = static_cast<double>(pairs * chunks) - per_sm * free * pass;
     return left > 0 ? static_cast<int64_t>(left) + 1 : int64_t{0};
   };
-  lead = behind(cost.k1_overlap_ctas / cost.k1_lead_record_us);
-  const double per_sm = cost.k1_overlap_ctas / cost.k1_record_us;
-  return static_cast<double>(behind(per_sm)) / (per_sm * num_sms) + pass + kLeaveUs;
-}
-
-// K1 CTAs per SM beside the whole-sequence pass that the plan counts on (config.h, H200);
-// 0 where none fits (32-token records beside <1, 8>).
-int k1_beside_ctas(int32_t block_v, const ChunkCosts &cost) {
-  const RecurrenceShape &s = *recurrence_shape(block_v);
-  return cost.tokens == 32 ? s.prepare32_beside : s.prepare_beside;
+  lead = behind(m.k1_overlap() / m.k1().lead_record_us);
+  const double per_sm = m.k1_overlap() / m.k1().record_us;
+  return static_cast<double>(behind(per_sm)) / (per_sm * m.sms()) + pass + m.costs.leave_us;
 }
 
 // Whether K1 can run beside the whole-sequence pass: not for varlen (records by sequence),
 // segments (the segment pass fills the GPU) or 2^31 items or more (K1's 32-bit counter). A
 // pass of more than one wave gets K1's items wave by wave (overlap_group).
-bool can_overlap(const ProblemSizes &z, int32_t segment_chunks, const PlanRequest &r,
-                 const ChunkCosts &cost) {
+bool can_overlap(const Model &m, const ProblemSizes &z, int32_t segment_chunks,
+                 const PlanRequest &r) {
   const int64_t pairs = z.num_seqs * z.heads;
-  return r.overlap >= 0 && !z.varlen && segment_chunks == 0 && r.num_sms >= 1 &&
-         2 * pairs * ceil_div(z.seqlen, cost.tokens) < (int64_t{1} << 31);
+  return r.overlap >= 0 && !z.varlen && segment_chunks == 0 && m.sms() >= 1 &&
+         2 * pairs * ceil_div(z.seqlen, m.tokens) < (int64_t{1} << 31);
 }
 
 // The chains the plan models a call as: `seqs` sequences of `chunks` chunks each. Batched:
@@ -326,26 +243,24 @@ Chains chains_of(const ProblemSizes &z, const PlanRequest &r, int32_t tokens) {
 
 // K1 and the whole-sequence pass, the fastest of the ways to run them that the request
 // allows (design §4.7): K1 first, K1 beside the pass, or K1 leaving the pass's SMs, which
-// must be predicted kLeaveMargin faster than the better of the other two.
+// must be predicted leave_margin faster than the better of the other two.
 struct WholeForward {
   double us;     // predicted time
   bool leaves;   // K1 leaving the pass's SMs is the fastest
   int64_t lead;  // its lead, in records
 };
 
-WholeForward whole_forward(const ProblemSizes &z, const PlanRequest &r, const Chains &chains,
-                           int32_t block_v, const ChunkCosts &cost) {
+WholeForward whole_forward(const Model &m, const ProblemSizes &z, const PlanRequest &r,
+                           const Chains &chains, int32_t block_v) {
   const int64_t pairs = chains.seqs * z.heads, chunks = chains.chunks;
-  WholeForward best = {k1_and_pass_us(pairs, chunks, block_v, r.num_sms, 0, cost), false, 0};
-  if (!can_overlap(z, 0, r, cost)) return best;
+  WholeForward best = {k1_and_pass_us(m, pairs, chunks, block_v, 0), false, 0};
+  if (!can_overlap(m, z, 0, r)) return best;
   // As many K1 CTAs beside the pass as the launch keeps there (make_plan).
-  const int beside =
-      std::min(k1_beside_ctas(block_v, cost), overlap_max_ctas(pairs, block_v, r.num_sms, cost));
-  if (beside > 0)
-    best.us = std::min(best.us, k1_and_pass_us(pairs, chunks, block_v, r.num_sms, beside, cost));
+  const int beside = std::min(m.k1_beside(block_v), overlap_max_ctas(m, pairs, block_v));
+  if (beside > 0) best.us = std::min(best.us, k1_and_pass_us(m, pairs, chunks, block_v, beside));
   int64_t lead = 0;
-  const double leave = k1_leaves_us(pairs, chunks, block_v, r.num_sms, cost, lead);
-  if (leave >= 0 && leave < kLeaveMargin * best.us) best = {leave, true, lead};
+  const double leave = k1_leaves_us(m, pairs, chunks, block_v, lead);
+  if (leave >= 0 && leave < m.costs.leave_margin * best.us) best = {leave, true, lead};
   return best;
 }
 
@@ -357,16 +272,18 @@ int32_t overlap_group(const ProblemSizes &z, int32_t block_v, int32_t num_sms) {
 }
 
 // The fewest K1 CTAs per SM beside the whole-sequence pass with which the overlap beats K1
-// then the pass (the launch overlaps where that many fit); 0 where none does or it cannot
-// run. Only for records that may share the pass's SMs (make_plan asks k1_beside_ctas).
-int32_t overlap_min_ctas(const ProblemSizes &z, const Plan &plan, const PlanRequest &r) {
-  const ChunkCosts &cost = costs_of(plan.chunk_tokens);
-  if (!can_overlap(z, plan.segment_chunks, r, cost)) return 0;
+// then the pass, at most as many as fit beside it (so that the launch overlaps wherever the
+// plan says it pays); 0 where none does or it cannot run. Only for records that may share
+// the pass's SMs (make_plan asks Model::k1_beside).
+int32_t overlap_min_ctas(const Model &m, const ProblemSizes &z, const Plan &plan,
+                         const PlanRequest &r) {
+  if (!can_overlap(m, z, plan.segment_chunks, r)) return 0;
   if (r.overlap > 0) return 1;
-  const int64_t pairs = z.num_seqs * z.heads, chunks = ceil_div(z.seqlen, cost.tokens);
-  const double serial = k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, 0, cost);
-  for (int k = 1; k <= cost.k1_ctas_alone; ++k)
-    if (k1_and_pass_us(pairs, chunks, plan.block_v, r.num_sms, k, cost) < serial) return k;
+  const int64_t pairs = z.num_seqs * z.heads, chunks = ceil_div(z.seqlen, m.tokens);
+  const double serial = k1_and_pass_us(m, pairs, chunks, plan.block_v, 0);
+  const int most = std::min(m.k1_alone(), m.k1_beside(plan.block_v));
+  for (int k = 1; k <= most; ++k)
+    if (k1_and_pass_us(m, pairs, chunks, plan.block_v, k) < serial) return k;
   return 0;
 }
 
@@ -374,19 +291,19 @@ int32_t overlap_min_ctas(const ProblemSizes &z, const Plan &plan, const PlanRequ
 // 0), where the pass leaves SMs free, and after how many records (`lead`): where forced
 // (overlap 2; overlap 1 too where no K1 CTA fits beside the pass), or where
 // whole_forward picks it.
-bool k1_leaves(const ProblemSizes &z, const Plan &plan, const PlanRequest &r, int64_t &lead) {
-  const ChunkCosts &cost = costs_of(plan.chunk_tokens);
-  const Chains chains = chains_of(z, r, cost.tokens);  // the call itself: never varlen here
+bool k1_leaves(const Model &m, const ProblemSizes &z, const Plan &plan, const PlanRequest &r,
+               int64_t &lead) {
+  const Chains chains = chains_of(z, r, m.tokens);  // the call itself: never varlen here
   const int64_t pairs = chains.seqs * z.heads;
   lead = 0;
-  if (!can_overlap(z, plan.segment_chunks, r, cost) || free_sms(pairs, plan.block_v, r.num_sms) < 1)
+  if (!can_overlap(m, z, plan.segment_chunks, r) || free_sms(m, pairs, plan.block_v) < 1)
     return false;
-  if (r.overlap == 2 || (r.overlap == 1 && k1_beside_ctas(plan.block_v, cost) == 0)) {
-    k1_leaves_us(pairs, chains.chunks, plan.block_v, r.num_sms, cost, lead);
+  if (r.overlap == 2 || (r.overlap == 1 && m.k1_beside(plan.block_v) == 0)) {
+    k1_leaves_us(m, pairs, chains.chunks, plan.block_v, lead);
     return true;
   }
   if (r.overlap == 1) return false;
-  const WholeForward best = whole_forward(z, r, chains, plan.block_v, cost);
+  const WholeForward best = whole_forward(m, z, r, chains, plan.block_v);
   lead = best.lead;
   return best.leaves;
 }
@@ -396,9 +313,9 @@ bool k1_leaves(const ProblemSizes &z, const Plan &plan, const PlanRequest &r, in
 // finish alone (H200, six sequences of 271-3063 tokens, H = 96: 0.923 ms in the given
 // order, 0.866 longest first, 0.969 shortest first). prefix_kernel ranks
 // up to kPrefixThreads sequences, one thread each.
-bool longest_first(const ProblemSizes &z, const Plan &plan, const PlanRequest &r) {
-  return z.varlen && plan.segment_chunks == 0 && z.num_seqs <= kPrefixThreads && r.num_sms >= 1 &&
-         z.num_seqs * z.heads * (kHeadDim / plan.block_v) > r.num_sms;
+bool longest_first(const ProblemSizes &z, const Plan &plan, int32_t num_sms) {
+  return z.varlen && plan.segment_chunks == 0 && z.num_seqs <= kPrefixThreads && num_sms >= 1 &&
+         z.num_seqs * z.heads * (kHeadDim / plan.block_v) > num_sms;
 }
 
 int32_t width_for(int64_t columns, int32_t num_sms) {
@@ -438,44 +355,43 @@ bool lay_out(int64_t total, int64_t heads, int64_t num_seqs, Plan &plan) {
   return plan.workspace_bytes >= 0;
 }
 
-// Chunk length, widths and segments of a plan for chunks of cost.tokens tokens (the rest of
+// Chunk length, widths and segments of a plan for chunks of m.tokens tokens (the rest of
 // make_plan follows from them); returns the predicted time of the call in microseconds.
-double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts &cost,
-                   Plan &plan) {
+double plan_chunks(const Model &m, const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
   const int64_t total = z.batch * z.seqlen;
-  const int64_t tiles = tiles_per_head(total, z.num_seqs, cost.tokens);
-  const Chains chains = chains_of(z, r, cost.tokens);
+  const int64_t tiles = tiles_per_head(total, z.num_seqs, m.tokens);
+  const Chains chains = chains_of(z, r, m.tokens);
   const int64_t pairs = chains.seqs * z.heads, chunks = chains.chunks;
-  plan.chunk_tokens = cost.tokens;
-  plan.block_v = r.block_v != 0 ? r.block_v : pick_block_v(pairs, r.num_sms);
+  plan.chunk_tokens = m.tokens;
+  plan.block_v = r.block_v != 0 ? r.block_v : pick_block_v(pairs, m.sms());
 
   int64_t L = r.segment_chunks;
   int32_t bv_a = plan.block_v, bv_c = plan.block_v;
   double predicted = 0.0;
-  if (r.num_sms > 0) {
+  if (m.sms() > 0) {
     // K1 runs alone before the segment passes; beside the whole-sequence pass or leaving
     // its SMs where that can run and pays (whole_forward).
-    const double k1 = prepare_us(pairs * chunks, r.num_sms, cost);
-    double whole = whole_forward(z, r, chains, plan.block_v, cost).us;
-    // A wider whole pass where predicted faster (kWiderMargin); not with checkpoints, which
+    const double k1 = prepare_us(m, pairs * chunks);
+    double whole = whole_forward(m, z, r, chains, plan.block_v).us;
+    // A wider whole pass where predicted faster (wider_margin); not with checkpoints, which
     // keep recurrence_kernel, whose block_v 64 link is slower than the warpgroup pass's.
     if (r.block_v == 0 && z.checkpoint_every == 0)
       for (const RecurrenceShape &s : kRecurrenceShapes) {
-        if (s.block_v <= plan.block_v || (cost.tokens == 32 && !chunk32_built(s.block_v))) continue;
-        const double t = whole_forward(z, r, chains, s.block_v, cost).us;
-        if (t < kWiderMargin * whole) {
+        if (s.block_v <= plan.block_v || (m.tokens == 32 && !chunk32_built(s.block_v))) continue;
+        const double t = whole_forward(m, z, r, chains, s.block_v).us;
+        if (t < m.costs.wider_margin * whole) {
           whole = t;
           plan.block_v = s.block_v;
         }
       }
     predicted = whole;
-    if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && cost.tokens == 16) {  // 32: no segments
-      // Candidates: the shortest segments that give P = kMinSegments .. kFineSegmentCounts
+    if (r.mode == FLASH_KDA_MODE_AUTO && L == 0 && m.tokens == 16) {  // 32: no segments
+      // Candidates: the shortest segments that give P = min_segments .. fine_segment_counts
       // segments (so that a pass can just fill its waves), then doubling lengths below that.
-      double best = kMargin * whole - k1;  // the segmented recurrence to beat
+      double best = m.costs.segments_margin * whole - k1;  // the segmented recurrence to beat
       auto consider = [&](int64_t cand) {
         int32_t a = 0, c = 0;
-        const double t = segmented_us(pairs, chunks, cand, r.num_sms, a, c);
+        const double t = segmented_us(m, pairs, chunks, cand, a, c);
         if (t < best) {
           best = t;
           L = cand;
@@ -483,21 +399,22 @@ double plan_chunks(const ProblemSizes &z, const PlanRequest &r, const ChunkCosts
           bv_c = c;
         }
       };
-      for (int64_t P = kMinSegments; P <= kFineSegmentCounts; ++P) {
+      for (int64_t P = m.costs.min_segments; P <= m.costs.fine_segment_counts; ++P) {
         const int64_t cand = ceil_div(chunks, P);
-        if (cand >= kMinSegmentChunks && ceil_div(chunks, cand) == P) consider(cand);
+        if (cand >= m.costs.min_segment_chunks && ceil_div(chunks, cand) == P) consider(cand);
       }
-      for (int64_t cand = kMinSegmentChunks; ceil_div(chunks, cand) > kFineSegmentCounts; cand *= 2)
+      for (int64_t cand = m.costs.min_segment_chunks;
+           ceil_div(chunks, cand) > m.costs.fine_segment_counts; cand *= 2)
         consider(cand);
       if (L > 0) predicted = best + k1;
     }
   }
   if (L > 0 && r.segment_chunks > 0 && r.block_v == 0)
-    segmented_us(pairs, chunks, L, r.num_sms, bv_a, bv_c);
+    segmented_us(m, pairs, chunks, L, bv_a, bv_c);
   if (L > 0) {
     plan.segment_chunks = static_cast<int32_t>(std::min<int64_t>(L, int64_t{1} << 30));
     plan.max_segments = z.varlen ? ceil_div(tiles, L) + z.num_seqs
-                                 : z.num_seqs * ceil_div(ceil_div(z.seqlen, cost.tokens), L);
+                                 : z.num_seqs * ceil_div(ceil_div(z.seqlen, m.tokens), L);
     plan.segment_block_v = r.block_v != 0 ? r.block_v : bv_a;
     plan.block_v = r.block_v != 0 ? r.block_v : bv_c;
   }
@@ -539,12 +456,9 @@ int64_t exact_workspace_bytes(int64_t total_tokens, int64_t heads, int64_t num_s
   return lay_out(total_tokens, heads, num_seqs, plan) ? plan.workspace_bytes : -1;
 }
 
-std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
-  plan = Plan{};
+std::string check_request(const ProblemSizes &z, const PlanRequest &r) {
   if (r.block_v != 0 && recurrence_shape(r.block_v) == nullptr)
     return "block_v must be 0, 32, 64 or 128, got " + str(r.block_v);
-  if (r.block_v == 0 && r.num_sms < 1)
-    return "num_sms must be >= 1 when block_v is 0, got " + str(r.num_sms);
   if (r.mode != FLASH_KDA_MODE_EXACT && r.mode != FLASH_KDA_MODE_AUTO)
     return "mode must be EXACT (0) or AUTO (1), got " + str(r.mode);
   if (r.segment_chunks < 0) return "segment_chunks must be >= 0, got " + str(r.segment_chunks);
@@ -565,64 +479,94 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
     return "gate must be LOWER_BOUND (0), SOFTPLUS (1) or LOG_DECAY (2), got " + str(r.gate);
   // The 32-token K1 is built for the bounded gate only; the unbounded gates (design §2.5)
   // keep 16-token chunks.
-  const bool chunk32_gate = r.gate == FLASH_KDA_GATE_LOWER_BOUND;
-  if (r.chunk_tokens == 32 && !chunk32_gate)
+  if (r.chunk_tokens == 32 && r.gate != FLASH_KDA_GATE_LOWER_BOUND)
     return "chunk_tokens 32 needs gate LOWER_BOUND, got gate " + str(r.gate);
+  return "";
+}
+
+namespace {
+
+// The chunk length, widths and segments of a plan (make_plan); "" or why it cannot.
+std::string choose_chunks(const ProblemSizes &z, const PlanRequest &r, const PlanDevice &d,
+                          Plan &plan) {
   if (r.chunk_tokens != 0) {
-    plan_chunks(z, r, costs_of(r.chunk_tokens), plan);
+    plan_chunks(model_of(d, r.chunk_tokens), z, r, plan);
     if (plan.chunk_tokens == 32 && !chunk32_built(plan.block_v))
       return "chunk_tokens 32 needs block_v 32 or 64 (no 32-token kernel is built for " +
              str(plan.block_v) + ")";
-  } else {
-    // AUTO mode picks the chunk length the cost model predicts faster (forced segments
-    // keep 16 tokens, as flash_kda.h says), among widths built for 32-token chunks.
-    const double t16 = plan_chunks(z, r, kCosts16, plan);
-    if (r.mode == FLASH_KDA_MODE_AUTO && r.segment_chunks == 0 && r.num_sms > 0 &&
-        z.checkpoint_every % 32 == 0 && chunk32_gate) {
-      Plan p32{};
-      const double t32 = plan_chunks(z, r, kCosts32, p32);
-      // Segments must beat the 32-token forward by a margin: none for short segments, the
-      // smaller one where that forward has K1 leave its pass's SMs (above).
-      int64_t lead = 0;
-      const bool leaving = plan.segment_chunks > kShortSegmentChunks &&
-                           plan.segment_chunks <= kLeavingMarginMaxChunks &&
-                           k1_leaves(z, p32, r, lead);
-      const double margin = plan.segment_chunks <= kShortSegmentChunks ? 1.0
-                            : leaving ? kSegmentsOver32LeavingMargin
-                                      : kSegmentsOver32Margin;
-      const double bar = plan.segment_chunks > 0 ? t16 / margin : t16;
-      if (chunk32_built(p32.block_v) && t32 < bar) plan = p32;
-    }
+    return "";
   }
-  // K1 and the pass (design §4.7): K1 leaving the pass's SMs, else K1 beside it where a K1
-  // CTA fits beside the pass (k1_beside_ctas) and that pays, else K1 first.
-  const int64_t total = z.batch * z.seqlen;
-  const int64_t pairs = z.num_seqs * z.heads;
-  const ChunkCosts &cost = costs_of(plan.chunk_tokens);
+  // AUTO mode picks the chunk length the cost model predicts faster (forced segments keep
+  // 16 tokens, as flash_kda.h says), among widths built for 32-token chunks.
+  const double t16 = plan_chunks(model_of(d, 16), z, r, plan);
+  if (r.mode != FLASH_KDA_MODE_AUTO || r.segment_chunks != 0 || d.sms < 1 ||
+      z.checkpoint_every % 32 != 0 || r.gate != FLASH_KDA_GATE_LOWER_BOUND)
+    return "";
+  Plan p32{};
+  const Model m32 = model_of(d, 32);
+  const double t32 = plan_chunks(m32, z, r, p32);
+  // Segments must beat the 32-token forward by a margin: none for short segments, the
+  // smaller one where that forward has K1 leave its pass's SMs (costs.h).
+  const ArchCosts &c = m32.costs;
   int64_t lead = 0;
-  if (k1_leaves(z, plan, r, lead)) {
+  const bool leaving = plan.segment_chunks > c.short_segment_chunks &&
+                       plan.segment_chunks <= c.leaving_margin_max_chunks &&
+                       k1_leaves(m32, z, p32, r, lead);
+  const double margin = plan.segment_chunks <= c.short_segment_chunks ? 1.0
+                        : leaving ? c.segments_over32_leaving_margin
+                                  : c.segments_over32_margin;
+  const double bar = plan.segment_chunks > 0 ? t16 / margin : t16;
+  if (chunk32_built(p32.block_v) && t32 < bar) plan = p32;
+  return "";
+}
+
+// K1 and the pass (design §4.7): K1 leaving the pass's SMs, else K1 beside it where a K1
+// CTA fits beside the pass (PlanDevice k1_beside) and that pays, else K1 first.
+void plan_k1(const Model &m, const ProblemSizes &z, const PlanRequest &r, Plan &plan) {
+  const int64_t pairs = z.num_seqs * z.heads;
+  int64_t lead = 0;
+  if (k1_leaves(m, z, plan, r, lead)) {
     plan.overlap_min_ctas = 1;
     plan.overlap_max_ctas = 0;
     plan.overlap_lead = static_cast<int32_t>(std::min<int64_t>(lead, INT32_MAX));
-  } else if (k1_beside_ctas(plan.block_v, cost) > 0) {
-    plan.overlap_min_ctas = overlap_min_ctas(z, plan, r);
+  } else if (m.k1_beside(plan.block_v) > 0) {
+    plan.overlap_min_ctas = overlap_min_ctas(m, z, plan, r);
     if (plan.overlap_min_ctas > 0)
       plan.overlap_max_ctas =
-          std::max(plan.overlap_min_ctas, overlap_max_ctas(pairs, plan.block_v, r.num_sms, cost));
+          std::max(plan.overlap_min_ctas, overlap_max_ctas(m, pairs, plan.block_v));
   }
-  if (plan.overlap_min_ctas > 0) plan.overlap_group = overlap_group(z, plan.block_v, r.num_sms);
-  plan.longest_first = longest_first(z, plan, r);
-  // Grid sizes: one CTA per (sequence or segment, head, column slice), grid.x < 2^31.
+  if (plan.overlap_min_ctas > 0) plan.overlap_group = overlap_group(z, plan.block_v, m.sms());
+  plan.longest_first = longest_first(z, plan, m.sms());
+}
+
+// The grids' and the workspace's sizes of a plan; "" or what exceeds a limit.
+std::string size_plan(const ProblemSizes &z, Plan &plan) {
+  // One CTA per (sequence or segment, head, column slice), grid.x < 2^31.
   const int64_t units = plan.segment_chunks > 0 ? plan.max_segments : z.num_seqs;
   const int32_t narrowest =
       std::min(plan.block_v, plan.segment_chunks > 0 ? plan.segment_block_v : plan.block_v);
   if (mul_within(mul_within(units, z.heads, kMaxTokens), 2 * kHeadDim / narrowest, kMaxTokens) < 0)
     return "too many chains for one launch: " + str(units) + " sequences or segments times " +
            str(z.heads) + " heads";
+  const int64_t total = z.batch * z.seqlen;
   if (!lay_out(total, z.heads, z.num_seqs, plan))
     return "the workspace would exceed 2^50 bytes (batch * seqlen " + str(total) + ", heads " +
            str(z.heads) + ", num_seqs " + str(z.num_seqs) + ")";
   return "";
+}
+
+}  // namespace
+
+std::string make_plan(const ProblemSizes &z, const PlanRequest &r, const PlanDevice &d,
+                      Plan &plan) {
+  plan = Plan{};
+  std::string err = check_request(z, r);
+  if (err.empty() && r.block_v == 0 && d.sms < 1)
+    err = "the device's SM count must be >= 1 when block_v is 0, got " + str(d.sms);
+  if (err.empty()) err = choose_chunks(z, r, d, plan);
+  if (!err.empty()) return err;
+  plan_k1(model_of(d, plan.chunk_tokens), z, r, plan);
+  return size_plan(z, plan);
 }
 
 }  // namespace flash_kda

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: MIT
 // plan.h: the host-side plan of one forward: size limits checked without overflow, the
 // cost model that picks the column split and the sequence segments (docs/design.md §5,
-// §6), and the workspace layout. Pure functions of the sizes: no device query, no CUDA.
+// §6), and the workspace layout. Pure functions of the sizes and the device's facts
+// (PlanDevice, which the launch code queries): no device query here, no CUDA.
 #pragma once
 
 #include <cstdint>
 #include <string>
+
+#include "kda/config.h"
 
 namespace flash_kda {
 
@@ -51,19 +54,68 @@ struct PlanRequest {
   int32_t mode;            // flash_kda_mode
   int32_t block_v;         // 0 = pick
   int32_t segment_chunks;  // 0 = pick (AUTO mode)
-  int32_t num_sms;
-  int32_t overlap;       // 0 = pick, 1 = wherever it can run, 2 = K1 leaving, -1 = never
-  int32_t chunk_tokens;  // 0 = pick, 16 or 32 (32: AUTO mode only)
-  int32_t gate;          // flash_kda_gate: 32-token records take the lower-bound gate only
+  int32_t overlap;         // 0 = pick, 1 = wherever it can run, 2 = K1 leaving, -1 = never
+  int32_t chunk_tokens;    // 0 = pick, 16 or 32 (32: AUTO mode only)
+  int32_t gate;            // flash_kda_gate: 32-token records take the lower-bound gate only
 };
+
+// What the plan knows of the device: the facts its choices depend on, as the launch code
+// finds them (launch.cuh plan_device; simulated limits included), so that a plan never
+// counts on a schedule the launch cannot run there. Index [b] of the K1 counts: records of
+// b + 1 16-token blocks (16- and 32-token chunks).
+struct PlanDevice {
+  int32_t cc;    // compute capability, 10 major + minor: picks the cost table (costs.h)
+  bool generic;  // every pass on recurrence_kernel (every arch but sm_90a, whose warpgroup
+                 // passes a test switch turns off)
+  int32_t sms;   // multiprocessors the plan spreads the work over
+  int32_t smem_optin, smem_sm;  // shared memory per block (opt-in) and per SM, bytes
+  int32_t threads_sm, regs_sm;  // threads and registers per SM
+  int32_t k1_alone[2];          // prepare_kernel CTAs an SM by itself
+  int32_t k1_overlap[2];        // prepare_overlap_kernel CTAs an SM by itself
+  // prepare_overlap_kernel CTAs that fit on an SM beside one CTA of each width's
+  // whole-sequence pass (the most of the forms the launch may pick; 0: none, or no
+  // 32-token pass of that width)
+  int32_t k1_beside[2][kNumRecurrenceShapes];
+  bool combine_wide;  // two stages of 16-row combine CTAs fit a block's shared memory
+};
+
+// PlanDevice field by field as int32 words, in order (flash_kda_testing_device's layout after
+// its struct_size; the plan cache's key).
+constexpr int kPlanDeviceWords = 18;
+inline void plan_device_words(const PlanDevice &d, int32_t (&w)[kPlanDeviceWords]) {
+  const int32_t words[kPlanDeviceWords] = {d.cc,
+                                           d.generic ? 1 : 0,
+                                           d.sms,
+                                           d.smem_optin,
+                                           d.smem_sm,
+                                           d.threads_sm,
+                                           d.regs_sm,
+                                           d.k1_alone[0],
+                                           d.k1_alone[1],
+                                           d.k1_overlap[0],
+                                           d.k1_overlap[1],
+                                           d.k1_beside[0][0],
+                                           d.k1_beside[0][1],
+                                           d.k1_beside[0][2],
+                                           d.k1_beside[1][0],
+                                           d.k1_beside[1][1],
+                                           d.k1_beside[1][2],
+                                           d.combine_wide ? 1 : 0};
+  for (int i = 0; i < kPlanDeviceWords; ++i) w[i] = words[i];
+}
 
 // "" when the sizes are within the limits, else what is wrong ("batch * seqlen must be
 // ..."); never overflows, whatever the inputs. Calls without tokens or sequences pass (they
 // have no plan: make_plan needs tokens).
 std::string check_sizes(const ProblemSizes &sizes);
 
-// Fills plan for valid sizes (check_sizes(sizes) == ""); "" or the reason it cannot.
-std::string make_plan(const ProblemSizes &sizes, const PlanRequest &request, Plan &plan);
+// "" when a request is one make_plan can honour (given a device), else what is wrong.
+std::string check_request(const ProblemSizes &sizes, const PlanRequest &request);
+
+// Fills plan for valid sizes (check_sizes(sizes) == "") on `device`; "" or the reason it
+// cannot.
+std::string make_plan(const ProblemSizes &sizes, const PlanRequest &request,
+                      const PlanDevice &device, Plan &plan);
 
 // Workspace bytes of an exact-mode call, -1 when the sizes are out of range.
 int64_t exact_workspace_bytes(int64_t total_tokens, int64_t heads, int64_t num_seqs);

@@ -9,18 +9,20 @@
 namespace flash_kda {
 namespace {
 
-// Every input of make_plan, without padding bytes, so that keys compare as bytes.
+// Every input of make_plan, without padding bytes, so that keys compare as bytes: the
+// sizes, the request and the device's facts (plan.h plan_device_words).
 struct PlanKey {
   int64_t batch, seqlen, heads, num_seqs, max_seqlen;
   int32_t checkpoint_every, varlen;
-  int32_t mode, block_v, segment_chunks, num_sms, overlap, chunk_tokens, gate;
-  int32_t zero;  // 0: the key's size a multiple of 8 without padding
+  int32_t mode, block_v, segment_chunks, overlap, chunk_tokens, gate;
+  int32_t device[kPlanDeviceWords];
 };
-static_assert(sizeof(PlanKey) == 5 * 8 + 10 * 4, "PlanKey must have no padding");
-// A new input of make_plan must join PlanKey (and key_of): the sizes of the two structs as
+static_assert(sizeof(PlanKey) == 5 * 8 + (8 + kPlanDeviceWords) * 4,
+              "PlanKey must have no padding");
+// A new input of make_plan must join PlanKey (and key_of): the sizes of the three structs as
 // PlanKey was written for them.
-static_assert(sizeof(ProblemSizes) == 48 && sizeof(PlanRequest) == 28,
-              "ProblemSizes or PlanRequest changed: add the new field to PlanKey");
+static_assert(sizeof(ProblemSizes) == 48 && sizeof(PlanRequest) == 24 && sizeof(PlanDevice) == 72,
+              "ProblemSizes, PlanRequest or PlanDevice changed: add the new field to PlanKey");
 
 struct Entry {
   bool used;
@@ -32,10 +34,23 @@ constexpr int kEntries = 256;  // distinct calls remembered (serving: one per to
 Entry g_entries[kEntries];
 std::mutex g_lock;
 
-PlanKey key_of(const ProblemSizes &z, const PlanRequest &r) {
-  return {z.batch,          z.seqlen, z.heads,   z.num_seqs,       z.max_seqlen, z.checkpoint_every,
-          z.varlen ? 1 : 0, r.mode,   r.block_v, r.segment_chunks, r.num_sms,    r.overlap,
-          r.chunk_tokens,   r.gate,   0};
+PlanKey key_of(const ProblemSizes &z, const PlanRequest &r, const PlanDevice &d) {
+  PlanKey key = {z.batch,
+                 z.seqlen,
+                 z.heads,
+                 z.num_seqs,
+                 z.max_seqlen,
+                 z.checkpoint_every,
+                 z.varlen ? 1 : 0,
+                 r.mode,
+                 r.block_v,
+                 r.segment_chunks,
+                 r.overlap,
+                 r.chunk_tokens,
+                 r.gate,
+                 {}};
+  plan_device_words(d, key.device);
+  return key;
 }
 
 // FNV-1a over the key's bytes.
@@ -48,8 +63,9 @@ uint32_t slot_of(const PlanKey &key) {
 
 }  // namespace
 
-std::string cached_plan(const ProblemSizes &sizes, const PlanRequest &request, Plan &plan) {
-  const PlanKey key = key_of(sizes, request);
+std::string cached_plan(const ProblemSizes &sizes, const PlanRequest &request,
+                        const PlanDevice &device, Plan &plan) {
+  const PlanKey key = key_of(sizes, request, device);
   Entry &entry = g_entries[slot_of(key)];
   {
     const std::lock_guard<std::mutex> lock(g_lock);
@@ -58,7 +74,7 @@ std::string cached_plan(const ProblemSizes &sizes, const PlanRequest &request, P
       return "";
     }
   }
-  std::string err = make_plan(sizes, request, plan);
+  std::string err = make_plan(sizes, request, device, plan);
   if (!err.empty()) return err;
   const std::lock_guard<std::mutex> lock(g_lock);
   entry = {true, key, plan};

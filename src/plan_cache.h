@@ -9,8 +9,9 @@
 
 namespace flash_kda {
 
-// make_plan(sizes, request, plan) for sizes that passed check_sizes, remembered by every
-// field of both: "" or why there is no plan (a refusal is not remembered).
-std::string cached_plan(const ProblemSizes &sizes, const PlanRequest &request, Plan &plan);
+// make_plan(sizes, request, device, plan) for sizes that passed check_sizes, remembered by
+// every field of the three: "" or why there is no plan (a refusal is not remembered).
+std::string cached_plan(const ProblemSizes &sizes, const PlanRequest &request,
+                        const PlanDevice &device, Plan &plan);
 
 }  // namespace flash_kda

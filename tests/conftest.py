@@ -32,6 +32,40 @@ def state_id(variant) -> str:
     return f"{names[variant[0]]}in-{names[variant[1]]}out"
 
 
+def pytest_configure(config):
+    """FLASH_KDA_TEST_MODE (flash_kda.testing.TEST_MODES: generic, sm120, sm100) runs every
+    native call of the suite with the other arches' code paths on this GPU, and
+    FLASH_KDA_TEST_WAIT_LIMIT_S shortens the bounded waits; the report's header names both."""
+    if TEST_MODE not in testing.TEST_MODES:
+        raise pytest.UsageError(
+            f"FLASH_KDA_TEST_MODE must be one of {', '.join(testing.TEST_MODES)}, got {TEST_MODE!r}"
+        )
+    switches = testing.mode_overrides(TEST_MODE) if testing.native_library() is not None else {}
+    if WAIT_LIMIT_S and testing.native_library() is not None:
+        switches["wait_limit_ns"] = int(float(WAIT_LIMIT_S) * 1e9)
+    if switches:
+        testing.set_overrides(**switches)
+
+
+def pytest_report_header(config):
+    return f"flash_kda test mode: {TEST_MODE} {testing.get_overrides() or ''}"
+
+
+def k1_fits_beside(block_v: int, blocks: int = 1) -> bool:
+    """Whether a K1 CTA fits beside one CTA of the whole pass at block_v on this GPU (in the
+    test mode): where none does, forced overlap has K1 leave the pass's SMs, or run first."""
+    facts = testing.device_facts(**testing.get_overrides())
+    return facts["k1_beside"][blocks - 1][(32, 64, 128).index(block_v)] > 0
+
+
+def warpgroup_passes_run() -> bool:
+    """Whether calls on this GPU may run sm_90a's warpgroup passes: an sm_90a GPU outside
+    the generic test modes."""
+    return (
+        HAS_CUDA and torch.cuda.get_device_capability() == (9, 0) and not testing.get_overrides().get("generic_passes")
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return
@@ -41,7 +75,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+import os  # noqa: E402
+
 from flash_kda import testing  # noqa: E402
+
+TEST_MODE = os.environ.get("FLASH_KDA_TEST_MODE", "default")
+# FLASH_KDA_TEST_WAIT_LIMIT_S: the native producers' bounded waits trap after this many seconds
+# (testing's wait_limit_ns; the library's default is 60 s), so that a hang ends a GPU run soon.
+WAIT_LIMIT_S = os.environ.get("FLASH_KDA_TEST_WAIT_LIMIT_S")
 from flash_kda.reference import FWD_ARGS, FWD_KEYWORDS, GOLD_ARGS, rel_err  # noqa: E402, F401 (re-exported)
 from flash_kda.reference import random_problem as make_problem  # noqa: E402 (re-exported)
 

@@ -22,6 +22,7 @@ from conftest import (
     STATE_VARIANTS,
     assert_bitwise,
     clone_outputs,
+    k1_fits_beside,
     make_problem,
     prefix_final_states,
     rel_err,
@@ -98,9 +99,9 @@ def test_k1_overlapping_the_pass_gives_the_same_bits_run_to_run(overlap):
     p = make_problem(1, 8192, 24, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=16)
     call = testing.validated(*[p[name] for name in FWD_ARGS], exact=False)
     plan = testing.plan_of(call, chunk_tokens=32, overlap=overlap, block_v=32)
-    if overlap == 1:
+    if overlap == 1 and k1_fits_beside(32, blocks=2):
         assert plan.overlap_min_ctas > 0 and plan.overlap_max_ctas > 0
-    else:
+    else:  # leaving (forced, or where no 32-token K1 CTA fits beside the pass: sm_120)
         assert plan.overlap_max_ctas == 0 and plan.overlap_lead > 0
     expect = clone_outputs(p)
     run(expect, overlap=-1, block_v=32)

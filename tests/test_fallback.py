@@ -255,3 +255,63 @@ def test_fla_path_sends_checkpointed_calls_to_torch(fake_fla, monkeypatch, caplo
     assert fake_fla["impl"] == [] and not torch.isnan(checkpoints).any()
     assert "fla's Triton forward cannot write checkpoints; using PyTorch for this call" in caplog.text
     assert [r.levelno for r in caplog.records] == [logging.INFO]
+
+
+# ------------------------------------------------------------------ the native path failing
+
+
+def _failing_library(status):
+    """A stand-in library (flash_kda.testing) whose forward fails with `status`, as one that
+    cannot run a configuration on its GPU would."""
+    from flash_kda import _native, testing
+
+    lib = testing.stand_in_library(workspace_bytes=4096)
+    message = f"flash_kda_fwd: recurrence_kernel ring (too little shared memory) failed [{status}]"
+
+    def fwd(cc, args, stream, overrides=None):
+        raise _native.NativeError(message, status)
+
+    lib.fwd, lib.error = fwd, lambda got: message
+    lib.fwd_by_address = lambda cc, address, stream: status  # the prepacked launch fails alike
+    return lib
+
+
+def _fresh(p):
+    q = dict(p, out=torch.full_like(p["out"], float("nan")))
+    q["final_state"] = torch.full_like(p["final_state"], 7.0)
+    return q
+
+
+@pytest.mark.parametrize("status", [2, 3, 4], ids=["unsupported-device", "cuda-error", "internal"])
+def test_a_native_failure_falls_back_with_one_warning(monkeypatch, caplog, status):
+    """The library cannot run the call (a configuration the GPU cannot launch, a launch
+    error): fwd runs it on the PyTorch path (fla is not importable here), the same bits as
+    that path, with one warning naming the reason, on the validated and the prepacked
+    launch alike; FLASH_KDA_STRICT=1 raises the error."""
+    from flash_kda import testing
+
+    monkeypatch.setattr(fallback, "fla_available", lambda: False)
+    monkeypatch.delenv(dispatch.STRICT_ENV, raising=False)
+    p = make_problem(2, 40, 2, initial=torch.float32, final=torch.float32, seed=5)
+    expected = _fresh(p)
+    fallback.torch_fwd(check(expected))
+    with testing.simulated_native(_failing_library(status)), caplog.at_level(logging.WARNING, logger="flash_kda"):
+        for _ in range(3):  # validated, then prepacked launches
+            got = _fresh(p)
+            call(flash_kda.fwd, got)
+            assert torch.equal(got["out"], expected["out"]) and torch.equal(got["final_state"], expected["final_state"])
+        warnings = [r for r in caplog.records if "the native kernels failed" in r.getMessage()]
+        assert len(warnings) == 1 and "too little shared memory" in warnings[0].getMessage(), caplog.text
+        assert "-> torch" in warnings[0].getMessage()
+        monkeypatch.setenv(dispatch.STRICT_ENV, "1")
+        with pytest.raises(RuntimeError, match="too little shared memory"):
+            call(flash_kda.fwd, _fresh(p))
+
+
+def test_an_argument_the_library_refuses_is_raised_not_fallen_back(monkeypatch):
+    from flash_kda import testing
+
+    monkeypatch.delenv(dispatch.STRICT_ENV, raising=False)
+    p = make_problem(1, 40, 2, seed=6)
+    with testing.simulated_native(_failing_library(1)), pytest.raises(RuntimeError, match="shared memory"):
+        call(flash_kda.fwd, p)

@@ -14,15 +14,17 @@ import flash_kda
 import pytest
 import torch
 from conftest import call, make_problem, nan_like, pooled_problem
-from flash_kda import _launch, _native, _validate, testing
+from flash_kda import _launch, _native, _validate, dispatch, testing
 
 bf16, fp32 = torch.bfloat16, torch.float32
 REACHED_THE_DRIVER = "flash_kda_fwd: the CUDA driver supports CUDA"  # every check passed
 
 
 @pytest.fixture
-def native():
-    """The real library behind the simulated native device (skips without one)."""
+def native(monkeypatch):
+    """The real library behind the simulated native device (skips without one); strict, so
+    that its refusal at the driver check raises instead of falling back (dispatch.recover)."""
+    monkeypatch.setenv(dispatch.STRICT_ENV, "1")
     lib = testing.native_library()
     if lib is None:
         pytest.skip(f"no native library here: {testing.native_error()}")

@@ -7,7 +7,8 @@ import re
 
 import flash_kda
 import pytest
-from flash_kda import _native, _sizes, testing
+import torch
+from flash_kda import _native, _sizes, dispatch, testing
 
 KNOWN = {"sm_90a": 90, "sm_100a": 100, "sm_103a": 103, "sm_110a": 110, "sm_120a": 120, "sm_121a": 121}
 
@@ -88,9 +89,11 @@ def valid_args(**overrides):
     return args
 
 
-def plan_for(lib, args):
-    """The plan of valid_args' struct, with its overrides through the test entry point."""
-    return lib.plan(args, args.overrides)
+def plan_for(lib, args, device="h200"):
+    """The plan of valid_args' struct, with its overrides, through the test entry point on a
+    reference device (the H200's facts: no GPU asked)."""
+    forced = {name: getattr(args.overrides, name) for name in testing.OVERRIDES} if args.overrides else {}
+    return testing.plan_on(device, args, **{name: value for name, value in forced.items() if value})
 
 
 def fwd_for(lib, cc, args):
@@ -122,7 +125,6 @@ BAD_ARGS = [
     (dict(scale=float("inf")), "scale must be finite"),
     (dict(block_v=48), "block_v must be 0, 32, 64 or 128, got 48"),
     (dict(num_sms=0), "num_sms must be >= 1"),
-    (dict(workspace_bytes=100), "workspace must hold"),
     (dict(batch=1 << 20, seqlen=1 << 12, num_seqs=1 << 20), "batch * seqlen must be at most 2^31 - 1"),
     (dict(gate=3), "gate must be LOWER_BOUND (0), SOFTPLUS (1) or LOG_DECAY (2), got 3"),
     (dict(gate=2), "A_log and dt_bias must be NULL with gate LOG_DECAY"),
@@ -151,6 +153,15 @@ def test_invalid_arguments_are_rejected_before_launch(lib, overrides, message):
         fwd_for(lib, cc, args)
     assert str(err.value).startswith("flash_kda_testing_fwd: " if args.overrides else "flash_kda_fwd: ")
     assert message in str(err.value) and "INVALID_ARGUMENT" in str(err.value)
+
+
+@pytest.mark.gpu
+def test_a_workspace_below_the_devices_plan_is_rejected_before_launch(lib):
+    """The workspace check needs the plan, and the plan the device's facts: on a GPU."""
+    cc = dispatch.device_facts(0)[0]
+    with pytest.raises(RuntimeError) as err:
+        fwd_for(lib, cc, valid_args(workspace_bytes=100))
+    assert "workspace must hold" in str(err.value) and "INVALID_ARGUMENT" in str(err.value)
 
 
 def test_short_args_struct_is_rejected(lib):
@@ -182,7 +193,9 @@ def test_python_struct_matches_the_c_layout(lib):
     """sizeof and the ABI 1 prefix, as the library reports them in its struct_size message."""
     args = valid_args()
     args.struct_size = 0
-    assert lib._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan_info())) == 1
+    assert (
+        lib._lib.flash_kda_fwd_plan(lib.archs[0].compute_capability, ctypes.byref(args), ctypes.byref(plan_info())) == 1
+    )
     prefix = _native.FwdArgs.q_strides.offset
     expected = f"args->struct_size must be in [{prefix}, {ctypes.sizeof(_native.FwdArgs)}], got 0"
     assert expected in lib._lib.flash_kda_last_error().decode()
@@ -196,10 +209,17 @@ def plan_info():
     return _native.FwdPlan(struct_size=ctypes.sizeof(_native.FwdPlan))
 
 
-def raw_plan(lib, args, struct_size):
-    """(status, message) of flash_kda_fwd_plan with args.struct_size = struct_size."""
+def raw_plan(lib, args, struct_size, device=None):
+    """(status, message) of flash_kda_fwd_plan with args.struct_size = struct_size, or of the
+    test entry's plan on a reference device (`device`: the same struct, no GPU asked; the
+    stable entry plans a valid call for the current device, so needs a GPU)."""
     args.struct_size = struct_size
-    status = lib._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan_info()))
+    if device is None:
+        status = lib._lib.flash_kda_fwd_plan(lib.archs[0].compute_capability, ctypes.byref(args),
+                                             ctypes.byref(plan_info()))  # fmt: skip
+    else:
+        on = testing.make_overrides(device=_native.DEVICE_IDS[device])
+        status = lib._lib.flash_kda_testing_plan(0, ctypes.byref(args), ctypes.byref(on), ctypes.byref(plan_info()))
     return status, lib._lib.flash_kda_last_error().decode() if status else ""
 
 
@@ -255,12 +275,16 @@ def abi2_garbage(**overrides):
 
 def test_abi1_sized_struct_is_accepted_as_abi1(lib):
     prefix = _native.FwdArgs.q_strides.offset
-    assert raw_plan(lib, abi2_garbage(), prefix) == (0, "")
+    assert raw_plan(lib, abi2_garbage(), prefix, device="h200") == (0, "")
     status, error = raw_plan(lib, abi2_garbage(), ctypes.sizeof(_native.FwdArgs))
     assert status == 1 and "mode must be EXACT (0) or AUTO (1), got 7" in error
-    # flash_kda_fwd reads the same prefix: every check passes up to the (too small) workspace
+    # flash_kda_fwd reads the same prefix: every check passes up to the (too small) workspace,
+    # which needs the device's plan (without a GPU the driver check stops the call first)
     status, error = raw_fwd(lib, abi2_garbage(workspace_bytes=100), prefix)
-    assert status == 1 and "workspace must hold" in error, error
+    if torch.cuda.is_available():
+        assert status == 1 and "workspace must hold" in error, error
+    else:
+        assert status == 2 and "driver" in error, error
 
 
 # ------------------------------------------------------------------ get_workspace_size
@@ -604,7 +628,8 @@ def test_plan_info_of_abi_3_callers(lib):
     plan.struct_size = _native.FwdPlan.chunk_tokens.offset
     args = valid_args(mode=1)
     args.struct_size = ctypes.sizeof(_native.FwdArgs)
-    assert lib._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan)) == 0
+    on = testing.make_overrides(device=_native.DEVICE_IDS["h200"])  # the H200's facts, no GPU asked
+    assert lib._lib.flash_kda_testing_plan(0, ctypes.byref(args), ctypes.byref(on), ctypes.byref(plan)) == 0
     assert plan.block_v in (32, 64, 128) and plan.workspace_bytes > 0
     assert bytes(buf[_native.FwdPlan.chunk_tokens.offset :]) == b"\xab" * (
         len(buf) - _native.FwdPlan.chunk_tokens.offset
@@ -660,7 +685,7 @@ def test_max_seqlen_is_checked_and_absent_for_abi_4_callers(lib):
         with pytest.raises(RuntimeError, match=re.escape(f"max_seqlen must be in [0, seqlen 8000], got {bad}")):
             plan_for(lib, valid_args(mode=1, heads=6, max_seqlen=bad, **SKEWED))
     args = valid_args(mode=1, heads=6, max_seqlen=-1, **SKEWED)
-    assert raw_plan(lib, args, _native.FwdArgs.max_seqlen.offset) == (0, "")
+    assert raw_plan(lib, args, _native.FwdArgs.max_seqlen.offset, device="h200") == (0, "")
     assert raw_plan(lib, args, ctypes.sizeof(_native.FwdArgs))[0] == 1
 
 
@@ -680,14 +705,14 @@ def test_the_retired_plan_overrides_must_be_zero(lib, index, field):
         assert f"ABI 5's {field}" in error and "flash_kda_testing.h" in error
     offset = getattr(_native.FwdArgs, f"reserved{index}").offset
     if offset >= _native.FwdArgs.q_strides.offset:  # a shorter struct without the slot reads it as 0
-        assert raw_plan(lib, args, offset) == (0, "")
+        assert raw_plan(lib, args, offset, device="h200") == (0, "")
 
 
 def raw_testing_plan(lib, args, overrides):
-    """(status, message) of flash_kda_testing_plan."""
+    """(status, message) of flash_kda_testing_plan (overrides.device names the device)."""
     args.struct_size = ctypes.sizeof(_native.FwdArgs)
     plan = plan_info()
-    status = lib._lib.flash_kda_testing_plan(ctypes.byref(args), ctypes.byref(overrides), ctypes.byref(plan))
+    status = lib._lib.flash_kda_testing_plan(0, ctypes.byref(args), ctypes.byref(overrides), ctypes.byref(plan))
     return status, lib._lib.flash_kda_last_error().decode() if status else "", plan
 
 
@@ -700,13 +725,20 @@ def test_the_testing_entry_points(lib):
     own = plan_values(plan_for(lib, valid_args(**sizes)))
     args = valid_args(**sizes)
     args.struct_size = ctypes.sizeof(_native.FwdArgs)
-    plan = plan_info()
-    assert lib._lib.flash_kda_testing_plan(ctypes.byref(args), None, ctypes.byref(plan)) == 0
-    assert plan_values(plan) == own
-    forced = _native.TestingOverrides(block_v=32, segment_chunks=40, overlap=-1, chunk_tokens=16)
-    forced.struct_size = _native.TestingOverrides.segment_chunks.offset  # block_v only: the rest reads as 0
-    status, error, plan = raw_testing_plan(lib, args, forced)
-    assert status == 0 and plan.block_v == 32 and plan.segment_chunks != 40, (error, plan_values(plan))
+    h200 = _native.TestingOverrides(
+        struct_size=ctypes.sizeof(_native.TestingOverrides), device=_native.DEVICE_IDS["h200"]
+    )
+    status, error, plan = raw_testing_plan(lib, args, h200)
+    assert status == 0 and plan_values(plan) == own, error
+    if torch.cuda.is_available():  # NULL overrides: the stable entry's plan, for this GPU
+        stable, mine = plan_info(), plan_info()
+        cc = dispatch.device_facts(0)[0]
+        assert lib._lib.flash_kda_testing_plan(cc, ctypes.byref(args), None, ctypes.byref(mine)) == 0
+        assert lib._lib.flash_kda_fwd_plan(cc, ctypes.byref(args), ctypes.byref(stable)) == 0
+        assert plan_values(mine) == plan_values(stable)
+    # The device comes last in the struct: a prefix of block_v alone would leave it 0 (the GPU).
+    forced = _native.TestingOverrides(block_v=32, segment_chunks=40, overlap=-1, chunk_tokens=16,
+                                      device=_native.DEVICE_IDS["h200"])  # fmt: skip
     forced.struct_size = ctypes.sizeof(_native.TestingOverrides)
     status, error, plan = raw_testing_plan(lib, args, forced)
     assert status == 0 and (plan.block_v, plan.segment_chunks) == (32, 40)

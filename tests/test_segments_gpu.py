@@ -24,6 +24,7 @@ from conftest import (
     kernels_of,
     make_problem,
     rel_err,
+    warpgroup_passes_run,
 )
 from flash_kda import testing
 
@@ -92,7 +93,7 @@ def test_each_pass_runs_its_own_kernel(block_v):
     the segments' passes there only without checkpoints, which the rerun on the warpgroup MMA
     does not write. Their bits cannot tell them apart, the profiler can."""
     p = make_problem(heads=3, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=9, batch=2, seqlen=1000)
-    warpgroup = torch.cuda.get_device_capability(DEV) == (9, 0) and block_v > 32
+    warpgroup = warpgroup_passes_run() and block_v > 32
     segmented = kernels_of(lambda: run(clone_outputs(p), exact=False, segment_chunks=8, block_v=block_v))
     whole = kernels_of(lambda: run(clone_outputs(p), exact=True, block_v=block_v))
     if warpgroup:

@@ -11,6 +11,8 @@ right; every stage release of the recurrence kernels follows a proxy fence (SASS
 is at most 100 MB; and with ``--smoke``, ``pip install WHEEL`` in a clean
 venv followed by ``python -m flash_kda info`` works. Uses readelf (binutils) and cuobjdump
 (on PATH or from the nvidia-cuda-cuobjdump package, with nvdisasm beside it for the SASS).
+A wheel built with FLASH_KDA_CUDA_ARCHS=none (its build info says so) must instead be
+``py3-none-any`` with no shared library and no arches, and its clean-venv ``info`` must run.
 
 The expected arches come from the wheel itself, from ``flash_kda/_build_info.py`` (written
 by CMake from cmake/FlashKdaArchs.cmake; read with ``ast.literal_eval``, never imported):
@@ -46,10 +48,15 @@ def wheel_tags(path):
     return parts[-3], parts[-2], parts[-1]  # python, abi, platform (possibly dotted)
 
 
-def check_tag(path):
+def check_tag(path, pure=False):
     py, abi, plat = wheel_tags(path)
-    ok = py == "py3" and abi == "none" and all(p.startswith("manylinux_") for p in plat.split("."))
-    return ok, f"{py}-{abi}-{plat}"
+    plat_ok = plat == "any" if pure else all(p.startswith("manylinux_") for p in plat.split("."))
+    return py == "py3" and abi == "none" and plat_ok, f"{py}-{abi}-{plat}"
+
+
+def is_pure(info):
+    """Whether the build info is that of a wheel without kernels (FLASH_KDA_CUDA_ARCHS=none)."""
+    return info is not None and info.get("FLASH_KDA_CUDA_ARCHS") == "none"
 
 
 def readelf(args, path):
@@ -181,8 +188,9 @@ def check_size(path):
     return mb <= MAX_MB, f"{mb:.1f} MB (limit {MAX_MB} MB)"
 
 
-def check_smoke(path, torch_spec, pip_args):
-    """pip install the wheel (and torch_spec) into a clean venv, then `python -m flash_kda info`."""
+def check_smoke(path, torch_spec, pip_args, pure=False):
+    """pip install the wheel (and torch_spec) into a clean venv, then `python -m flash_kda info`
+    (which must find the library, unless the wheel has none)."""
     with tempfile.TemporaryDirectory() as tmp:
         venv = os.path.join(tmp, "venv")
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
@@ -194,7 +202,7 @@ def check_smoke(path, torch_spec, pip_args):
             return False, "pip install failed:\n" + install.stdout + install.stderr
         info = subprocess.run([py, "-m", "flash_kda", "info"], capture_output=True, text=True, cwd=tmp, check=False)
         library = next((l for l in info.stdout.splitlines() if l.startswith("library")), "")
-        ok = info.returncode == 0 and "not loaded" not in library
+        ok = info.returncode == 0 and (pure or "not loaded" not in library)
         return ok, library if ok else info.stdout + info.stderr
 
 
@@ -202,8 +210,11 @@ def check_contents(zf, tmp, pinned):
     """The checks on the wheel's files: one library, the arches, the library's NEEDED, exports
     and cubins (against BUILT_ARCHS, or the pinned list when the build info is missing)."""
     libs = [n for n in zf.namelist() if ".so" in os.path.basename(n)]
-    results = [("library", libs == [LIBRARY], ", ".join(libs) or "none")]
     info = read_build_info(zf.read(BUILD_INFO).decode()) if BUILD_INFO in zf.namelist() else None
+    if is_pure(info):
+        return [("library", not libs, ", ".join(libs) or "none (FLASH_KDA_CUDA_ARCHS=none)"),
+                ("archs", info["BUILT_ARCHS"] == (), ", ".join(info["BUILT_ARCHS"]) or "none")]  # fmt: skip
+    results = [("library", libs == [LIBRARY], ", ".join(libs) or "none")]
     if info is None:
         results.append(("archs", False, f"{BUILD_INFO} missing: the wheel does not say what it built"))
     else:
@@ -228,10 +239,12 @@ def main(argv=None):
     pinned = [re.sub(r"^sm_", "", a.strip()) for a in (args.archs or "").split(",") if a.strip()]
 
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(args.wheel) as zf:
-        results = [("tag", *check_tag(args.wheel)), *check_contents(zf, tmp, pinned)]
+        info = read_build_info(zf.read(BUILD_INFO).decode()) if BUILD_INFO in zf.namelist() else None
+        pure = is_pure(info)
+        results = [("tag", *check_tag(args.wheel, pure)), *check_contents(zf, tmp, pinned)]
     results.append(("size", *check_size(args.wheel)))
     if args.smoke:
-        results.append(("clean venv", *check_smoke(args.wheel, args.smoke, args.pip_arg)))
+        results.append(("clean venv", *check_smoke(args.wheel, args.smoke, args.pip_arg, pure)))
 
     print(f"check_wheel: {os.path.basename(args.wheel)}")
     for name, ok, detail in results:

@@ -88,7 +88,9 @@ def fwd(
             content, or an inference tensor to write outside inference mode.
         RuntimeError
             An input that requires grad while grad mode is on (use fla's ``chunk_kda`` for
-            training), or a failure inside the native library (with its message).
+            training), or, with ``FLASH_KDA_STRICT=1``, a call the native library cannot run
+            (with its message; otherwise fla's or the PyTorch path runs it, with one warning
+            on the ``flash_kda`` logger).
 
         Nothing is written when an argument is rejected. The call is asynchronous on the
         current CUDA stream on the native path.
@@ -104,10 +106,23 @@ def fwd(
     )  # fmt: skip
     record = _validate.record_of(key)
     if record is not None and record.launch is not None:
-        if record.launch(
-            q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-            ssm_state_indices, has_initial_state, checkpoints,
-        ):  # fmt: skip
+        try:
+            if record.launch(
+                q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+                ssm_state_indices, has_initial_state, checkpoints,
+            ):  # fmt: skip
+                return
+        except _native.NativeError as error:  # nothing launched: fla or PyTorch (dispatch.recover)
+            if not dispatch.falls_back(error):
+                raise
+            dispatch.recover(
+                _validate.check_fwd(
+                    q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state,
+                    cu_seqlens, ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact,
+                    max_seqlen, key=key,
+                ),
+                error,
+            )  # fmt: skip
             return
     elif not all(
         [

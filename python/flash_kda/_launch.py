@@ -179,11 +179,11 @@ def run(call: _validate.FwdCall, index: int, facts: tuple, switch: str, *, works
     if overrides is None:
         overrides = _native.overrides
     args, keep_alive = native_struct(call, num_sms)
-    nbytes = lib.plan(args, overrides).workspace_bytes
-    if overrides is None and workspace_tensor is None and call.record is not None and call.record.launch is None:
-        call.record.launch = prepacked(call, args, nbytes, lib, index, cc, switch)
-    previous = _switch(index)
+    previous = _switch(index)  # the plan is the current device's (its facts)
     try:
+        nbytes = lib.plan(cc, args, overrides).workspace_bytes
+        if overrides is None and workspace_tensor is None and call.record is not None and call.record.launch is None:
+            call.record.launch = prepacked(call, args, nbytes, lib, index, cc, switch)
         stream = current_stream(index)
         if workspace_tensor is None:
             workspace_tensor = workspace(call.device, index, stream, nbytes)
@@ -280,7 +280,7 @@ def _off(switch: str) -> bool:
 def _refused(lib, status, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state,
              cu_seqlens, ssm_state_indices, has_initial_state, checkpoints, call) -> None:  # fmt: skip
     """A call the library refused: the full validation's error where it finds one, else the
-    library's (nothing was launched either way)."""
+    library's (``_native.NativeError``; nothing was launched either way)."""
     message = lib.error(status)
     if status == _native.STATUS_INVALID_ARGUMENT:
         _validate.check_all(
@@ -288,4 +288,4 @@ def _refused(lib, status, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bo
             ssm_state_indices, has_initial_state, call.checkpoint_every if checkpoints is not None else None,
             checkpoints, call.exact, gate=call.gate, beta_is_logit=call.beta_is_logit,
         )  # fmt: skip
-    raise RuntimeError(message)
+    raise _native.NativeError(message, status)

@@ -13,8 +13,8 @@ import struct
 import threading
 from typing import NamedTuple, Optional
 
-ABI_VERSION = 7
-TESTING_VERSION = 2  # flash_kda_testing.h
+ABI_VERSION = 8
+TESTING_VERSION = 3  # flash_kda_testing.h
 LIBRARY_NAME = "libflash_kda.so"
 LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
 
@@ -35,6 +35,15 @@ _STATUS_NAMES = {0: "OK", 1: "INVALID_ARGUMENT", 2: "UNSUPPORTED_DEVICE", 3: "CU
 
 _i32, _i64, _u32, _f64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_double
 _ptr = ctypes.c_void_p
+
+
+class NativeError(RuntimeError):
+    """A call the library refused or failed (its message); ``status`` is its
+    ``flash_kda_status`` (``STATUS_INVALID_ARGUMENT`` for an argument)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
 
 
 class ArchInfo(NamedTuple):
@@ -180,22 +189,51 @@ class FwdPlan(ctypes.Structure):
     ]
 
 
-# The overrides of flash_kda_testing.h, in order (append-only): name, ctype. The plan's four,
-# then kernels an arch table does not enable yet: unvalidated_forms 1 runs the gate and beta
-# forms, stable_inverse 1 / -1 turns AUTO mode's stable inverse on / off.
+MAX_LAUNCHES = 8  # FLASH_KDA_TESTING_MAX_LAUNCHES
+LAUNCH_KINDS = {1: "prefix", 2: "K1 first", 3: "K1 beside", 4: "recurrence", 5: "warpgroup", 6: "combine"}
+# flash_kda_testing_device_id: the reference devices the plan can be evaluated for without a GPU.
+DEVICE_IDS = {"current": 0, "h200": 1, "sm100": 2, "sm120": 3}
+
+
+class TestingLaunch(ctypes.Structure):
+    """``flash_kda_testing_launch``: one kernel a call launched."""
+
+    _fields_ = [("name", ctypes.c_char * 64), ("kind", _i32), ("code", _i32), ("blocks", _i32), ("width", _i32),
+                ("stages", _i32), ("resident", _i32), ("smem", _i32), ("order", _i32), ("ctas", _i64)]  # fmt: skip
+
+
+class TestingLaunches(ctypes.Structure):
+    """``flash_kda_testing_launches``: what a call launched."""
+
+    _fields_ = [("count", _i32), ("reserved", _i32), ("kernels", TestingLaunch * MAX_LAUNCHES)]
+
+
+class TestingDevice(ctypes.Structure):
+    """``flash_kda_testing_device``: the facts the plan takes of a device."""
+
+    _fields_ = [("struct_size", _u32), ("compute_capability", _i32), ("generic_passes", _i32), ("sms", _i32),
+                ("smem_optin", _i32), ("smem_sm", _i32), ("threads_sm", _i32), ("regs_sm", _i32),
+                ("k1_alone", _i32 * 2), ("k1_overlap", _i32 * 2), ("k1_beside", (_i32 * 3) * 2),
+                ("combine_wide", _i32)]  # fmt: skip
+
+
+# The overrides of flash_kda_testing.h, in order (append-only): name, ctype. The plan's four;
+# (version 2) kernels an arch table does not enable yet: unvalidated_forms 1 runs the gate and
+# beta forms, stable_inverse 1 / -1 turns AUTO mode's stable inverse on / off; (version 3) the
+# generic passes, the simulated device limits, the planted stall, the reference device, the
+# producers' wait limit and the launch record.
 OVERRIDE_FIELDS = (
-    ("block_v", _i32),
-    ("segment_chunks", _i32),
-    ("overlap", _i32),
-    ("chunk_tokens", _i32),
-    ("unvalidated_forms", _i32),
-    ("stable_inverse", _i32),
-)
+    ("block_v", _i32), ("segment_chunks", _i32), ("overlap", _i32), ("chunk_tokens", _i32),
+    ("unvalidated_forms", _i32), ("stable_inverse", _i32),
+    ("generic_passes", _i32), ("sim_sms", _i32), ("sim_smem_optin", _i32), ("sim_smem_sm", _i32),
+    ("sim_threads_sm", _i32), ("sim_regs_sm", _i32), ("sim_k1_ctas_sm", _i32), ("stall", _i32),
+    ("device", _i32), ("wait_limit_ns", _i64), ("launches", _ptr),
+)  # fmt: skip
 
 
 class TestingOverrides(ctypes.Structure):
-    """``flash_kda_testing_overrides`` (flash_kda_testing.h): forced parts of the plan, and
-    kernels not yet enabled by default."""
+    """``flash_kda_testing_overrides`` (flash_kda_testing.h): forced parts of the plan, kernels
+    not yet enabled by default, and the test switches."""
 
     _fields_ = [("struct_size", _u32), *OVERRIDE_FIELDS]
 
@@ -209,15 +247,16 @@ _EXPORTS = [
     ("flash_kda_cuda_versions", _i32, [ctypes.POINTER(_i32), ctypes.POINTER(_i32)]),
     ("flash_kda_record_bytes", _i64, []),
     ("flash_kda_workspace_size", _i64, [_i64, _i64, _i64]),
-    ("flash_kda_fwd_plan", _i32, [ctypes.POINTER(FwdArgs), ctypes.POINTER(FwdPlan)]),
+    ("flash_kda_fwd_plan", _i32, [_i32, ctypes.POINTER(FwdArgs), ctypes.POINTER(FwdPlan)]),
     ("flash_kda_pick_block_v", _i32, [_i64, _i64, _i32]),
     ("flash_kda_fwd", _i32, [_i32, ctypes.POINTER(FwdArgs), _ptr]),
     ("flash_kda_testing_version", _i32, []),
     (
         "flash_kda_testing_plan",
         _i32,
-        [ctypes.POINTER(FwdArgs), ctypes.POINTER(TestingOverrides), ctypes.POINTER(FwdPlan)],
+        [_i32, ctypes.POINTER(FwdArgs), ctypes.POINTER(TestingOverrides), ctypes.POINTER(FwdPlan)],
     ),
+    ("flash_kda_testing_device_facts", _i32, [_i32, ctypes.POINTER(TestingOverrides), ctypes.POINTER(TestingDevice)]),
     ("flash_kda_testing_fwd", _i32, [_i32, ctypes.POINTER(FwdArgs), ctypes.POINTER(TestingOverrides), _ptr]),
     ("flash_kda_probe_unary_op", _i32, [_i32, _i32, _ptr, _ptr, _i64, _ptr]),
     ("flash_kda_probe_mma_op", _i32, [_i32, _i32, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr]),
@@ -255,7 +294,7 @@ class NativeLibrary:
 
     def _check(self, status: int) -> None:
         if status != 0:
-            raise RuntimeError(self.error(status))
+            raise NativeError(self.error(status), status)
 
     def table_for(self, compute_capability: int, feature: int = FEATURE_FWD) -> Optional[ArchInfo]:
         """The arch table for ``compute_capability`` (e.g. 90) having ``feature``, if any."""
@@ -284,19 +323,28 @@ class NativeLibrary:
     def pick_block_v(self, num_seqs: int, heads: int, num_sms: int) -> int:
         return self._lib.flash_kda_pick_block_v(num_seqs, heads, num_sms)
 
-    def plan(self, args: FwdArgs, overrides: Optional[TestingOverrides] = None) -> FwdPlan:
-        """The plan of ``fwd`` for these arguments (sizes only are read), with the test
-        entry point's overrides if given."""
+    def plan(self, compute_capability: int, args: FwdArgs, overrides: Optional[TestingOverrides] = None) -> FwdPlan:
+        """The plan of ``fwd`` for these arguments (sizes only are read) on the current CUDA
+        device, through the table for ``compute_capability``, with the test entry point's
+        overrides if given (``overrides.device``: a reference device, no GPU asked)."""
         args.struct_size = ctypes.sizeof(FwdArgs)
         plan = FwdPlan(struct_size=ctypes.sizeof(FwdPlan))
         if overrides is None:
-            self._check(self._lib.flash_kda_fwd_plan(ctypes.byref(args), ctypes.byref(plan)))
+            self._check(self._lib.flash_kda_fwd_plan(compute_capability, ctypes.byref(args), ctypes.byref(plan)))
         else:
             self._check_testing()
-            self._check(
-                self._lib.flash_kda_testing_plan(ctypes.byref(args), ctypes.byref(overrides), ctypes.byref(plan))
-            )
+            pointers = ctypes.byref(args), ctypes.byref(overrides), ctypes.byref(plan)
+            self._check(self._lib.flash_kda_testing_plan(compute_capability, *pointers))
         return plan
+
+    def device_facts(self, compute_capability: int, overrides: Optional[TestingOverrides] = None) -> TestingDevice:
+        """What the plan knows of the current device (through the table for
+        ``compute_capability``) under the overrides' switches, or of ``overrides.device``."""
+        self._check_testing()
+        facts = TestingDevice(struct_size=ctypes.sizeof(TestingDevice))
+        given = ctypes.byref(overrides) if overrides is not None else None
+        self._check(self._lib.flash_kda_testing_device_facts(compute_capability, given, ctypes.byref(facts)))
+        return facts
 
     def fwd(self, compute_capability: int, args: FwdArgs, stream: int, overrides: Optional[TestingOverrides] = None):
         """The forward on ``stream``, through the test entry point when ``overrides`` are given."""

@@ -21,6 +21,9 @@ from . import _launch, _native, _validate, fallback
 
 logger = logging.getLogger("flash_kda")
 ENV_SWITCH = "FLA_FLASH_KDA"
+# FLASH_KDA_STRICT=1: a native call the library cannot run (a configuration the GPU cannot
+# launch, a launch error, an unsupported device) raises its error instead of falling back.
+STRICT_ENV = "FLASH_KDA_STRICT"
 
 NATIVE, FLA, TORCH = "native", "fla", "torch"
 _UNAVAILABLE = "native library unavailable"
@@ -149,7 +152,7 @@ def _log_once(device, path: str, reason: str) -> None:
     key = (path, reason)
     if key not in _logged:
         _logged.add(key)
-        warn = reason.startswith((_UNAVAILABLE, _OLD_DRIVER))
+        warn = reason.startswith((_UNAVAILABLE, _OLD_DRIVER, "the native kernels failed"))
         logger.log(logging.WARNING if warn else logging.INFO, "flash_kda.fwd on %s -> %s (%s)", device, path, reason)
 
 
@@ -202,25 +205,65 @@ def _path_of(device: torch.device) -> tuple[str, str]:
     return _cuda_path(device) if device.type == "cuda" else explain(device)
 
 
+def _fallback_path(call: _validate.FwdCall, path: str, reason: str) -> tuple[str, str]:
+    """fla cannot write checkpoints and calls without tokens are the state copy alone, which
+    the PyTorch path makes."""
+    if path == FLA and call.checkpoint_every:
+        return TORCH, f"{reason}; {_CHECKPOINTS}"
+    if path == FLA and not call.has_tokens:
+        return TORCH, f"{reason}; {_NO_TOKENS}"
+    return path, reason
+
+
+def _run_fallback(call: _validate.FwdCall, path: str) -> None:
+    if path == FLA:
+        fallback.fla_fwd(call)
+    else:
+        fallback.torch_fwd(call)
+
+
+def falls_back(error: "_native.NativeError") -> bool:
+    """Whether :func:`recover` runs a call the library could not (anything but a refused
+    argument, unless FLASH_KDA_STRICT=1) rather than raise its error."""
+    return error.status != _native.STATUS_INVALID_ARGUMENT and os.environ.get(STRICT_ENV) != "1"
+
+
+def recover(call: _validate.FwdCall, error: "_native.NativeError") -> None:
+    """After the native library could not run a validated call (anything but an argument it
+    refuses: a configuration the GPU cannot launch, a launch error, an unsupported device),
+    run it on fla's or the PyTorch path, warning once per reason; with FLASH_KDA_STRICT=1,
+    raise the error. The library launches nothing that writes the outputs when it fails
+    (launch.cuh launch_fwd), so the fallback starts from the caller's inputs, states included.
+    Where the fallback fails too (a CUDA context the failure left unusable) the error names
+    both."""
+    if not falls_back(error):
+        raise error
+    path = FLA if fallback.fla_available() else TORCH
+    path, reason = _fallback_path(call, path, f"the native kernels failed ({error}; {STRICT_ENV}=1 raises it)")
+    _log_once(call.device, path, reason)
+    try:
+        _run_fallback(call, path)
+    except Exception as failed:
+        raise RuntimeError(f"{error}; the {path} fallback failed too: {failed}") from failed
+
+
 def run(call: _validate.FwdCall) -> None:
     """Run a validated call on the path :func:`explain` picks (logged once per reason); calls
     of other gate or beta forms than FlashKDA's leave the native path until their kernels are
-    enabled (:func:`forms_refusal`); fla cannot write checkpoints and calls without tokens are
-    the state copy alone, which the PyTorch path makes."""
+    enabled (:func:`forms_refusal`); where the native library cannot run a call it falls back
+    (:func:`recover`)."""
     device = call.device
     path, reason = _path_of(device)
     if path == NATIVE and not call.default_forms:
         why = forms_refusal(device, call.gate, call.beta_is_logit, call.g.dtype, call.beta.dtype)
         if why is not None:
             path, reason = (FLA, why + _FLA_TAKES) if fallback.fla_available() else (TORCH, why + _NO_FLA)
-    if path == FLA and call.checkpoint_every:
-        path, reason = TORCH, f"{reason}; {_CHECKPOINTS}"
-    elif path == FLA and not call.has_tokens:
-        path, reason = TORCH, f"{reason}; {_NO_TOKENS}"
+    path, reason = _fallback_path(call, path, reason)
     _log_once(device, path, reason)
-    if path == NATIVE:
+    if path != NATIVE:
+        _run_fallback(call, path)
+        return
+    try:
         run_native(call)
-    elif path == FLA:
-        fallback.fla_fwd(call)
-    else:
-        fallback.torch_fwd(call)
+    except _native.NativeError as error:
+        recover(call, error)

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kda/params.h"
+#include "plan.h"
 
 namespace flash_kda {
 
@@ -21,6 +22,8 @@ struct ArchTable {
   int32_t compute_capability;  // 90
   uint32_t features;           // FLASH_KDA_FEATURE_* bits
   LaunchStatus (*fwd)(const FwdParams &params, cudaStream_t stream);
+  // The current device's facts for the plan, under the test switches.
+  LaunchStatus (*plan_device)(const TestSwitches &switches, PlanDevice &facts);
   LaunchStatus (*probe_unary)(int op, const float *x, float *y, int64_t count, cudaStream_t stream);
   LaunchStatus (*probe_mma)(int op, const void *a, const void *b, void *c, int64_t batch, int64_t m,
                             int64_t n, int64_t k, cudaStream_t stream);

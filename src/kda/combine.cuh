@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   int stage = 0;
   uint32_t phase = 0;
   for (int64_t j = 1; j + 1 < count; ++j) {
-    barrier_wait(&sm.full[stage], phase);
+    barrier_wait(&sm.full[stage], phase, p.wait_limit_ns);
     StageFragments<kRows> frag;
     load_stage<kRows>(sm.stage(stage), frag);
     cta_barrier(kStepBarrier, kCombineThreads);  // s_j's terms visible; X_j's stage read

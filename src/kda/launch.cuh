@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <mutex>
+#include <string>
 #include <utility>
 
 #include <flash_kda/flash_kda.h>
@@ -25,6 +27,7 @@
 #include "kda/empty.cuh"
 #include "kda/recurrence.cuh"
 #include "kda/recurrence_wg.cuh"
+#include "plan.h"
 
 namespace flash_kda::FLASH_KDA_ARCH {
 
@@ -58,6 +61,7 @@ constexpr int kReservedSmem = 1024;  // shared memory the system reserves for ea
 
 struct Footprint {
   int sub_partition_regs, smem, threads;
+  int static_smem;  // of the kernel itself (smem counts it)
 };
 
 // What the runtime says about a kernel on a device, asked once (a call reads it for every
@@ -137,7 +141,8 @@ inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, 
   if (err != cudaSuccess) return err;
   const int warps = (threads + 31) / 32;
   f.sub_partition_regs = (warps + 3) / 4 * 32 * ((facts.num_regs + 7) / 8 * 8);
-  f.smem = facts.static_smem + dynamic_smem + kReservedSmem;
+  f.static_smem = facts.static_smem;
+  f.smem = f.static_smem + dynamic_smem + kReservedSmem;
   f.threads = warps * 32;
   return cudaSuccess;
 }
@@ -145,7 +150,13 @@ inline cudaError_t footprint(const void *kernel, int threads, int dynamic_smem, 
 // What the launches read about the current device: its attributes, and K1's occupancy and
 // footprint (a property of the module) for 16- and 32-token records. Queried once per
 // device and remembered (they do not change while the process runs): ~10 runtime queries
-// fewer a call. The 32-token K1's dynamic shared-memory limit is raised here, once.
+// fewer a call. The 32-token K1's dynamic shared-memory limit is raised here, once. Under
+// simulated limits (TestSwitches, simulate) the fields are the simulated device's and
+// `real` the device's own.
+struct DeviceLimits {
+  int sms, regs_sm, smem_optin, smem_sm, threads_sm;
+};
+
 // The K1 kernels a call can run (prepare.cuh K1Variant): 16- and 32-token records of FlashKDA's
 // contract, the same with the beta forms or the stable inverse, and 16-token records of the
 // unbounded gates (design §2.5).
@@ -160,21 +171,45 @@ enum K1Kind {
 
 struct DeviceFacts {
   int sms, regs_sm, smem_optin, smem_sm, threads_sm;
-  int k1_alone[kK1Kinds];  // prepare_overlap_kernel CTAs per SM by itself, by K1Kind
-  Footprint k1[kK1Kinds];  // what one of them holds
+  int k1_alone[kK1Kinds];    // prepare_overlap_kernel CTAs per SM by itself, by K1Kind
+  int k1_prepare[kK1Kinds];  // prepare_kernel CTAs per SM by itself
+  Footprint k1[kK1Kinds];    // what one prepare_overlap_kernel CTA holds
+  DeviceLimits real;
+  bool simulated;
+  int plan_sms;  // the plan's SM count: sms, or a simulated count above the device's
 };
 
 // K1 of a kind: its kernels, threads and dynamic shared memory.
 struct K1Launch {
   const void *kernel, *overlap;
   int threads, smem;
+  const char *name, *overlap_name;
 };
+
+// The names of K1's two kernels as the source writes the instantiation ("prepare_kernel<1,
+// RecordOrder::kFragments>"; FlashKDA's variant, the default, unnamed), built once.
+template <int kBlocks, RecordOrder kOrder, K1Variant kVariant>
+const std::string *k1_names() {
+  static const std::string args =
+      std::to_string(kBlocks) +
+      (kOrder == RecordOrder::kTiles ? ", RecordOrder::kTiles" : ", RecordOrder::kFragments") +
+      (kVariant == K1Variant::kBoundedForms ? ", K1Variant::kBoundedForms"
+       : kVariant == K1Variant::kUnbounded  ? ", K1Variant::kUnbounded"
+                                            : "") +
+      ">";
+  static const std::string names[2] = {"prepare_kernel<" + args, "prepare_overlap_kernel<" + args};
+  return names;
+}
 
 template <int kBlocks, RecordOrder kOrder, K1Variant kVariant>
 K1Launch k1_kernels() {
+  const std::string *names = k1_names<kBlocks, kOrder, kVariant>();
   return {reinterpret_cast<const void *>(prepare_kernel<kBlocks, kOrder, kVariant>),
           reinterpret_cast<const void *>(prepare_overlap_kernel<kBlocks, kOrder, kVariant>),
-          K1Shape<kBlocks>::kThreads, K1Shape<kBlocks>::kDynamicSmem};
+          K1Shape<kBlocks>::kThreads,
+          K1Shape<kBlocks>::kDynamicSmem,
+          names[0].c_str(),
+          names[1].c_str()};
 }
 
 // The 16-token K1 of a variant in `order`.
@@ -217,6 +252,7 @@ inline int k1_kind(const FwdParams &p) {
 }
 
 inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
+  f.simulated = false;
   const std::pair<int *, cudaDeviceAttr> attrs[] = {
       {&f.sms, cudaDevAttrMultiProcessorCount},
       {&f.regs_sm, cudaDevAttrMaxRegistersPerMultiprocessor},
@@ -236,34 +272,112 @@ inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
     }
     cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.k1_alone[kind], k1.overlap,
                                                                     k1.threads, k1.smem);
-    if (err != cudaSuccess) return err;
-    err = footprint(k1.overlap, k1.threads, k1.smem, f.k1[kind]);
+    if (err == cudaSuccess)
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.k1_prepare[kind], k1.kernel,
+                                                          k1.threads, k1.smem);
+    if (err == cudaSuccess) err = footprint(k1.overlap, k1.threads, k1.smem, f.k1[kind]);
     if (err != cudaSuccess) return err;
   }
+  f.real = {f.sms, f.regs_sm, f.smem_optin, f.smem_sm, f.threads_sm};
+  f.plan_sms = f.sms;
   return cudaSuccess;
 }
 
-// The current device's facts: devices 0..63 are queried on first use (a failed query is
-// not remembered), others on every call.
-inline cudaError_t device_facts(DeviceFacts &out) {
-  constexpr int kRemembered = 64;
-  static std::atomic<bool> known[kRemembered];
-  static DeviceFacts facts[kRemembered];
-  static std::mutex filling;
-  int device = 0;
-  const cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (device < 0 || device >= kRemembered) return query_device_facts(device, out);
-  if (!known[device].load(std::memory_order_acquire)) {
-    const std::lock_guard<std::mutex> lock(filling);
-    if (!known[device].load(std::memory_order_relaxed)) {
-      const cudaError_t query = query_device_facts(device, facts[device]);
-      if (query != cudaSuccess) return query;
-      known[device].store(true, std::memory_order_release);
-    }
+// CTAs of footprint f (on the simulated device) that `d` holds an SM by its limits, at most
+// `real`, what the device itself holds.
+inline int resident_on(const DeviceFacts &d, const Footprint &f, int real) {
+  const int by_regs = d.regs_sm >= d.real.regs_sm ? real : real * d.regs_sm / d.real.regs_sm;
+  return std::min({real, by_regs, d.smem_sm / f.smem, d.threads_sm / f.threads});
+}
+
+// Simulated limits (TestSwitches): the facts clamped to the smaller device, and K1's CTAs
+// per SM as that device's occupancy gives them. The SM count the launch sizes its grids by
+// stays at most the device's (more cannot be resident at once); the plan takes the
+// simulated count (plan_sms).
+inline void simulate(const TestSwitches &t, DeviceFacts &d) {
+  if (!t.simulated()) return;
+  d.simulated = true;
+  const auto clamp = [](int &value, int limit) {
+    if (limit > 0) value = std::min(value, limit);
+  };
+  if (t.sms > 0) d.plan_sms = t.sms;
+  clamp(d.sms, t.sms);
+  clamp(d.regs_sm, t.regs_sm);
+  clamp(d.smem_optin, t.smem_optin);
+  clamp(d.smem_sm, t.smem_sm);
+  clamp(d.threads_sm, t.threads_sm);
+  for (int b = 0; b < kK1Kinds; ++b) {  // both K1 kernels: the same threads and shared memory
+    d.k1_alone[b] = resident_on(d, d.k1[b], d.k1_alone[b]);
+    d.k1_prepare[b] = resident_on(d, d.k1[b], d.k1_prepare[b]);
+    clamp(d.k1_alone[b], t.k1_ctas_sm);
+    clamp(d.k1_prepare[b], t.k1_ctas_sm);
   }
-  out = facts[device];
-  return cudaSuccess;
+}
+
+// A value per device: devices 0..63 are queried on first use and remembered (a failed query
+// is not), others on every call. query(value) returns a status whose value-initialised form
+// (cudaSuccess, {cudaSuccess, nullptr}) is success; ok(status) tells it.
+template <typename T>
+class PerDevice {
+ public:
+  template <typename Query, typename Ok>
+  auto get(int device, T &out, Query query, Ok ok) -> decltype(query(out)) {
+    if (device < 0 || device >= kRemembered) return query(out);
+    if (!known_[device].load(std::memory_order_acquire)) {
+      const std::lock_guard<std::mutex> lock(filling_);
+      if (!known_[device].load(std::memory_order_relaxed)) {
+        const auto status = query(values_[device]);
+        if (!ok(status)) return status;
+        known_[device].store(true, std::memory_order_release);
+      }
+    }
+    out = values_[device];
+    return {};
+  }
+
+ private:
+  static constexpr int kRemembered = 64;
+  std::atomic<bool> known_[kRemembered] = {};
+  T values_[kRemembered] = {};
+  std::mutex filling_;
+};
+
+// The current device's facts, remembered per device (PerDevice); then the simulated limits
+// of `t`, if any.
+inline cudaError_t device_facts(const TestSwitches &t, DeviceFacts &out) {
+  static PerDevice<DeviceFacts> facts;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = facts.get(
+        device, out, [&](DeviceFacts &f) { return query_device_facts(device, f); },
+        [](cudaError_t e) { return e == cudaSuccess; });
+  if (err == cudaSuccess) simulate(t, out);
+  return err;
+}
+
+// Dynamic shared memory for a launch of `kernel` that asks for `dynamic` bytes on the
+// simulated device (as is without simulated limits): scaled by the device's shared memory
+// per SM over the simulated one's, so that the kernels a simulated SM holds at once, alone
+// or together, are the ones this SM holds, and never more of this kernel than the simulated
+// device holds alone. At most the device's opt-in limit, whose attribute it sets. -1 where
+// the kernel does not fit the simulated device at all.
+inline int padded_smem(const DeviceFacts &d, const void *kernel, int threads, int dynamic) {
+  if (!d.simulated) return dynamic;
+  Footprint f;
+  int real = 0;
+  if (footprint(kernel, threads, dynamic, f) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&real, kernel, threads, dynamic) != cudaSuccess)
+    return -1;
+  const int n = resident_on(d, f, real);
+  if (n < 1 || f.smem - kReservedSmem > d.smem_optin) return -1;
+  const int64_t scaled = int64_t{f.smem} * d.real.smem_sm / d.smem_sm;
+  const int64_t alone = n < real ? d.real.smem_sm / (n + 1) + 128 : 0;
+  const int64_t total =
+      std::min<int64_t>(std::max(scaled, alone) - kReservedSmem, d.real.smem_optin);
+  const int padded = std::max(dynamic, static_cast<int>(total) - f.static_smem);
+  if (allow_smem(kernel, padded) != cudaSuccess) return -1;
+  return padded;
 }
 
 // v as a 5-D tensor (8 columns, tokens, 16 column groups, heads, batch) with the caller's
@@ -300,10 +414,39 @@ struct PassLaunch {
   const void *kernel;
   int64_t ctas;
   int threads;
-  int smem;  // dynamic shared memory
+  int smem;  // dynamic shared memory (on the simulated device, under simulated limits)
   FwdParams params;
   RecordOrder records = RecordOrder::kFragments;  // the order K1 must write them in
+  int resident;                                   // CTAs per SM it is compiled for
+  int32_t kind = kLaunchedRecurrence;             // or kLaunchedWarpgroup
+  PassCode code = PassCode::kPlain;               // the instantiation's
+  const char *name = "";                          // the instantiation (record_launch)
+  CUtensorMap value_map;                          // seal_pass
+  int launch_smem = 0;                            // seal_pass: padded under simulated limits
 };
+
+// A test's record of what a call launched (TestSwitches::record): the kernel's name as the
+// source writes it (recurrence_kernel<1, 8, kGeneral, 1>) and what it was launched with.
+inline void record_launch(const FwdParams &p, const char *name, LaunchedKernel k) {
+  LaunchRecord *r = p.test.record;
+  if (r == nullptr || r->count >= kMaxLaunches) return;
+  std::snprintf(k.name, sizeof(k.name), "%s", name);
+  r->kernels[r->count++] = k;
+}
+
+inline const char *code_name(PassCode code) {
+  constexpr const char *kNames[] = {"kPlain", "kGeneral", "kStates", "kRerun"};
+  return kNames[static_cast<int>(code)];
+}
+
+// "recurrence_kernel<1, 8, kGeneral, 1>": an instantiation's name, built once.
+template <int kA, int kB, PassCode kCode, int kD = 0>
+const char *instantiation_name(const char *kernel) {
+  static const std::string name = std::string(kernel) + "<" + std::to_string(kA) + ", " +
+                                  std::to_string(kB) + ", " + code_name(kCode) +
+                                  (kD > 0 ? ", " + std::to_string(kD) : std::string()) + ">";
+  return name.c_str();
+}
 
 // CTAs of pass `pass` at width block_v: units (sequences, or segments) x heads x column
 // slices (the segment pass has 256 columns: values and transition).
@@ -325,9 +468,10 @@ inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int 
                                         int resident, const void *kernel, int threads,
                                         PassLaunch &out) {
   DeviceFacts device;
-  const cudaError_t err = device_facts(device);
+  const cudaError_t err = device_facts(p.test, device);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
   out.params = p;
+  out.resident = resident;
   out.params.pass = pass;
   out.params.block_v = block_v;
   const int per_cta = std::min(device.smem_optin, device.smem_sm / resident - kReservedSmem);
@@ -349,6 +493,8 @@ inline LaunchStatus configure_ring_pass(const FwdParams &p, ChainPass pass, int 
 // Pass `pass` of recurrence_kernel<kNB, kWarps, kCode, kBlocks>.
 template <int kNB, int kWarps, PassCode kCode, int kBlocks>
 LaunchStatus configure_recurrence(const FwdParams &p, ChainPass pass, PassLaunch &out) {
+  out.code = kCode;
+  out.name = instantiation_name<kNB, kWarps, kCode, kBlocks>("recurrence_kernel");
   return configure_ring_pass(
       p, pass, 8 * kNB * kWarps, kBlocks, resident_ctas(kNB, kWarps, kCode, kBlocks),
       reinterpret_cast<const void *>(recurrence_kernel<kNB, kWarps, kCode, kBlocks>),
@@ -399,12 +545,14 @@ inline LaunchStatus k1_fit_beside(const PassLaunch &pass, const DeviceFacts &d, 
 }
 
 // Whether the call's passes run on sm_90a's warpgroup MMA (design §4.9): 16-token chunks, no
-// checkpoints, and every pass of the call at block_v 64 or 128. All or none: the segment pass
-// and the rerun read the same records, which K1 writes in one order.
+// checkpoints, and every pass of the call at block_v 64 or 128, unless a test asks for the
+// other arches' passes (TestSwitches::generic). All or none: the segment pass and the rerun
+// read the same records, which K1 writes in one order.
 inline bool warpgroup_passes(const FwdParams &p) {
   const auto wide = [](int block_v) { return block_v == 64 || block_v == 128; };
-  return FLASH_KDA_CC == 90 && chunk_blocks(p) == 1 && p.checkpoints == nullptr &&
-         wide(p.chain_block_v) && (p.segment_chunks == 0 || wide(p.segment_block_v));
+  return FLASH_KDA_CC == 90 && !p.test.generic && chunk_blocks(p) == 1 &&
+         p.checkpoints == nullptr && wide(p.chain_block_v) &&
+         (p.segment_chunks == 0 || wide(p.segment_block_v));
 }
 
 #if FLASH_KDA_CC == 90
@@ -413,6 +561,9 @@ inline bool warpgroup_passes(const FwdParams &p) {
 template <int kGroups, int kResident, PassCode kCode>
 LaunchStatus configure_warpgroup(const FwdParams &p, PassLaunch &out) {
   out.records = RecordOrder::kTiles;
+  out.kind = kLaunchedWarpgroup;
+  out.code = kCode;
+  out.name = instantiation_name<kGroups, kResident, kCode>("warpgroup_recurrence_kernel");
   return configure_ring_pass(
       p, fixed_pass(kCode), 64 * kGroups, 1, kResident,
       reinterpret_cast<const void *>(warpgroup_recurrence_kernel<kGroups, kResident, kCode>),
@@ -427,7 +578,7 @@ LaunchStatus configure_warpgroup(const FwdParams &p, PassLaunch &out) {
 template <PassCode kCode>
 LaunchStatus configure_warpgroup_64(const FwdParams &p, PassLaunch &out) {
   DeviceFacts d;
-  const cudaError_t err = device_facts(d);
+  const cudaError_t err = device_facts(p.test, d);
   if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
   if (pass_ctas(p, fixed_pass(kCode), 64) > d.sms) return configure_warpgroup<1, 2, kCode>(p, out);
   LaunchStatus st = configure_warpgroup<1, 1, kCode>(p, out);
@@ -489,30 +640,41 @@ inline cudaError_t launch_kernel(const void *kernel, int64_t ctas, int threads, 
   return cudaLaunchKernelExC(&config, kernel, args);
 }
 
+// The last of a pass's configuration, once its shared memory is final (plan_overlap may
+// raise it): v's tensor map and the shared memory it is launched with (padded under
+// simulated limits).
+inline LaunchStatus seal_pass(PassLaunch &pass) {
+  cudaError_t err = make_value_map(pass.params, &pass.value_map);
+  if (err != cudaSuccess) return {err, "recurrence_kernel tensor map of v"};
+  DeviceFacts d;
+  err = device_facts(pass.params.test, d);
+  if (err != cudaSuccess) return {err, "recurrence_kernel device query"};
+  pass.launch_smem = padded_smem(d, pass.kernel, pass.threads, pass.smem);
+  if (pass.launch_smem < 0)
+    return {cudaErrorInvalidConfiguration, "recurrence_kernel simulated residency"};
+  return {cudaSuccess, nullptr};
+}
+
 // Launches a configured pass. `programmatic`: the pass may start while the previous
 // kernel still runs: K1 beside it (design §4.7), or its CTAs wait for the previous kernel's
 // end (wait_prerequisites, design §4.1).
 inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_t stream) {
-  CUtensorMap value_map;
-  const cudaError_t err = make_value_map(pass.params, &value_map);
-  if (err != cudaSuccess) return {err, "recurrence_kernel tensor map of v"};
-  void *args[] = {&pass.params, &value_map};
-  const cudaError_t launch =
-      launch_kernel(pass.kernel, pass.ctas, pass.threads, pass.smem, args, programmatic, stream);
+  void *args[] = {&pass.params, &pass.value_map};
+  const cudaError_t launch = launch_kernel(pass.kernel, pass.ctas, pass.threads, pass.launch_smem,
+                                           args, programmatic, stream);
   if (launch != cudaSuccess) return {launch, "recurrence_kernel launch"};
+  record_launch(pass.params, pass.name,
+                {{},
+                 pass.kind,
+                 static_cast<int32_t>(pass.code),
+                 chunk_blocks(pass.params),
+                 pass.params.block_v,
+                 pass.params.stages,
+                 pass.resident,
+                 pass.launch_smem,
+                 static_cast<int32_t>(pass.records),
+                 pass.ctas});
   return launch_status("recurrence_kernel launch");
-}
-
-// More CTAs of prepare_overlap_kernel, launched programmatically after the pass: they start
-// once every pass CTA is resident.
-inline LaunchStatus launch_prepare_extra(FwdParams k1, int64_t ctas, RecordOrder order,
-                                         cudaStream_t stream) {
-  void *args[] = {&k1};
-  const K1Launch shape = k1_launch(k1_kind(k1), order);
-  const cudaError_t launch =
-      launch_kernel(shape.overlap, ctas, shape.threads, shape.smem, args, true, stream);
-  if (launch != cudaSuccess) return {launch, "prepare_overlap_kernel launch (free SMs)"};
-  return launch_status("prepare_overlap_kernel launch (free SMs)");
 }
 
 // The segment states as a 2-D tensor [max_segments x heads x 256 rows][128 columns] for the
@@ -536,64 +698,77 @@ inline cudaError_t make_segment_map(const FwdParams &p, int rows, CUtensorMap *m
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// Phase B: config.h's rows per CTA where two stages of them fit the device's shared memory
-// per block (else 8; 16 rows with two stages take sm_120's 99 KB exactly), and the ring as
-// deep as it allows (three stages on sm_90 / sm_100).
-inline LaunchStatus launch_combine(const FwdParams &p, cudaStream_t stream) {
+// Whether two stages of 16-row combine CTAs fit a block's shared memory (sm_120's 99 KB
+// hold them exactly).
+inline bool combine_wide(const DeviceFacts &d) {
+  return combine_smem_bytes(16, 2) <= d.smem_optin;
+}
+
+// The combine (phase B) as launched: config.h's rows per CTA (combine_wide), the ring as deep
+// as the device's shared memory per block allows (three stages on sm_90 / sm_100, two on
+// sm_120), the tensor maps of X_j's 128 rows and of the CTA's rows of S^_j.
+struct CombineLaunch {
+  const void *kernel;
+  int rows, stages, smem;
+  int64_t ctas;
+  CUtensorMap xmap, smap;
+};
+
+inline LaunchStatus configure_combine(const FwdParams &p, CombineLaunch &c) {
   DeviceFacts device;
-  cudaError_t err = device_facts(device);
+  cudaError_t err = device_facts(p.test, device);
   if (err != cudaSuccess) return {err, "combine_kernel device query"};
-  int rows = combine_rows(p.num_seqs * p.heads, device.sms);
-  if (combine_smem_bytes(rows, 2) > device.smem_optin) rows = 8;
-  int stages = kCombineMaxStages;
-  while (stages > 2 && combine_smem_bytes(rows, stages) > device.smem_optin) --stages;
-  const int smem = combine_smem_bytes(rows, stages);
-  const auto kernel = rows == 8 ? combine_kernel<8> : combine_kernel<16>;
-  err = allow_smem(reinterpret_cast<const void *>(kernel), smem);
+  c.rows = combine_rows(p.num_seqs * p.heads, device.sms, combine_wide(device));
+  c.stages = kCombineMaxStages;
+  while (c.stages > 2 && combine_smem_bytes(c.rows, c.stages) > device.smem_optin) --c.stages;
+  c.kernel = reinterpret_cast<const void *>(c.rows == 8 ? combine_kernel<8> : combine_kernel<16>);
+  const int bytes = combine_smem_bytes(c.rows, c.stages);
+  err = allow_smem(c.kernel, bytes);
   if (err != cudaSuccess) return {err, "combine_kernel shared-memory attribute"};
-  const int64_t ctas = p.num_seqs * p.heads * (kHeadDim / rows);
-  FwdParams params = p;
-  CUtensorMap xmap, smap;  // X_j's 128 rows, the CTA's rows of S^_j
-  err = make_segment_map(p, kHeadDim, &xmap);
-  if (err == cudaSuccess) err = make_segment_map(p, rows, &smap);
+  c.smem = padded_smem(device, c.kernel, kCombineThreads, bytes);
+  if (c.smem < 0) return {cudaErrorInvalidConfiguration, "combine_kernel shared memory"};
+  c.ctas = p.num_seqs * p.heads * (kHeadDim / c.rows);
+  err = make_segment_map(p, kHeadDim, &c.xmap);
+  if (err == cudaSuccess) err = make_segment_map(p, c.rows, &c.smap);
   if (err != cudaSuccess) return {err, "combine_kernel tensor maps of the segment states"};
-  void *args[] = {&params, &stages, &xmap, &smap};
-  err = launch_kernel(reinterpret_cast<const void *>(kernel), ctas, kCombineThreads, smem, args,
-                      true, stream);  // it waits for the segment pass (wait_prerequisites)
+  return {cudaSuccess, nullptr};
+}
+
+inline LaunchStatus launch_combine(const FwdParams &p, CombineLaunch &c, cudaStream_t stream) {
+  FwdParams params = p;
+  void *args[] = {&params, &c.stages, &c.xmap, &c.smap};
+  const cudaError_t err = launch_kernel(c.kernel, c.ctas, kCombineThreads, c.smem, args, true,
+                                        stream);  // it waits for the segment pass
   if (err != cudaSuccess) return {err, "combine_kernel launch"};
+  record_launch(p, c.rows == 8 ? "combine_kernel<8>" : "combine_kernel<16>",
+                {{}, kLaunchedCombine, 0, 1, c.rows, c.stages, 1, c.smem, 0, c.ctas});
   return launch_status("combine_kernel launch");
 }
 
 // Whether K1 overlaps the first recurrence pass (design §4.7), and if so with how many
-// K1 CTAs per SM in its first grid: as many as leave room on every SM for one CTA of the
-// pass (`beside`), so that the pass's CTAs become resident beside K1's at once, and at
-// most the plan's overlap_max_ctas. The plan says how many must fit for the overlap to
+// K1 CTAs per SM in its first grid (`keep`): as many as leave room on every SM for one CTA
+// of the pass (`beside`), so that the pass's CTAs become resident beside K1's at once, and
+// at most the plan's overlap_max_ctas. The plan says how many must fit for the overlap to
 // pay. A pass of more than one wave starts its later CTAs as earlier ones end, beside the
-// same K1 CTAs. Also returns the SM count and K1's CTAs per SM by itself, which size the
-// second grid. (Keeping all of K1's CTAs on the SMs the pass does not use, and letting
+// same K1 CTAs. (Keeping all of K1's CTAs on the SMs the pass does not use, and letting
 // the surplus on its SMs exit while the pass could still share those SMs with K1, was
 // tried: on the H200 the pass then waited for K1's end.) Where the plan has K1 leave the
 // pass's SMs (overlap_max_ctas 0) and the pass leaves SMs free, K1 starts on every SM
 // (keep = alone) and `leave_sms` is the pass's CTA count; the pass asks for all of an SM's
 // shared memory, so that it starts only on SMs K1 has left (prepare_overlap_kernel).
-inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms, int &keep,
-                                 int &alone, int &leave_sms) {
-  keep = alone = sms = leave_sms = 0;
+inline LaunchStatus plan_overlap(const FwdParams &p, const DeviceFacts &d, PassLaunch &first,
+                                 int &keep, int &leave_sms) {
+  keep = leave_sms = 0;
   if (p.ready == nullptr || p.overlap_min_ctas < 1) return {cudaSuccess, nullptr};
-  DeviceFacts d;
-  cudaError_t err = device_facts(d);
-  if (err != cudaSuccess) return {err, "prepare_kernel device query"};
-  sms = d.sms;
   const int kind = k1_kind(p);
-  alone = d.k1_alone[kind];
   int beside = 0;
   const LaunchStatus st = k1_fit_beside(first, d, kind, beside);
   if (st.error != cudaSuccess) return st;
-  if (p.overlap_max_ctas == 0 && first.ctas < sms) {
-    keep = alone;
+  if (p.overlap_max_ctas == 0 && first.ctas < d.sms) {
+    keep = d.k1_alone[kind];
     leave_sms = static_cast<int>(first.ctas);
     first.smem = d.smem_optin;
-    err = allow_smem(first.kernel, first.smem);
+    const cudaError_t err = allow_smem(first.kernel, first.smem);
     if (err != cudaSuccess) return {err, "recurrence_kernel shared-memory attribute"};
   } else if (beside >= p.overlap_min_ctas) {
     keep = std::min(beside, p.overlap_max_ctas);  // 0 (leave, no SM free): K1 first
@@ -601,72 +776,220 @@ inline LaunchStatus plan_overlap(const FwdParams &p, PassLaunch &first, int &sms
   return {cudaSuccess, nullptr};
 }
 
+// K1 as launched (design §4.1, §4.7): first (prepare_kernel, one record per CTA), or beside
+// the first pass (prepare_overlap_kernel, `keep` CTAs an SM taking items from a counter), then
+// `extra` more CTAs on the SMs the pass leaves free. `params.ready` is null where K1 runs
+// first.
+struct K1Config {
+  const void *kernel;
+  const char *name;
+  dim3 grid;
+  int threads, smem, keep;
+  int64_t extra;
+  int extra_smem, extra_resident;
+  FwdParams params;
+};
+
+inline LaunchStatus configure_k1(const FwdParams &p, PassLaunch &first, K1Config &k1) {
+  DeviceFacts d;
+  const cudaError_t err = device_facts(p.test, d);
+  if (err != cudaSuccess) return {err, "prepare_kernel device query"};
+  int leave_sms = 0;
+  const LaunchStatus st = plan_overlap(p, d, first, k1.keep, leave_sms);
+  if (st.error != cudaSuccess) return st;
+  const int kind = k1_kind(p), alone = d.k1_alone[kind];
+  const bool overlap = k1.keep > 0;
+  k1.params = p;
+  k1.params.leave_sms = leave_sms;
+  if (!overlap) k1.params.ready = first.params.ready = nullptr;
+  const K1Launch shape = k1_launch(kind, first.records);
+  k1.kernel = overlap ? shape.overlap : shape.kernel;
+  k1.name = overlap ? shape.overlap_name : shape.name;
+  k1.threads = shape.threads;
+  k1.grid = overlap ? dim3(static_cast<unsigned>(k1.keep * d.sms))
+                    : dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads));
+  k1.smem = padded_smem(d, k1.kernel, shape.threads, shape.smem);
+  // More K1 CTAs, launched once every pass CTA is resident, fill the SMs the pass leaves
+  // free (on its own SMs `keep` CTAs already leave no room) and share K1's counter.
+  k1.extra = overlap && first.ctas < d.sms && alone > k1.keep
+                 ? int64_t{alone - k1.keep} * (d.sms - first.ctas)
+                 : 0;
+  k1.extra_smem = k1.smem;
+  k1.extra_resident = alone;
+  if (k1.smem < 0) return {cudaErrorInvalidConfiguration, "prepare_kernel simulated residency"};
+  return {cudaSuccess, nullptr};
+}
+
+// K1, the first pass beside K1 or after it, and the extra K1 grid. The extra grid is best
+// effort: the first grid's CTAs take every item whether it runs or not, so a failed launch of
+// it (cleared: launch errors are not sticky) leaves the call correct.
+inline LaunchStatus launch_first(K1Config &k1, PassLaunch &first, cudaStream_t stream) {
+  const FwdParams &p = k1.params;
+  const bool overlap = p.ready != nullptr;
+  if (overlap) {
+    const size_t bytes = static_cast<size_t>(ready_bytes(p.heads, p.tiles_per_head));
+    const cudaError_t err = cudaMemsetAsync(p.ready, 0, bytes, stream);
+    if (err != cudaSuccess) return {err, "ready flags (memset)"};
+  }
+  void *args[] = {&k1.params};
+  cudaError_t err = cudaLaunchKernel(k1.kernel, k1.grid, dim3(k1.threads), args, k1.smem, stream);
+  if (err != cudaSuccess) return {err, "prepare_kernel launch"};
+  record_launch(p, k1.name,
+                {{},
+                 overlap ? kLaunchedPrepareOverlap : kLaunchedPrepare,
+                 0,
+                 chunk_blocks(p),
+                 0,
+                 0,
+                 k1.keep,
+                 k1.smem,
+                 static_cast<int32_t>(first.records),
+                 int64_t{k1.grid.x} * k1.grid.y});
+  LaunchStatus st = launch_status("prepare_kernel launch");
+  if (st.error == cudaSuccess) st = launch_pass(first, true, stream);  // beside K1, or after it
+  if (st.error != cudaSuccess || k1.extra == 0) return st;
+  err = launch_kernel(k1.kernel, k1.extra, k1.threads, k1.extra_smem, args, true, stream);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return {cudaSuccess, nullptr};
+  }
+  record_launch(p, k1.name,
+                {{},
+                 kLaunchedPrepareOverlap,
+                 1,
+                 chunk_blocks(p),
+                 0,
+                 0,
+                 k1.extra_resident,
+                 k1.extra_smem,
+                 static_cast<int32_t>(first.records),
+                 k1.extra});
+  return {cudaSuccess, nullptr};
+}
+
+// The segments' passes after the first (design §6.2): the combine and the rerun. The rerun
+// reads the combine's starts, so it must wait for the combine's end, which a pass does only
+// without ready flags (wait_prerequisites): segmented calls never overlap K1 (plan.cpp
+// can_overlap), so K1 runs first.
+inline LaunchStatus configure_after_segments(const K1Config &k1, CombineLaunch &combine,
+                                             PassLaunch &rerun) {
+  if (k1.params.ready != nullptr)
+    return {cudaErrorInvalidValue, "recurrence_kernel rerun beside K1"};
+  FwdParams after = k1.params;
+  after.test.stall = 0;  // the first pass's only
+  LaunchStatus st = configure_combine(after, combine);
+  if (st.error == cudaSuccess)
+    st = configure_pass(after, ChainPass::kRerun, after.chain_block_v, rerun);
+  if (st.error == cudaSuccess) st = seal_pass(rerun);
+  return st;
+}
+
 // Prefixes (varlen) -> K1 over all chunks -> K2: one pass over whole sequences, or the
 // segment pass, the combine and the rerun (design §4.1, §6.2); a call without tokens copies
-// the states alone. When K1 overlaps the first pass (design §4.7), that pass is launched
-// while K1 runs and waits on each record's ready flag, and a second K1 grid fills the SMs
-// the pass leaves free.
+// the states alone. Every launch is configured
+// before the first one, so that a configuration the device cannot run launches nothing:
+// where this returns an error, no kernel has written out, final_state or checkpoints (only
+// the last pass writes them, and its launch is the last).
 inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (p.total_tokens == 0) {  // every sequence empty: the states alone (empty.cuh)
     if (p.final_state == nullptr) return {cudaSuccess, nullptr};
     empty_states_kernel<<<dim3(static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.heads)),
                           kEmptyThreads, 0, stream>>>(p);
+    record_launch(p, "empty_states_kernel", {{}, 0, 0, 0, 0, 0, 0, 0, 0, p.num_seqs * p.heads});
     return launch_status("empty_states_kernel launch");
   }
-  if (p.cu_seqlens != nullptr) {
-    prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
-    const LaunchStatus st = launch_status("prefix_kernel launch");
-    if (st.error != cudaSuccess) return st;
-  }
   const bool segmented = p.segment_chunks > 0;
-  PassLaunch first;
+  PassLaunch first, rerun;
+  CombineLaunch combine;
+  K1Config k1;
   LaunchStatus st = configure_pass(p, segmented ? ChainPass::kSegment : ChainPass::kWhole,
                                    segmented ? p.segment_block_v : p.chain_block_v, first);
+  if (st.error == cudaSuccess) st = configure_k1(p, first, k1);
+  if (st.error == cudaSuccess) st = seal_pass(first);
+  if (st.error == cudaSuccess && segmented) st = configure_after_segments(k1, combine, rerun);
   if (st.error != cudaSuccess) return st;
-  int sms = 0, keep = 0, alone = 0, leave_sms = 0;
-  st = plan_overlap(p, first, sms, keep, alone, leave_sms);
-  if (st.error != cudaSuccess) return st;
-  const bool overlap = keep > 0;
-  FwdParams k1 = p;
-  k1.leave_sms = leave_sms;
-  const K1Launch shape = k1_launch(k1_kind(p), first.records);
-  void *args[] = {&k1};
-  cudaError_t launch = cudaSuccess;
-  if (overlap) {
-    const size_t bytes = static_cast<size_t>(ready_bytes(p.heads, p.tiles_per_head));
-    const cudaError_t err = cudaMemsetAsync(p.ready, 0, bytes, stream);
-    if (err != cudaSuccess) return {err, "ready flags (memset)"};
-    launch = cudaLaunchKernel(shape.overlap, dim3(static_cast<unsigned>(keep * sms)),
-                              dim3(shape.threads), args, shape.smem, stream);
-  } else {
-    k1.ready = first.params.ready = nullptr;
-    launch = cudaLaunchKernel(
-        shape.kernel, dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads)),
-        dim3(shape.threads), args, shape.smem, stream);
-  }
-  if (launch != cudaSuccess) return {launch, "prepare_kernel launch"};
-  st = launch_status("prepare_kernel launch");
-  if (st.error != cudaSuccess) return st;
-  st = launch_pass(first, true, stream);  // beside K1, or waiting for its end (design §4.1)
-  if (st.error != cudaSuccess) return st;
-  if (overlap && first.ctas < sms && alone > keep) {
-    // More K1 CTAs, launched once every pass CTA is resident: they fill the SMs the pass
-    // leaves free (on its own SMs keep CTAs already leave no room) and share K1's counter.
-    const int64_t extra = int64_t{alone - keep} * (sms - first.ctas);
-    st = launch_prepare_extra(k1, extra, first.records, stream);
+  if (p.cu_seqlens != nullptr) {
+    prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
+    st = launch_status("prefix_kernel launch");
     if (st.error != cudaSuccess) return st;
+    record_launch(p, "prefix_kernel", {{}, kLaunchedPrefix, 0, 0, 0, 0, 1, 0, 0, 1});
   }
-  if (!segmented) return st;
-  st = launch_combine(p, stream);
-  if (st.error != cudaSuccess) return st;
-  // The rerun reads the combine's starts, so it must wait for the combine's end, which a pass
-  // does only without ready flags (wait_prerequisites): segmented calls never overlap K1
-  // (plan.cpp can_overlap), so K1 ran first and left k1.ready null.
-  if (k1.ready != nullptr) return {cudaErrorInvalidValue, "recurrence_kernel rerun beside K1"};
-  PassLaunch rerun;
-  st = configure_pass(k1, ChainPass::kRerun, p.chain_block_v, rerun);
+  st = launch_first(k1, first, stream);
+  if (st.error != cudaSuccess || !segmented) return st;
+  st = launch_combine(k1.params, combine, stream);
   if (st.error != cudaSuccess) return st;
   return launch_pass(rerun, true, stream);
+}
+
+// ---------------------------------------------------------------- the plan's facts
+
+// K1 CTAs that fit beside one CTA of the whole-sequence pass of width block_v for chunks of
+// `blocks` 16-token blocks, as the launch would configure it for a call of one head (one
+// wave), the most of the forms it may pick (sm_90a's block_v 64 warpgroup pass: two); 0
+// where no such pass is built.
+inline LaunchStatus k1_beside_whole(const TestSwitches &t, const DeviceFacts &d, int block_v,
+                                    int blocks, int &fit) {
+  fit = 0;
+  if (!instantiated(*recurrence_shape(block_v), PassCode::kPlain, blocks))
+    return {cudaSuccess, nullptr};
+  FwdParams p{};
+  p.test = t;
+  p.chunk_shift = blocks == 2 ? 5 : 4;
+  p.num_seqs = p.heads = 1;
+  p.chain_block_v = block_v;
+  const int kind = k1_kind(p);  // FlashKDA's K1 (the plan's facts are its)
+  PassLaunch pass;
+  LaunchStatus st = configure_pass(p, ChainPass::kWhole, block_v, pass);
+  if (st.error == cudaSuccess) st = k1_fit_beside(pass, d, kind, fit);
+#if FLASH_KDA_CC == 90
+  if (st.error == cudaSuccess && block_v == 64 && warpgroup_passes(p)) {
+    int shared_fit = 0;
+    st = configure_warpgroup<1, 2, PassCode::kPlain>(p, pass);
+    if (st.error == cudaSuccess) st = k1_fit_beside(pass, d, kind, shared_fit);
+    fit = std::max(fit, shared_fit);
+  }
+#endif
+  return st;
+}
+
+inline LaunchStatus query_plan_device(const TestSwitches &t, PlanDevice &out) {
+  DeviceFacts d;
+  const cudaError_t err = device_facts(t, d);
+  if (err != cudaSuccess) return {err, "device query"};
+  out = PlanDevice{};
+  out.cc = FLASH_KDA_CC;
+  out.generic = FLASH_KDA_CC != 90 || t.generic != 0;
+  out.sms = d.plan_sms;
+  out.smem_optin = d.smem_optin;
+  out.smem_sm = d.smem_sm;
+  out.threads_sm = d.threads_sm;
+  out.regs_sm = d.regs_sm;
+  out.combine_wide = combine_wide(d);
+  for (int b = 0; b < 2; ++b) {  // FlashKDA's K1 for 16- and 32-token records
+    const int kind = b == 0 ? kK1Bounded16 : kK1Bounded32;
+    out.k1_alone[b] = d.k1_prepare[kind];
+    out.k1_overlap[b] = d.k1_alone[kind];
+    for (int i = 0; i < kNumRecurrenceShapes; ++i) {
+      const LaunchStatus st =
+          k1_beside_whole(t, d, kRecurrenceShapes[i].block_v, b + 1, out.k1_beside[b][i]);
+      if (st.error != cudaSuccess) return st;
+    }
+  }
+  return {cudaSuccess, nullptr};
+}
+
+// The current device's facts for the plan (plan.h PlanDevice): remembered per device
+// (PerDevice) without test switches (a call asks for them: the K1 fits cost ~20 runtime
+// queries), else queried.
+inline LaunchStatus plan_device(const TestSwitches &t, PlanDevice &out) {
+  static PerDevice<PlanDevice> facts;
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return {err, "device query"};
+  if (t.any()) return query_plan_device(t, out);
+  return facts.get(
+      device, out, [&](PlanDevice &f) { return query_plan_device(t, f); },
+      [](const LaunchStatus &st) { return st.error == cudaSuccess; });
 }
 
 inline LaunchStatus launch_probe_unary(int op, const float *x, float *y, int64_t count,
@@ -716,6 +1039,7 @@ constexpr uint32_t validated_features(int compute_capability) {
       CC,                                                        \
       FLASH_KDA_FEATURE_FWD | FLASH_KDA_FEATURE_PROBES | validated_features(CC),   \
       &FLASH_KDA_ARCH::launch_fwd,                               \
+      &FLASH_KDA_ARCH::plan_device,                              \
       &FLASH_KDA_ARCH::launch_probe_unary,                       \
       &FLASH_KDA_ARCH::launch_probe_mma};                        \
   }

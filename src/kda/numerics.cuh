@@ -20,6 +20,8 @@
 #include <cute/arch/mma_sm80.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "kda/params.h"
+
 namespace flash_kda::FLASH_KDA_ARCH {
 
 // ---------------------------------------------------------------- fp32, FTZ (design §3.1)
@@ -293,12 +295,83 @@ __device__ __forceinline__ void prefetch_descriptor(const void *desc) {
 
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
+// ---------------------------------------------------------------- bounded waits
+// In a debug build (CMake FLASH_KDA_DEBUG_WAITS=ON, the build the GPU tests run) every wait
+// that spins on another thread's progress (a stage's mbarrier, K1's ready flags) gives up
+// after a limit (params.h kWaitLimitNs, or the producers' FwdParams::wait_limit_ns) and
+// traps: the kernel, and with it the call's stream, ends in an error (cudaErrorLaunchFailure)
+// instead of hanging. The clock (%globaltimer, ns) is read only once a first try has failed,
+// and then once per retry: each mbarrier try_wait suspends the thread for a while already
+// (PTX ISA: a system-dependent time limit), a flag poll sleeps. The bounded mbarrier wait is
+// one asm statement, as CUTLASS's unbounded one: as C++ loops the retry and the clock cost
+// the link loops 2-32 registers (ptxas, CUDA 13.0). A release build waits unbounded, and its
+// kernels carry neither the clock nor the limit.
+
+__device__ __forceinline__ uint32_t shared_address(const void *p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#ifdef FLASH_KDA_DEBUG_WAITS
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Traps once `limit_ns` have passed since `start` (0: the first call, which starts the clock).
+__device__ __forceinline__ void check_wait(uint64_t &start, uint64_t limit_ns) {
+  const uint64_t now = global_ns();
+  if (start == 0) start = now;
+  if (now - start > limit_ns) __trap();
+}
+
+// The mbarrier wait for parity %1 of the barrier at shared address %0, trapping after %2 ns
+// (an immediate or a register). The labels are local to the statement's braces.
+#define FLASH_KDA_BOUNDED_WAIT                                 \
+  "{\n"                                                        \
+  ".reg .pred done;\n"                                         \
+  ".reg .u64 start, now;\n"                                    \
+  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n" \
+  "@done bra WAIT_DONE;\n"                                     \
+  "mov.u64 start, %%globaltimer;\n"                            \
+  "WAIT_AGAIN:\n"                                              \
+  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n" \
+  "@done bra WAIT_DONE;\n"                                     \
+  "mov.u64 now, %%globaltimer;\n"                              \
+  "sub.u64 now, now, start;\n"                                 \
+  "setp.gt.u64 done, now, %2;\n"                               \
+  "@done trap;\n"                                              \
+  "bra WAIT_AGAIN;\n"                                          \
+  "WAIT_DONE:\n"                                               \
+  "}\n"
+
+// The consumers' mbarrier wait, bounded by kWaitLimitNs; the "memory" clobber also orders
+// the compiler: shared-memory reads of a stage may not move above the wait that makes them
+// valid.
+__device__ __forceinline__ void barrier_wait(uint64_t *bar, uint32_t phase) {
+  asm volatile(FLASH_KDA_BOUNDED_WAIT::"r"(shared_address(bar)), "r"(phase), "n"(kWaitLimitNs)
+               : "memory");
+}
+
+// The producers' mbarrier wait, bounded by `limit_ns` (FwdParams::wait_limit_ns).
+__device__ __forceinline__ void barrier_wait(uint64_t *bar, uint32_t phase, uint64_t limit_ns) {
+  asm volatile(FLASH_KDA_BOUNDED_WAIT::"r"(shared_address(bar)), "r"(phase), "l"(limit_ns)
+               : "memory");
+}
+#undef FLASH_KDA_BOUNDED_WAIT
+#else
 // mbarrier wait that also orders the compiler: shared-memory reads of a stage may not move
 // above the wait that makes them valid.
 __device__ __forceinline__ void barrier_wait(uint64_t *bar, uint32_t phase) {
   TxBarrier::wait(bar, phase);
   asm volatile("" ::: "memory");
 }
+
+// The producers' wait: unbounded in a release build (the limit is the debug build's).
+__device__ __forceinline__ void barrier_wait(uint64_t *bar, uint32_t phase, uint64_t) {
+  barrier_wait(bar, phase);
+}
+#endif
 
 // A consumer's release of a stage that the producer refills with bulk copies: a proxy
 // fence orders this thread's shared-memory reads of the stage (generic proxy) before the
@@ -378,8 +451,15 @@ constexpr int kFlagWindow = 8;
 // the generic-proxy writes they made visible are ordered before this thread's later bulk
 // copies (async proxy) of the same memory. One acquire load a record put an L2 round trip
 // (~0.5 us) on each chunk of the producer, as long as a link at few heads.
-__device__ __forceinline__ int64_t wait_ready(const uint32_t *flags, int64_t c, int64_t end) {
+// Bounded by `limit_ns` in a debug build (check_wait).
+__device__ __forceinline__ int64_t wait_ready(const uint32_t *flags, int64_t c, int64_t end,
+                                              uint64_t limit_ns) {
+#ifdef FLASH_KDA_DEBUG_WAITS
+  for (uint64_t start = 0;; check_wait(start, limit_ns)) {
+#else
+  (void)limit_ns;
   for (;;) {
+#endif
     uint32_t f[kFlagWindow];
 #pragma unroll
     for (int i = 0; i < kFlagWindow; ++i) f[i] = c + i < end ? load_relaxed(flags + c + i) : 0u;

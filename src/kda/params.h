@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include <flash_kda/flash_kda_testing.h>
+
 #include "kda/workspace.h"
 
 namespace flash_kda {
@@ -27,6 +29,41 @@ enum class ChainPass : int32_t {
                  // from the identity (transition columns); no output
   kRerun = 2,    // §6 phase C: each segment from its combined start state, with output
 };
+
+// What a call launched, as a test records it (TestSwitches::record; flash_kda_testing.h
+// flash_kda_testing_launch: the instantiation as the source names it, its ring depth, CTAs
+// per SM and dynamic shared memory as launched).
+constexpr int32_t kLaunchedPrefix = 1, kLaunchedPrepare = 2, kLaunchedPrepareOverlap = 3,
+                  kLaunchedRecurrence = 4, kLaunchedWarpgroup = 5, kLaunchedCombine = 6;
+using LaunchedKernel = flash_kda_testing_launch;
+using LaunchRecord = flash_kda_testing_launches;
+constexpr int kMaxLaunches = FLASH_KDA_TESTING_MAX_LAUNCHES;
+
+// Test-only switches (flash_kda_testing.h): the GPU at hand runs the passes of the other
+// arches and reproduces a smaller device's residency, or a planted stall shows that a hang
+// ends in an error. All zero in a product call.
+struct TestSwitches {
+  int32_t generic;  // every pass on recurrence_kernel, records in fragment order (sm_90a's
+                    // warpgroup passes off)
+  // > 0: the device has at most this many (launch.cuh simulate): SMs (the launch takes at
+  // most the real count, the plan the simulated one), opt-in shared memory per block and
+  // shared memory per SM (bytes), threads and registers per SM, K1 CTAs per SM.
+  int32_t sms, smem_optin, smem_sm, threads_sm, regs_sm, k1_ctas_sm;
+  int32_t stall;         // > 0: CTA 0 of the first recurrence pass never arms its first stage
+  LaunchRecord *record;  // host memory: what the call launched, or nullptr
+  bool any() const {
+    return generic || sms || smem_optin || smem_sm || threads_sm || regs_sm || k1_ctas_sm || stall;
+  }
+  bool simulated() const {
+    return sms || smem_optin || smem_sm || threads_sm || regs_sm || k1_ctas_sm;
+  }
+};
+
+// A bounded wait (numerics.cuh) that has not returned after this long traps: a wait that
+// can never complete ends the kernel with an error instead of hanging the process. Far
+// beyond any legal wait: the longest is a pass CTA's for its next record while K1 writes
+// the records before it, a few ms on the H200.
+constexpr uint64_t kWaitLimitNs = uint64_t{60} * 1000 * 1000 * 1000;
 
 // The decay gate's form (flash_kda_gate): FlashKDA's bounded gate, or one of the two
 // unbounded forms, which K1 takes through the split of design §2.5.
@@ -119,6 +156,11 @@ struct FwdParams {
 
   int32_t chain_block_v;    // plan: width of the whole-sequence or rerun pass
   int32_t segment_block_v;  // plan: width of the segment pass
+
+  TestSwitches test;
+  // The producers' bounded waits (recurrence.cuh produce_chunks, the combine's): trap after
+  // this long. kWaitLimitNs, or shorter in tests (the consumers' waits keep kWaitLimitNs).
+  uint64_t wait_limit_ns;
 
   // Set per recurrence launch by launch.cuh.
   ChainPass pass;

@@ -1191,8 +1191,10 @@ template <>
 struct K1Shape<2> {
   using Smem = PrepareSmem32;
   static constexpr int kThreads = kPrepare32Threads;
-  // Three CTAs an SM (80 registers): bounded to four (64), its item loop spilled 24-44 bytes.
-  static constexpr int kOverlapCtas = 3;
+  // Three CTAs an SM (80 registers) on sm_90a: bounded to four (64), its item loop spilled
+  // 24-44 bytes; the other arches' ptxas spills 4-8 bytes at 80 (CUDA 13.0), so two there
+  // (128).
+  static constexpr int kOverlapCtas = FLASH_KDA_CC == 90 ? 3 : 2;
   static constexpr int kDynamicSmem = static_cast<int>(sizeof(PrepareSmem32));
   __device__ __forceinline__ static Smem &smem() {
     extern __shared__ __align__(16) uint8_t k1_dynamic[];

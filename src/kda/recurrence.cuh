@@ -114,10 +114,20 @@ __device__ __forceinline__ void produce_chunks(const FwdParams &p, const CUtenso
   const uint8_t *records = p.records + first * R::kBytes;
   RingPos pos{0, 0};
   int64_t written = p.ready != nullptr ? 0 : t.span.num_chunks;  // records K1 has written
+#ifdef FLASH_KDA_DEBUG_WAITS
+  // The planted stall (a test switch of the debug build): CTA 0 never arms its first stage,
+  // so that its consumers wait for a stage that never fills, and this producer, stages chunks
+  // later, for its release: a hang the bounded waits end.
+  const bool stall = p.test.stall != 0 && blockIdx.x == 0;
+#endif
   for (int64_t c = 0; c < t.span.num_chunks; ++c, pos.advance(p.stages)) {
     const int s = pos.stage;
-    barrier_wait(&empty[s], pos.phase ^ 1u);  // the first round passes at once
-    if (c >= written) written = wait_ready(p.ready + first, c, t.span.num_chunks);  // §4.7
+    barrier_wait(&empty[s], pos.phase ^ 1u, p.wait_limit_ns);  // the first round passes at once
+    if (c >= written)
+      written = wait_ready(p.ready + first, c, t.span.num_chunks, p.wait_limit_ns);  // §4.7
+#ifdef FLASH_KDA_DEBUG_WAITS
+    if (stall && c == 0) continue;
+#endif
     uint8_t *stage = stages + s * kStageBytes;
     TxBarrier::arrive_and_expect_tx(&full[s], bytes);
     const uint8_t *record = records + c * R::kBytes;

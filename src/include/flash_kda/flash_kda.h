@@ -32,7 +32,7 @@
 #define FLASH_KDA_NOEXCEPT
 #endif
 
-#define FLASH_KDA_ABI_VERSION 7
+#define FLASH_KDA_ABI_VERSION 8
 
 #ifdef __cplusplus
 extern "C" {
@@ -139,6 +139,9 @@ typedef struct flash_kda_strides {
  *
  * ABI 7: the gate and beta forms (gate, g_dtype, beta_form, beta_dtype after max_seqlen), the
  * feature bits GATE_FORMS and STABLE_INVERSE and the probe LG2.
+ *
+ * ABI 8: flash_kda_fwd_plan takes the compute capability, and plans for the current
+ * device's facts through that arch's table.
  */
 typedef struct flash_kda_fwd_args {
   uint32_t struct_size; /* sizeof(flash_kda_fwd_args) of the caller's header */
@@ -165,7 +168,7 @@ typedef struct flash_kda_fwd_args {
   const void *cu_seqlens;      /* int64 (ABI 1) or int32, see cu_seqlens_dtype */
   void *workspace;
   int64_t workspace_bytes;
-  int32_t num_sms; /* multiprocessors of the device, for the plan */
+  int32_t num_sms; /* multiprocessors the plan spreads the work over (the device's), >= 1 */
   int32_t reserved;
   /* ---- ABI 2 ---- */
   flash_kda_strides q_strides;
@@ -279,11 +282,15 @@ FLASH_KDA_API int64_t flash_kda_workspace_size(int64_t total_tokens, int64_t hea
 FLASH_KDA_API int32_t flash_kda_pick_block_v(int64_t num_seqs, int64_t heads,
                                              int32_t num_sms) FLASH_KDA_NOEXCEPT;
 
-/* The plan of flash_kda_fwd for these arguments: only sizes, mode, num_sms,
- * checkpoint_every, max_seqlen, gate and whether cu_seqlens is NULL are read (no memory behind a
- * pointer), so a caller can size the workspace first. Pure; the same arguments always give
- * the same plan (remembered per plan input, so a repeated call costs a lookup). */
-FLASH_KDA_API flash_kda_status flash_kda_fwd_plan(const flash_kda_fwd_args *args,
+/* The plan of flash_kda_fwd for these arguments on the current CUDA device, which must be
+ * the one the call will run on: only sizes, mode, num_sms, checkpoint_every, max_seqlen, gate
+ * and whether cu_seqlens is NULL are read (no memory behind a pointer), so a caller can size
+ * the workspace first, and the facts of the device (its shared memory, K1's CTAs an SM beside
+ * each pass), asked once per device through the table for `compute_capability` (ABI 8: the
+ * plan follows the device, not num_sms alone). The same arguments on the same device always
+ * give the same plan (remembered, so a repeated call costs a lookup). */
+FLASH_KDA_API flash_kda_status flash_kda_fwd_plan(int32_t compute_capability,
+                                                  const flash_kda_fwd_args *args,
                                                   flash_kda_fwd_plan_info *plan) FLASH_KDA_NOEXCEPT;
 
 /* The forward on `stream` with the kernels of the table for `compute_capability`. Every
