@@ -152,7 +152,7 @@ def test_opcheck_on_cuda():
     from test_op import op_args, samples
 
     for name, p in samples(DEV):
-        result = torch.library.opcheck(torch.ops.flash_kda.fwd.default, op_args(p))
+        result = torch.library.opcheck(torch.ops.flash_kda.fwd.default, *op_args(p))
         assert set(result.values()) == {"SUCCESS"}, (name, result)
 
 
