@@ -223,10 +223,12 @@ def raw_plan(lib, args, struct_size, device=None):
     return status, lib._lib.flash_kda_last_error().decode() if status else ""
 
 
-def raw_fwd(lib, args, struct_size):
-    """(status, message) of flash_kda_fwd on the build's first arch (fails before any launch)."""
+def raw_fwd(lib, args, struct_size, cc=None):
+    """(status, message) of flash_kda_fwd on compute capability ``cc`` (default: the build's
+    first arch); a call that fails before any launch."""
     args.struct_size = struct_size
-    status = lib._lib.flash_kda_fwd(lib.archs[0].compute_capability, ctypes.byref(args), None)
+    cc = lib.archs[0].compute_capability if cc is None else cc
+    status = lib._lib.flash_kda_fwd(cc, ctypes.byref(args), None)
     return status, lib._lib.flash_kda_last_error().decode() if status else ""
 
 
@@ -848,9 +850,7 @@ def test_forms_not_enabled_are_refused_unless_the_test_entry_asks(lib, fields):
         pytest.skip(f"every arch of this build ({', '.join(a.name for a in lib.archs)}) enables the forms")
     cc = off[0].compute_capability
     for args in (valid_args(**fields), valid_args(batch=0, num_seqs=0, **fields)):
-        args.struct_size = ctypes.sizeof(_native.FwdArgs)
-        status = lib._lib.flash_kda_fwd(cc, ctypes.byref(args), None)
-        error = lib._lib.flash_kda_last_error().decode() if status else ""
+        status, error = raw_fwd(lib, args, ctypes.sizeof(_native.FwdArgs), cc)
         assert status == 2 and f"built but not yet validated on {off[0].name}" in error, error
     fwd_for(lib, cc, valid_args(batch=0, num_seqs=0, unvalidated_forms=1, **fields))
 
