@@ -119,11 +119,11 @@ ARGS = (
         "(Kimi-Linear's unbounded gate, :math:`\\log\\alpha_t = -e^{A_{log}}\\,\\mathrm{softplus}(g_t + dt_{bias})`) "
         "or ``\"log_decay\"`` (g is :math:`\\log\\alpha_t` itself: any value <= 0 including -inf; larger values "
         "and NaN count as 0). The last two run natively on the arches "
-        "where their kernels are validated (sm_90a), elsewhere on fla's Triton path, else PyTorch (docs/dispatch.md)."),
+        "where their kernels are validated, elsewhere on fla's Triton path, else PyTorch (docs/dispatch.md)."),
     Arg("beta_is_logit", True, "bool, optional", True, "bool", ("beta_form",),
         "True: beta holds logits. False: beta is the write strength :math:`\\beta_t` itself, as engines that "
         "apply the sigmoid pass it; values outside [0, 1] are clamped and NaN counts as 0. False (and a "
-        "float32 beta) runs natively where validated (sm_90a), elsewhere on fla's Triton path, else PyTorch."),
+        "float32 beta) runs natively where validated, elsewhere on fla's Triton path, else PyTorch."),
 )  # fmt: skip
 
 NAMES = tuple(a.name for a in ARGS)
