@@ -8,7 +8,7 @@
 #   bash ci/arches_gpu.sh [stage ...]
 #   stages: arches suite hashes sanitize coverage plans speed (default: all)
 # Results go to $OUT or ./arches-out: log.txt, hashes-*.json, coverage.json, speed-*.json.
-# Times are estimates for an H200 (about 6 minutes in all, speed stage included).
+# Times are estimates for an H200 (about 8 minutes in all, speed stage included).
 set -uo pipefail
 out=${OUT:-$PWD/arches-out}
 mkdir -p "$out"
@@ -20,17 +20,18 @@ run() {  # run LIMIT_S COMMAND...: bounded, logged as it goes
   local limit=$1
   shift
   timeout "$limit" "$@" 2>&1 | tee -a "$log"
-  [ "${PIPESTATUS[0]}" = 0 ] || { status=1; echo "FAILED (rc ${PIPESTATUS[0]}): $*" | tee -a "$log"; }
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || { status=1; echo "FAILED (rc $rc): $*" | tee -a "$log"; }
 }
 python3 -c "from flash_kda import testing; print('debug waits:', testing.debug_waits())" | tee -a "$log"
 pytest="python3 -m pytest -p no:cacheprovider -q -rfs"
-gpu_tests="tests/test_fwd_gpu.py tests/test_segments_gpu.py tests/test_chunk32_gpu.py"
+gpu_tests="tests/test_fwd_gpu.py tests/test_segments_gpu.py tests/test_chunk32_gpu.py tests/test_gates_gpu.py"
 for stage in $stages; do
   echo "=== $stage ($(date +%T))" | tee -a "$log"
   case $stage in
     arches)  # ~20 s: every mode's bits against the default path's, the planted stall (debug build)
       run 180 $pytest tests/test_arches_gpu.py ;;
-    suite)  # ~90 s: the GPU suite's fast tests in the two other modes
+    suite)  # ~150 s: the kernels' GPU tests (every pass, chunk length and gate form) in the two other modes
       for mode in generic sm120; do
         # shellcheck disable=SC2086
         run 240 env FLASH_KDA_TEST_MODE=$mode $pytest -m "gpu and not slow" $gpu_tests
@@ -41,8 +42,8 @@ for stage in $stages; do
         run 120 python3 benchmarks/output_hashes.py "$out/hashes-$mode.json" --mode $mode \
           --against "$out/hashes-default.json"
       done ;;
-    sanitize)  # ~100 s: memcheck and racecheck over ci/sanitize_cases.py in both modes
-      for mode in generic sm120; do
+    sanitize)  # ~150 s: memcheck and racecheck over ci/sanitize_cases.py in the three modes
+      for mode in default generic sm120; do
         for tool in memcheck racecheck; do
           run 240 env FLASH_KDA_TEST_MODE=$mode compute-sanitizer --tool $tool --error-exitcode 9 \
             python3 ci/sanitize_cases.py

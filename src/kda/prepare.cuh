@@ -491,6 +491,10 @@ __device__ __forceinline__ void fp32_inverse(const uint16_t (*lmat)[kChunk][kChu
                                              float *scratch, uint16_t (*inv)[kTileElems]) {
   constexpr int kN = kBlocks * kChunk;
   const int j = threadIdx.x % 32;
+  // The warp's earlier accesses of the INV tiles (the Neumann INV's stores, the record's loads
+  // of the plane) by other lanes than the one that overwrites an entry here: the residual
+  // test's votes converge the warp but do not order its shared-memory accesses.
+  __syncwarp();
   if (j < kN) {
     float (*x)[kN] = reinterpret_cast<float (*)[kN]>(scratch);
 #pragma unroll 1
