@@ -7,7 +7,7 @@ spill stores and loads, static shared memory and stack frame; and each TU's comp
 Prints one line per arch and kernel (a markdown table of kernels by arch with --markdown);
 --update writes that table into the file's summary section (docs/build.md's, between its
 marker comments); --check exits 1 when any kernel spills (the build's rule: no spill on any
-arch) beyond KNOWN_SPILLS, and names them. .ci/run prints it after the wheel build.
+arch), and names them. .ci/run prints it after the wheel build.
 """
 
 import argparse
@@ -23,13 +23,6 @@ ORDERS = ("Fragments", "Tiles")  # src/kda/workspace.h RecordOrder
 # src/kda/prepare.cuh K1Variant; FlashKDA's (kBounded, the default) is left unnamed, as the
 # launch record (flash_kda.testing.launched) names K1.
 K1_VARIANTS = (None, "K1Variant::kBoundedForms", "K1Variant::kUnbounded")
-# The one spill --check allows, up to these bytes (stores, loads); more fails, as does any other.
-KNOWN_SPILLS = {
-    ("sm_90a", "recurrence_kernel<2, 8, kStates, 1>"): (
-        (16, 12),
-        "GPU-validated sm_90a code; removing it changes a kernel that has run",
-    )
-}
 
 
 def _template_args(mangled):
@@ -136,17 +129,6 @@ def markdown(kernels, tus):
 BEGIN, END = "<!-- resource summary: begin (ci/resource_summary.py) -->", "<!-- resource summary: end -->"
 
 
-def unexpected_spills(kernels):
-    """The kernels whose spills --check fails: any spill but a known one within its bytes."""
-    out = []
-    for k in rows(kernels):
-        known = KNOWN_SPILLS.get((k["arch"], k["kernel"]))
-        stores, loads = known[0] if known else (0, 0)
-        if k["spill_stores"] > stores or k["spill_loads"] > loads:
-            out.append(k)
-    return out
-
-
 def update(path, lines):
     """Replace the text between BEGIN and END in the file at `path` with `lines`."""
     with open(path) as f:
@@ -164,7 +146,7 @@ def main(argv=None):
     parser.add_argument("log", help="the build log (ptxas -v output included)")
     parser.add_argument("--markdown", action="store_true", help="the markdown table (docs/build.md's)")
     parser.add_argument("--update", metavar="FILE", help="write the markdown table into FILE's summary section")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a kernel spills (but KNOWN_SPILLS)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a kernel spills")
     args = parser.parse_args(argv)
     with open(args.log, errors="replace") as f:
         kernels, tus = parse(f)
@@ -180,12 +162,9 @@ def main(argv=None):
     spilled = [k for k in rows(kernels) if k["spill_stores"] or k["spill_loads"]]
     arches = sorted({k["arch"] for k in kernels})
     print(f"{len(rows(kernels))} kernels on {len(arches)} arches ({', '.join(arches)}); {len(spilled)} spill")
-    failed = unexpected_spills(kernels)
     for k in spilled:
-        known = KNOWN_SPILLS.get((k["arch"], k["kernel"]))
-        note = f" (known, allowed: {known[1]})" if known and k not in failed else ""
-        print(f"SPILL: {k['arch']} {k['kernel']}: {k['spill_stores']} bytes stored, {k['spill_loads']} loaded{note}")
-    return 1 if args.check and failed else 0
+        print(f"SPILL: {k['arch']} {k['kernel']}: {k['spill_stores']} bytes stored, {k['spill_loads']} loaded")
+    return 1 if args.check and spilled else 0
 
 
 if __name__ == "__main__":

@@ -663,7 +663,14 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), resident_ctas(kNB, kWarps, 
     else
       run_chain_streamed<kCode, kBlocks>(w, task.span, state);
   }
-  store_state(task.sink, task.col0 + vcol, state);
+  // The segment pass's sink is always a bf16 segment block (chain_task). Stated here, the
+  // store loses its fp32 branch, whose element offsets and the sink's dtype otherwise stay
+  // live through the chain: <2, 8> spilled 16 bytes at its 96-register cap on sm_90a. The
+  // other widths fit their caps with the runtime dtype and keep it.
+  if constexpr (kCode == PassCode::kStates && kNB == 2)
+    store_state(StateSink{task.sink.block, Dtype::kBf16}, task.col0 + vcol, state);
+  else
+    store_state(task.sink, task.col0 + vcol, state);
 }
 
 }  // namespace flash_kda::FLASH_KDA_ARCH
