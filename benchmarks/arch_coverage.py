@@ -76,6 +76,18 @@ def calls(sms):
         beta_is_logit=False)  # fmt: skip
     add("auto-32-beta-probability-bv64", 1, 1000, 3, dict(exact=False), dict(block_v=64, chunk_tokens=32),
         gate="lower_bound", beta_is_logit=False)  # fmt: skip
+    # K1 beside the pass for the gate and beta forms' K1 (fragment order in the other modes)
+    add("exact-softplus-bv64-beside", 1, 1000, 3, dict(exact=True), dict(block_v=64, overlap=1), gate="softplus")
+    add("exact-beta-probability-bv32-beside", 1, 1000, 3, dict(exact=True), dict(block_v=32, overlap=1),
+        gate="lower_bound", beta_is_logit=False)  # fmt: skip
+    # AUTO without the stable inverse: the other arches' tables do not enable it (dispatch.md),
+    # so their AUTO calls run FlashKDA's K1 for 32-token records, first and beside the pass
+    for bv in (32, 64):
+        add(f"auto-32-bv{bv}-unchecked", 1, 1000, 3, dict(exact=False),
+            dict(block_v=bv, chunk_tokens=32, overlap=-1, stable_inverse=-1))  # fmt: skip
+        add(f"auto-32-bv{bv}-unchecked-beside", 1, 1000, 3, dict(exact=False),
+            dict(block_v=bv, chunk_tokens=32, overlap=1, stable_inverse=-1))  # fmt: skip
+    add("auto-seg-bv64-unchecked", 1, 2000, 2, dict(exact=False), dict(block_v=64, segment_chunks=8, stable_inverse=-1))
     return out
 
 

@@ -14,7 +14,7 @@ import threading
 from typing import NamedTuple, Optional
 
 ABI_VERSION = 8
-TESTING_VERSION = 3  # flash_kda_testing.h
+TESTING_VERSION = 4  # flash_kda_testing.h
 LIBRARY_NAME = "libflash_kda.so"
 LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
 
@@ -198,7 +198,7 @@ DEVICE_IDS = {"current": 0, "h200": 1, "sm100": 2, "sm120": 3}
 class TestingLaunch(ctypes.Structure):
     """``flash_kda_testing_launch``: one kernel a call launched."""
 
-    _fields_ = [("name", ctypes.c_char * 64), ("kind", _i32), ("code", _i32), ("blocks", _i32), ("width", _i32),
+    _fields_ = [("name", ctypes.c_char * 96), ("kind", _i32), ("code", _i32), ("blocks", _i32), ("width", _i32),
                 ("stages", _i32), ("resident", _i32), ("smem", _i32), ("order", _i32), ("ctas", _i64)]  # fmt: skip
 
 

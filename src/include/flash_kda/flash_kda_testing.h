@@ -17,8 +17,8 @@
 
 #include <flash_kda/flash_kda.h>
 
-#define FLASH_KDA_TESTING_VERSION 3 /* 2: unvalidated_forms, stable_inverse; 3: every arch's
-                                     * code path on the GPU at hand */
+#define FLASH_KDA_TESTING_VERSION 4 /* 2: unvalidated_forms, stable_inverse; 3: every arch's
+                                     * code path on the GPU at hand; 4: launch names of 96 bytes */
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,8 +27,9 @@ extern "C" {
 /* What one call launched, kernel by kernel (flash_kda_testing_overrides.launches). */
 #define FLASH_KDA_TESTING_MAX_LAUNCHES 8
 typedef struct flash_kda_testing_launch {
-  char name[64];    /* the instantiation as the source names it: "recurrence_kernel<1, 8,
-                     * kGeneral, 1>", "prepare_overlap_kernel<1, RecordOrder::kFragments>" */
+  char name[96];    /* the instantiation as the source names it: "recurrence_kernel<1, 8,
+                     * kGeneral, 1>", "prepare_overlap_kernel<1, RecordOrder::kFragments,
+                     * K1Variant::kBoundedForms>" (the longest, 75 bytes) */
   int32_t kind;     /* 1 prefix, 2 K1 first, 3 K1 beside or leaving the pass, 4 recurrence
                      * pass (mma.sync), 5 warpgroup pass, 6 combine */
   int32_t code;     /* passes: the PassCode (0 plain, 1 general, 2 states, 3 rerun); K1
