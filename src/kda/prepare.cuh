@@ -697,8 +697,8 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
 // gamma~ = max(gamma, -C): A = k^ (*) bf(EX2(a_t)), A_q = (q^ (*) bf(EX2(a_t))) (*) sb and
 // B = k^ (*) bf(EX2(-a_t)), a_t = -B~_t in H0 and F~_t in H1, so that A_i B_j =
 // 2^(sum_{s=j+1..i} gamma~_s) for i >= j in every block. The three tiles hold these operands,
-// so Kd, Qd and Kr go to the record straight from registers. The bounds (tests/test_gates.py
-// checks them against fp64):
+// so Kd and Qd go to the record straight from registers and Kr waits in registers for a tile
+// the scores leave free. The bounds (tests/test_gates.py checks them against fp64):
 // - range: H1 sums 8 terms, H0 7, so |a_t| <= 8 C = 120: no EX2 flush, no bf16 overflow;
 // - clamp: where no token s in (j, i] has gamma_s < -C the factor is exact to rounding; else the
 //   true factor is below 2^gamma_s < 2^-C and the computed one at most 2^-C, so |dL_ij| <=
@@ -769,56 +769,26 @@ __device__ __forceinline__ float2 clamp_pair(float2 g) {
   return make_float2(max_num(g.x, -kClampLog2), max_num(g.y, -kClampLog2));
 }
 
-// Kr of rows t0 + 4 m0 .. t0 + 4 m0 + 3 (t0 = 8 th; kr[j] is row t0 + j, channels 2 cp,
-// 2 cp + 1) to the record, as the Kr^T words (key 2 cp + c, tokens t, t + 1): each the two
-// rows' halves of one key, a byte permutation (fragment order: a word a key and token pair;
-// tile order: a key's two words are 8 contiguous bytes). Called as soon as a backward sum has
-// passed the rows, so that no more than four Kr words wait in registers.
-template <RecordOrder kOrder>
-__device__ __forceinline__ void store_kr_words(uint8_t *krt, int t0, int m0,
-                                               const uint32_t (&kr)[8]) {
-  uint32_t w[2][2];  // [key 2 cp + c][token pair 2 m0 + m]
-#pragma unroll
-  for (int m = 0; m < 2; ++m) {
-    const int j = 4 * m0 + 2 * m;
-    w[0][m] = __byte_perm(kr[j], kr[j + 1], 0x5410);  // low halves: key 2 cp
-    w[1][m] = __byte_perm(kr[j], kr[j + 1], 0x7632);  // high halves: key 2 cp + 1
-  }
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    const int t = t0 + 4 * m0;
-    if constexpr (kOrder == RecordOrder::kTiles) {
-      *reinterpret_cast<uint2 *>(krt + krt_token_offset(kOrder, c, t)) =
-          make_uint2(w[c][0], w[c][1]);
-    } else {
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-        *reinterpret_cast<uint32_t *>(krt + krt_token_offset(kOrder, c, t + 2 * m)) = w[c][m];
-    }
-  }
-}
-
-// §3.2 steps U2, U3 (thread as in gate_cumsum): Kd, Qd and Kr to the record, the score operands
-// A_q, A and B in place of q^, k^ and g, and e into sm.decay. H0 sums forward (G), hands G_7
-// over and takes T, then sums backward (B, B~); H1 sums backward (D, ending at T), hands T over
-// and takes G_7, then sums forward (F, F~).
+// §3.2 steps U2, U3 (thread as in gate_cumsum): Kd and Qd to the record, the score operands A_q, A
+// and B in place of q^, k^ and g, e into sm.decay, and the thread's Kr words (row 8 th + j)
+// into kr[j]. H0 sums forward (G), hands G_7 over and takes T, then sums backward (B, B~);
+// H1 sums backward (D, ending at T), hands T over and takes G_7, then sums forward (F, F~).
 // Each sum is a sequential fp32 chain (FTZ) over the rows in the order stated; required.
 template <RecordOrder kOrder>
 __device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, const ChunkRef &ch,
-                                                 uint8_t *rec, PrepareSmem &sm) {
+                                                 uint8_t *rec, PrepareSmem &sm,
+                                                 uint32_t (&kr)[kChunk / 2]) {
   const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
   const uint32_t sb = p.scale_bf16 | (p.scale_bf16 << 16);
   float2 gamma[kChunk / 2];
   gate_values_unbounded(p, h, ch, sm.x[kG], cp, th, gamma);
   float2 *const head = reinterpret_cast<float2 *>(sm.decay) + cp;  // G_7, then e
   float2 *const tail = reinterpret_cast<float2 *>(sm.lmat) + cp;   // T (lmat is free until L)
-  uint8_t *const planes = rec + plane_pair_offset(kOrder, cp);  // + a constant a row
-  uint8_t *const krt = rec + krt_pair_offset(kOrder, cp);        // likewise
   auto kd_qd = [&](int t, float2 G) {  // Kd, Qd of row t to the record
     const uint32_t e = ex2_pair(G.x, G.y);
     const uint32_t q_hat = *pair_word(sm.x[kQ], t, cp), k_hat = *pair_word(sm.x[kK], t, cp);
-    auto *const kd = reinterpret_cast<uint32_t *>(planes + plane_row_offset(kOrder, false, t));
-    auto *const qd = reinterpret_cast<uint32_t *>(planes + plane_row_offset(kOrder, true, t));
+    auto *const kd = reinterpret_cast<uint32_t *>(rec + plane_word_offset(kOrder, false, t, cp));
+    auto *const qd = reinterpret_cast<uint32_t *>(rec + plane_word_offset(kOrder, true, t, cp));
     *kd = bf16x2_mul(k_hat, e);
     *qd = bf16x2_mul(bf16x2_mul(q_hat, e), sb);
   };
@@ -835,7 +805,6 @@ __device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, 
     return bf16x2_mul(*pair_word(sm.x[kK], t, cp), ex2_pair(D.x, D.y));
   };
   const float2 zero = make_float2(0.f, 0.f);
-  uint32_t kr[kChunk / 2];  // Kr of rows 8 th + j
   if (th == 0) {
     float2 G = zero;
 #pragma unroll
@@ -853,7 +822,6 @@ __device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, 
       operands(j, make_float2(-Bc.x, -Bc.y));
       B = add_pair(B, gamma[j]);
       Bc = add_pair(Bc, clamp_pair(gamma[j]));
-      if (j % 4 == 0) store_kr_words<kOrder>(krt, 0, j / 4, kr);
     }
   } else {
     float2 D = zero;
@@ -861,7 +829,6 @@ __device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, 
     for (int j = 7; j >= 0; --j) {
       kr[j] = kr_word(8 + j, D);
       D = add_pair(D, gamma[j]);
-      if (j % 4 == 0) store_kr_words<kOrder>(krt, 8, j / 4, kr);
     }
     *tail = D;
     cta_barrier(kHandoffBarrier, kPrepareThreads);
@@ -878,11 +845,14 @@ __device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, 
   }
 }
 
-// Warps 1-3 of the unbounded record's last stage: Mqk, the decay plane and beta. (Warp 0 forms
-// and stores INV meanwhile.)
+// Warps 1-3 of the unbounded record's last stage: Kr^T (eight tiles from the staged Kr,
+// ldmatrix.trans), Mqk, the decay plane and beta. (Warp 0 forms and stores INV meanwhile.)
 template <RecordOrder kOrder>
 __device__ __forceinline__ void store_unbounded_planes(uint8_t *rec, const PrepareSmem &sm) {
   const uint32_t tid = threadIdx.x - 32, warp = tid / 32, lane = tid % 32;
+  constexpr uint32_t kStoreWarps = kPrepareThreads / 32 - 1;
+  for (uint32_t mb = warp; mb < kKBlocks; mb += kStoreWarps)
+    store_tile<kOrder>(rec, kOffKrT + mb * kTileBytes, t_frag(sm.x[kK], mb));
   uint4 *const vec = reinterpret_cast<uint4 *>(rec);
   if (warp == 0) {
     store_tile<kOrder>(rec, kOffMqk, reinterpret_cast<const uint4 *>(sm.mqk)[lane]);
@@ -900,25 +870,28 @@ __device__ __forceinline__ void store_unbounded_planes(uint8_t *rec, const Prepa
 template <RecordOrder kOrder>
 __device__ __forceinline__ void prepare_chunk_unbounded(const FwdParams &p, int64_t h,
                                                         const ChunkRef &ch, PrepareSmem &sm) {
-  // The record's index, read where the record is written rather than held in registers through
-  // the steps (a pointer kept there would lose its global address space: generic stores).
-  __shared__ int64_t rec_index;
-  if (threadIdx.x == 0) rec_index = h * p.tiles_per_head + ch.tile;
-  const auto record = [&] { return p.records + rec_index * kRecordBytes; };
+  uint8_t *rec = p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes;
   load_chunk<true>(p, h, ch, sm);
   __syncthreads();
   l2_normalize(sm);
   __syncthreads();
-  unbounded_decays<kOrder>(p, h, ch, record(), sm);
+  uint32_t kr[kChunk / 2];
+  unbounded_decays<kOrder>(p, h, ch, rec, sm, kr);
   __syncthreads();
   chunk_scores(sm);  // L from (A, B), Mqk from (A_q, B): the tiles of Kd, Qd, Ki
+  __syncthreads();
+  {  // Kr into the tile A leaves
+    const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
+#pragma unroll
+    for (int j = 0; j < kChunk / 2; ++j) *pair_word(sm.x[kK], 8 * th + j, cp) = kr[j];
+  }
   __syncthreads();
   if (threadIdx.x < 32) {  // the q tile (A_q) is free: the fp32 inverse's scratch
     if (!neumann_inverse_checked(p, sm)) fp32_inverse16(sm);
     __syncwarp();
-    store_tile<kOrder>(record(), kOffInv, reinterpret_cast<const uint4 *>(sm.inv)[threadIdx.x]);
+    store_tile<kOrder>(rec, kOffInv, reinterpret_cast<const uint4 *>(sm.inv)[threadIdx.x]);
   } else {
-    store_unbounded_planes<kOrder>(record(), sm);
+    store_unbounded_planes<kOrder>(rec, sm);
   }
 }
 
@@ -1243,22 +1216,11 @@ __device__ __forceinline__ void prepare_record(const FwdParams &p, int64_t h, co
     prepare_chunk<kOrder, kVariant>(p, h, ch, sm);
 }
 
-// CTAs an SM prepare_kernel is bounded to: none (0) for the bounded gates, which ptxas gives
-// 40 registers unbounded; for the unbounded gates, which it would give 44-74 (eight to ten
-// CTAs an SM), twelve (40 registers), but ten (48) on sm_120 and sm_121, where it spilled 8
-// bytes at 40.
-template <K1Variant kVariant>
-constexpr int prepare_ctas() {
-  if (kVariant != K1Variant::kUnbounded) return 0;
-  return FLASH_KDA_CC >= 120 ? 10 : 12;
-}
-
 // K1 before the recurrence: grid (records, heads), one record per CTA, in kOrder (tile
 // order where the first pass is the warpgroup pass).
 template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments,
           K1Variant kVariant = K1Variant::kBounded>
-__global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, prepare_ctas<kVariant>())
-    prepare_kernel(const FwdParams p) {
+__global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(const FwdParams p) {
   static_assert(kBlocks == 1 || kVariant != K1Variant::kUnbounded,
                 "unbounded gates take 16-token records");
   auto &sm = K1Shape<kBlocks>::smem();
@@ -1272,8 +1234,9 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, prepare_ctas<kVari
 // beside that pass's CTAs (the launch sizes it), which lets the pass launch
 // (allow_dependents) and takes items from a counter in locate_item's order, publishing
 // each record's ready flag once the whole CTA has written it. Bounded to 40 registers
-// (overlap_ctas) so that its CTAs stay small beside the pass (the 16-token kernel; the
-// 32-token one runs three an SM, one of them beside a <1, 4> pass CTA: design §4.8).
+// (53 unbounded; the loop's state spills 40 bytes, once per record) so that its CTAs
+// stay small beside the pass (the 16-token kernel; the 32-token one runs three an SM, one
+// of them beside a <1, 4> pass CTA: design §4.8).
 //
 // K1 leaving the pass's SMs (p.leave_sms > 0; the grid then fills every SM): a CTA on an
 // SM with %smid below leave_sms takes no more items once leave_after items are taken (the
@@ -1284,14 +1247,13 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, prepare_ctas<kVari
 // they leave: it runs beside no K1 CTA while the other SMs write its records.
 constexpr uint32_t kNoItem = 0xffffffffu;  // above any item count (prepare_items < 2^31)
 
-// CTAs an SM the overlap kernel is bounded to. The unbounded gates' K1 (design §2.5) keeps
-// twelve (40 registers) since it stores Kr straight from registers and holds no item state
-// through the record (it spilled ~110 bytes at 40 when Kr waited in registers for the scores).
-// The 16-token kBoundedForms K1 keeps twelve (40 registers) but on sm_120 and sm_121, where its
-// residual test spilled 16 bytes at 40: ten there (48).
+// CTAs an SM the overlap kernel is bounded to. The unbounded gates' K1 (design §2.5) holds more
+// per thread: eight (64 registers; bounded to 40 its decays spilled ~110 bytes). The 16-token
+// kBoundedForms K1 keeps twelve (40 registers) but on sm_120 and sm_121, where its residual test
+// spilled 16 bytes at 40: ten there (48).
 template <int kBlocks, K1Variant kVariant>
 constexpr int overlap_ctas() {
-  if (kVariant == K1Variant::kUnbounded) return 12;
+  if (kVariant == K1Variant::kUnbounded) return 8;
   if (kVariant == K1Variant::kBoundedForms && kBlocks == 1 && FLASH_KDA_CC >= 120) return 10;
   return K1Shape<kBlocks>::kOverlapCtas;
 }
@@ -1318,27 +1280,10 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, overlap_ctas<kBloc
     if (i >= static_cast<uint32_t>(p.prepare_items)) return;  // CTA-uniform
     int64_t h;
     ChunkRef ch;
-    if constexpr (kVariant == K1Variant::kUnbounded) {
-      // Set, so that what locate_item leaves unset (a false return) is not the last item's
-      // values, live (spilled at 40 registers) through the record.
-      h = 0;
-      ch = {};
-    }
     const bool valid = locate_item(p, static_cast<int32_t>(i), h, ch);
     if (valid) prepare_record<kVariant, kOrder>(p, h, ch, sm);
     __syncthreads();  // every record store before the flag; smem and `next` free again
-    if (valid && threadIdx.x == 0) {
-      if constexpr (kVariant == K1Variant::kUnbounded) {
-        // The item's place, found again (`next` holds it until thread 0 takes another)
-        // rather than kept live through the unbounded record.
-        int64_t head = 0;
-        ChunkRef at = {};
-        locate_item(p, static_cast<int32_t>(next), head, at);
-        publish_flag(p.ready + head * p.tiles_per_head + at.tile);
-      } else {
-        publish_flag(p.ready + h * p.tiles_per_head + ch.tile);
-      }
-    }
+    if (valid && threadIdx.x == 0) publish_flag(p.ready + h * p.tiles_per_head + ch.tile);
   }
 }
 

@@ -202,23 +202,15 @@ enum class RecordOrder { kFragments, kTiles };
 
 // Byte offset in a 16-token record of the word holding (row t, columns 2 cp, 2 cp + 1) of the
 // Kd plane (or the Qd plane), in `order`: where the unbounded gates' K1 stores Kd and Qd
-// straight from registers (prepare.cuh unbounded_decays; design §4.4). It is the sum of a
-// part of the channel pair alone and a part of the plane and row alone, so that a thread
-// forms one address for its pair and reaches each row's word by a constant offset.
-constexpr int plane_pair_offset(RecordOrder order, int cp) {
-  const int kb = cp / 8, c = cp % 8;  // k-block; pair within it
-  if (order == RecordOrder::kFragments) return kb * kTileBytes + 16 * (c % 4) + 8 * (c / 4);
-  return kb * RecordTiles::kKdQdStride + (c / 4) * RecordTiles::kCoreKBytes + 4 * (c % 4);
-}
-
-constexpr int plane_row_offset(RecordOrder order, bool qd, int t) {
-  if (order == RecordOrder::kFragments) return (qd ? kOffQd : kOffKd) + 64 * (t % 8) + 4 * (t / 8);
-  return RecordTiles::kKdQd + (qd ? RecordTiles::kQdInBlock : 0) +
-         (t / 8) * RecordTiles::kCoreRowBytes + 16 * (t % 8);
-}
-
+// straight from registers (prepare.cuh unbounded_decays; design §4.4).
 constexpr int plane_word_offset(RecordOrder order, bool qd, int t, int cp) {
-  return plane_pair_offset(order, cp) + plane_row_offset(order, qd, t);
+  const int kb = cp / 8, c = cp % 8;  // k-block; pair within it
+  if (order == RecordOrder::kFragments)
+    return (qd ? kOffQd : kOffKd) + kb * kTileBytes +
+           4 * (((t % 8) * 4 + c % 4) * 4 + t / 8 + 2 * (c / 4));
+  return RecordTiles::kKdQd + kb * RecordTiles::kKdQdStride + (qd ? RecordTiles::kQdInBlock : 0) +
+         (t / 8) * RecordTiles::kCoreRowBytes + (c / 4) * RecordTiles::kCoreKBytes + 16 * (t % 8) +
+         4 * (c % 4);
 }
 
 // The words land where the fragments (frag_a_index) and the tile-order vectors (tile_vec_row,
@@ -240,55 +232,6 @@ constexpr bool plane_words_consistent() {
   return true;
 }
 static_assert(plane_words_consistent(), "Kd / Qd words of the unbounded gates' K1");
-
-// Byte offset in a 16-token record of the Kr^T word holding (key k = 2 cp + c, tokens t, t + 1),
-// t even, in `order`: where the unbounded gates' K1 stores Kr straight from registers, the
-// word that store_tile puts there from t_frag of a row-major Kr tile. Again a part of the
-// channel pair alone and a part of c and t alone. In tile order the words of tokens
-// 8 h .. 8 h + 7 of one key are 16 contiguous bytes (one vector).
-constexpr int krt_pair_offset(RecordOrder order, int cp) {
-  const int kb = cp / 8, c = cp % 8;  // key block; pair within it
-  if (order == RecordOrder::kFragments) return kb * kTileBytes + 128 * (c % 4) + 4 * (c / 4);
-  return kb * kTileBytes + (c / 4) * RecordTiles::kCoreRowBytes + 32 * (c % 4);
-}
-
-constexpr int krt_token_offset(RecordOrder order, int c, int t) {
-  if (order == RecordOrder::kFragments) return kOffKrT + 64 * c + 16 * ((t % 8) / 2) + 8 * (t / 8);
-  return RecordTiles::kKrT + 16 * c + (t / 8) * RecordTiles::kCoreKBytes + 4 * ((t % 8) / 2);
-}
-
-// The Kr^T words land where the fragments (frag_a_index, rows k, columns t) and their
-// tile-order words (tile_word_offset) put those elements, and a tile-order vector is aligned.
-constexpr bool krt_words_consistent() {
-  for (int k = 0; k < kHeadDim; ++k)
-    for (int t = 0; t < kChunk; t += 2) {
-      const int cp = k / 2, c = k % 2, i = k % 16, block = kOffKrT + (k / 16) * kTileBytes;
-      if (krt_pair_offset(RecordOrder::kFragments, cp) +
-              krt_token_offset(RecordOrder::kFragments, c, t) !=
-          block + 2 * frag_a_index(i, t))
-        return false;
-      if (frag_a_index(i, t + 1) != frag_a_index(i, t) + 1) return false;
-      int tile = -1;
-      for (int r = 0; r < 4; ++r)
-        for (int lane = 0; lane < 32; ++lane)
-          if (8 * (r % 2) + lane / 4 == i && 8 * (r / 2) + 2 * (lane % 4) == t)
-            tile = block + tile_word_offset(r, lane);
-      if (krt_pair_offset(RecordOrder::kTiles, cp) + krt_token_offset(RecordOrder::kTiles, c, t) !=
-          tile)
-        return false;
-      if (t % 8 == 0 &&
-          (krt_pair_offset(RecordOrder::kTiles, cp) + krt_token_offset(RecordOrder::kTiles, c, t)) %
-                  16 !=
-              0)
-        return false;
-      for (int u = t + 2; u < t / 8 * 8 + 8; u += 2)
-        if (krt_token_offset(RecordOrder::kTiles, c, u) !=
-            krt_token_offset(RecordOrder::kTiles, c, t) + 2 * (u - t))
-          return false;
-    }
-  return true;
-}
-static_assert(krt_words_consistent(), "Kr^T words of the unbounded gates' K1");
 
 // Records per head: an upper bound on the chunks of `tokens` tokens (16 or 32) of any
 // split of total_tokens into num_seqs sequences (design §1.6).
