@@ -15,12 +15,17 @@ import flash_kda
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import OUT_TOLERANCE, RATIO, STATE_TOLERANCE, assert_bitwise, rel_err
+from conftest import OUT_TOLERANCE, STATE_TOLERANCE, assert_bitwise, rel_err
 from flash_kda import _cp_plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 LONG_MEMORY_TOLERANCE = 0.01  # design section 3.6: inputs whose state remembers ~100 chunks
+# A rank's error against the one-process call's, beside the absolute bounds: a rank runs its own
+# call, whose automatic plan (chunk length, segments) is its own shape's, so a short row's
+# rounding path differs from the one-process call's (on the H200 a 33-token row's final state
+# erred 0.0052 against the one-process 0.0039, a 170-token row's 0.0044 against 0.0038).
+CP_RATIO = 1.5
 WORKER = os.path.join(os.path.dirname(__file__), "cp_worker.py")
 
 
@@ -274,7 +279,7 @@ def check_case(case, runs, device):
     if total:
         assert torch.isfinite(out[:, :total]).all()
         err, base = rel_err(out[:, :total], gold_out), rel_err(single_out[:, :total], gold_out)
-        assert err <= out_bound and err <= RATIO * base + 1e-4, (err, base)
+        assert err <= out_bound and err <= CP_RATIO * base + 1e-4, (err, base)
     if case.fla or runs[0][0]["final"] is None:
         return out, single_out
     untouched = p["final_state"].cpu() if case.pool is not None and case.pool[3] else None
@@ -290,7 +295,7 @@ def check_case(case, runs, device):
         if gold_final[row].norm() == 0 or case.lens[row] == 0:  # nothing ran: the start state, rounded
             assert_bitwise(got, single_final[slot], f"final state of empty sequence {row}")
         else:
-            assert err <= state_bound and err <= RATIO * base + 1e-4, (row, err, base)
+            assert err <= state_bound and err <= CP_RATIO * base + 1e-4, (row, err, base)
         for r, run in enumerate(runs):
             if r != mine:
                 before = untouched[slot] if untouched is not None else torch.full_like(got, cp_cases.NAN)
