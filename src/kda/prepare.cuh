@@ -424,15 +424,15 @@ __device__ __forceinline__ Tile16 neumann_product(const Tile16 &l) {
   return add_f16(n2, mma16(n2, p8));
 }
 
-// The stable inverse (AUTO mode, design §2.6). The fp16 product N of a block is sound where
-// the residual R = N + MMA16(L, N) - I, each entry an fp32 sum of the two fp16 values (RN)
-// and 1 subtracted on the diagonal, has every |R_ij| <= kInverseTolerance (NaN is not).
+// The stable inverse (AUTO mode, design §2.6). The fp16 product N of a diagonal block is sound
+// where the residual R = N + MMA16(L, N) - I, each entry an fp32 sum of the two fp16 values
+// (RN) and 1 subtracted on the diagonal, has every |R_ij| <= kInverseTolerance (NaN is not).
 // Warp-uniform (a vote).
 constexpr float kInverseTolerance = 0.00390625f;  // 2^-8
 
-__device__ __forceinline__ bool residual_sound(const Tile16 &a, const Tile16 &b, bool diagonal,
-                                               bool ok = true) {
+__device__ __forceinline__ bool residual_sound(const Tile16 &a, const Tile16 &b) {
   const int lane = threadIdx.x % 32, g = lane / 4, cq = lane % 4;
+  bool ok = true;
 #pragma unroll
   for (int idx = 0; idx < 4; ++idx) {
     const int nb = idx / 2, r = idx % 2;
@@ -441,7 +441,7 @@ __device__ __forceinline__ bool residual_sound(const Tile16 &a, const Tile16 &b,
       const int i = g + 8 * r, j = 8 * nb + 2 * cq + c;
       const uint32_t wa = a.c[nb][r], wb = b.c[nb][r];
       float x = add_rn(f16_to_f32(c ? hi16(wa) : lo16(wa)), f16_to_f32(c ? hi16(wb) : lo16(wb)));
-      if (diagonal && i == j) x = add_rn(x, -1.f);
+      if (i == j) x = add_rn(x, -1.f);
       ok = ok && fabsf(x) <= kInverseTolerance;
     }
   }
@@ -451,7 +451,7 @@ __device__ __forceinline__ bool residual_sound(const Tile16 &a, const Tile16 &b,
 // N + MMA16(L, N) - I within tolerance (a diagonal block; L reloaded from its row-major block
 // rather than kept live through the Neumann product: the 40-register K1 spilled otherwise).
 __device__ __forceinline__ bool neumann_sound(const uint16_t (*lmat)[kChunk], const Tile16 &n) {
-  return residual_sound(n, mma16(load_tile16(lmat), n), true);
+  return residual_sound(n, mma16(load_tile16(lmat), n));
 }
 
 // (f(x) - f(y)) - f(e) within tolerance (the cross block of a 32-token chunk, cross_inverse32).
