@@ -325,8 +325,9 @@ def degenerate_problem(kind, gate, beta, *, batch=1, seqlen=256, heads=2, device
 
 
 def chunk_l(call, ops) -> torch.Tensor:
-    """Step 8's fp16 L of every chunk of a validated call (16-token chunks), as the reference
-    forms it for the call's gate and beta forms (with `ops`: exact math or the GPU's probes)."""
+    """The fp16 L (design §3.2 step 8) of every chunk of a validated call (16-token chunks), as
+    the reference forms it for the call's gate and beta forms (with `ops`: exact math or the
+    GPU's probes)."""
     from flash_kda import reference
 
     chunks = reference.chunk_table(call.batch, call.seqlen, call.seq_bounds, call.q.device)
