@@ -38,13 +38,6 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 ENVIRON = os.environ._data if isinstance(getattr(os.environ, "_data", None), dict) and os.name == "posix" else None
 
 
-def env_is(name: str, value: str) -> bool:
-    """``os.environ.get(name) == value``."""
-    if ENVIRON is not None:
-        return ENVIRON.get(name.encode()) == value.encode()
-    return os.environ.get(name) == value
-
-
 _EXACT_KEY, _ONE = EXACT_ENV.encode(), b"1"
 
 
