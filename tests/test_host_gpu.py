@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""The eager host path on the GPU: a repeated signature's prepacked launch gives the
-validated path's bits and still refuses data faults; the cached workspace is safe across
+"""The eager host path on the GPU: a repeated signature's prepacked launch and then its launch
+from C (``_eager``, torch >= 2.10) give the validated path's bits and still refuse data faults; the cached workspace is safe across
 streams and next to CUDA-graph replays; calls without tokens give the start states without a
 host synchronisation (so they can be captured)."""
 
@@ -13,6 +13,21 @@ from flash_kda import _validate, testing
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu")]
 DEV = "cuda"
 bf16, fp32 = torch.bfloat16, torch.float32
+
+
+EAGER_IN_C = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 10)
+
+
+def through_c(p, **keywords):
+    """One call of p's signature, after the calls that taught it to the eager launch in C,
+    which must have launched it (where torch has the stable C ABI: >= 2.10)."""
+    before = testing.eager_launches() or 0
+    q = fresh(p)
+    call(flash_kda.fwd, q, **keywords)
+    if EAGER_IN_C:
+        assert testing.eager_attach_error() is None, testing.eager_attach_error()
+        assert testing.eager_launches() == before + 1, "the eager launch in C did not run the call"
+    return q
 
 
 def fresh(p):
@@ -41,11 +56,13 @@ def test_the_prepacked_launch_gives_the_validated_path_s_bits(name, exact):
     record = _validate.record_of(call(_validate.signature, first, exact=exact))
     assert record is not None and record.launch is not None, "the signature got no prepacked launch"
     second = fresh(p)
-    call(flash_kda.fwd, second, exact=exact)  # prepacked
+    call(flash_kda.fwd, second, exact=exact)  # prepacked, which teaches the eager launch in C
+    third = through_c(p, exact=exact)
     torch.cuda.synchronize()
-    assert_bitwise(second["out"], first["out"], "out")
-    if p.get("final_state") is not p.get("initial_state"):
-        assert_bitwise(second["final_state"], first["final_state"], "final_state")
+    for later in (second, third):
+        assert_bitwise(later["out"], first["out"], "out")
+        if p.get("final_state") is not p.get("initial_state"):
+            assert_bitwise(later["final_state"], first["final_state"], "final_state")
 
 
 def misaligned(x):
@@ -53,23 +70,42 @@ def misaligned(x):
     return buf[1 : 1 + x.numel()].view(x.shape).copy_(x)
 
 
-@pytest.mark.parametrize("fault", ["q-misaligned", "out-overlaps-k"])
+@pytest.mark.parametrize("fault", ["q-misaligned", "out-overlaps-k", "final-overlaps-initial", "A_log-misaligned"])
 def test_a_prepacked_signature_refuses_data_faults_before_writing(fault):
     testing.clear_caches()
-    p = make_problem(1, 256, 4, final=fp32, device=DEV, seed=3)
+    p = make_problem(1, 256, 4, initial=fp32, final=fp32, device=DEV, seed=3)
     call(flash_kda.fwd, fresh(p))
     call(flash_kda.fwd, fresh(p))  # the record and its prepacked launch
+    call(flash_kda.fwd, fresh(p))  # prepacked: teaches the eager launch in C
+    through_c(p)
     bad = fresh(p)
     if fault == "q-misaligned":
         bad["q"], message = misaligned(p["q"]), "q must be 16-byte aligned"
-    else:
+    elif fault == "out-overlaps-k":
         bad["out"], message = bad["k"], "out must not overlap k in memory"
+    elif fault == "final-overlaps-initial":  # the same bytes shifted by one state row
+        pool = torch.full((p["final_state"].numel() + 128,), float("nan"), dtype=fp32, device=DEV)
+        bad["initial_state"] = pool[:-128].view(p["final_state"].shape).copy_(p["initial_state"])
+        bad["final_state"] = pool[128:].view(p["final_state"].shape)
+        message = "final_state must not overlap initial_state|initial_state must not overlap final_state"
+    else:  # widened by the validated path, so the launch from C leaves it there
+        bad["A_log"], message = misaligned(p["A_log"]), None
     assert call(_validate.signature, bad) == call(_validate.signature, p)
+    launched = testing.eager_launches()
+    if message is None:
+        call(flash_kda.fwd, bad)
+        expected = fresh(p)
+        call(flash_kda.fwd, expected)
+        torch.cuda.synchronize()
+        assert_bitwise(bad["out"], expected["out"], "out with a misaligned A_log")
+        assert testing.eager_launches() == (None if launched is None else launched + 1)
+        return
     before = bad["final_state"].clone()
     with pytest.raises(ValueError, match=message):
         call(flash_kda.fwd, bad)
     torch.cuda.synchronize()
     assert torch.isnan(before).all() and torch.isnan(bad["final_state"]).all(), "a refused call wrote"
+    assert testing.eager_launches() == launched, "the eager launch in C ran a refused call"
 
 
 def test_the_cached_workspace_is_safe_across_streams_and_graph_replays():

@@ -3,10 +3,12 @@
 
     python wheels/check_wheel.py WHEEL [--archs 90a,100a] [--smoke "torch==2.13.0"]
 
-Checks: the tag is ``py3-none-manylinux_*``; the wheel holds exactly one shared library,
-``flash_kda/libflash_kda.so``; its NEEDED entries are only libc, libm, libdl, libpthread,
-librt, libstdc++, libgcc_s and the loader (no libtorch, libpython, libcudart or libcuda:
-libcuda is opened at run time); it exports only ``flash_kda_*`` symbols; the arches are
+Checks: the tag is ``py3-none-manylinux_*``; the wheel holds exactly two shared libraries,
+``flash_kda/libflash_kda.so`` (the kernels) and ``flash_kda/libflash_kda_torch.so`` (the
+eager launch through torch's stable C ABI); their NEEDED entries are only libc, libm, libdl,
+libpthread, librt, libstdc++, libgcc_s and the loader (no libtorch, libpython, libcudart or
+libcuda: libcuda is opened at run time, torch's C functions are looked up in the process);
+they export only ``flash_kda_*`` symbols; the arches are
 right; every stage release of the recurrence kernels follows a proxy fence (SASS); the wheel
 is at most 100 MB; and with ``--smoke``, ``pip install WHEEL`` in a clean
 venv followed by ``python -m flash_kda info`` works. Uses readelf (binutils) and cuobjdump
@@ -38,6 +40,7 @@ ALLOWED_NEEDED = re.compile(
     r"libgcc_s\.so\.1|ld-linux-x86-64\.so\.2|ld-linux-aarch64\.so\.1)$"
 )
 LIBRARY = "flash_kda/libflash_kda.so"
+TORCH_LIBRARY = "flash_kda/libflash_kda_torch.so"
 BUILD_INFO = "flash_kda/_build_info.py"
 MAX_MB = 100
 
@@ -207,14 +210,15 @@ def check_smoke(path, torch_spec, pip_args, pure=False):
 
 
 def check_contents(zf, tmp, pinned):
-    """The checks on the wheel's files: one library, the arches, the library's NEEDED, exports
-    and cubins (against BUILT_ARCHS, or the pinned list when the build info is missing)."""
+    """The checks on the wheel's files: the two libraries, the arches, each library's NEEDED and
+    exports, the kernel library's cubins (against BUILT_ARCHS, or the pinned list when the
+    build info is missing)."""
     libs = [n for n in zf.namelist() if ".so" in os.path.basename(n)]
     info = read_build_info(zf.read(BUILD_INFO).decode()) if BUILD_INFO in zf.namelist() else None
     if is_pure(info):
         return [("library", not libs, ", ".join(libs) or "none (FLASH_KDA_CUDA_ARCHS=none)"),
                 ("archs", info["BUILT_ARCHS"] == (), ", ".join(info["BUILT_ARCHS"]) or "none")]  # fmt: skip
-    results = [("library", libs == [LIBRARY], ", ".join(libs) or "none")]
+    results = [("library", sorted(libs) == [LIBRARY, TORCH_LIBRARY], ", ".join(libs) or "none")]
     if info is None:
         results.append(("archs", False, f"{BUILD_INFO} missing: the wheel does not say what it built"))
     else:
@@ -226,6 +230,9 @@ def check_contents(zf, tmp, pinned):
         if built:
             results.append(("cubins", *check_cubins(so, built)))
         results.append(("fences", *check_stage_fences(so)))
+    if TORCH_LIBRARY in libs:
+        so = zf.extract(TORCH_LIBRARY, tmp)
+        results += [("NEEDED (eager)", *check_needed(so)), ("exports (eager)", *check_exports(so))]
     return results
 
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from . import _args, _native, _validate
+from . import _args, _eager, _native, _validate
 
 _DTYPE_CODES = {
     None: _native.DTYPE_NONE,
@@ -35,6 +35,9 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _exchange_device = getattr(torch.cuda, "_exchange_device", None)
 _maybe_exchange_device = getattr(torch.cuda, "_maybe_exchange_device", None)
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+
+
+capturing = _capturing  # () -> whether the current stream of the current device captures a graph
 
 
 def current_stream(index: int) -> int:
@@ -137,10 +140,12 @@ def workspace(device: torch.device, index: int, stream: int, nbytes: int) -> tor
     cached = _workspaces.get(key)
     if cached is None or cached.numel() < nbytes:
         cached = _workspaces[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        _eager.set_workspace(index, stream, cached)
     return cached
 
 
 def clear_workspaces() -> None:
+    _eager.forget()
     _workspaces.clear()
 
 
@@ -270,6 +275,20 @@ def prepacked(call: _validate.FwdCall, args: _native.FwdArgs, nbytes: int, lib, 
                      final_state, cu_seqlens, ssm_state_indices, has_initial_state, checkpoints, call)  # fmt: skip
         return True
 
+    def learn(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+              ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate,
+              beta_is_logit) -> None:  # fmt: skip
+        """After a launch of this signature: hand it to the eager launch in C (_eager), which
+        then runs the signature's next calls."""
+        so = _eager.attach(lib)
+        if so is not None:
+            for (device_index, stream), tensor in list(_workspaces.items()):  # those cached before it attached
+                _eager.set_workspace(device_index, stream, tensor)
+            _eager.learn(so, template, cc, index, nbytes, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
+                         initial_state, final_state, cu_seqlens, ssm_state_indices, has_initial_state,
+                         checkpoint_every, checkpoints, exact, max_seqlen, gate, beta_is_logit)  # fmt: skip
+
+    launch.learn = learn
     return launch
 
 

@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from . import _launch, _native, _numerics, _sizes, _validate, dispatch
+from . import _eager, _launch, _native, _numerics, _sizes, _validate, dispatch
 
 OVERRIDES = tuple(name for name, _ in _native.OVERRIDE_FIELDS)  # block_v, segment_chunks, ..., launches
 SIGNATURE_CACHE_SIZE = _validate.SIGNATURE_CACHE_SIZE
@@ -237,6 +237,16 @@ def signature_record(*args, **keywords):
 def cached_workspaces() -> int:
     """Workspaces the native path holds for reuse (one per device and stream)."""
     return len(_launch._workspaces)
+
+
+def eager_launches() -> Optional[int]:
+    """Calls the eager launch in C (``_eager``) has run, or None while it is not attached."""
+    return _eager.launches()
+
+
+def eager_attach_error() -> Optional[str]:
+    """Why the eager launch in C is not attached (None: attached, or not tried yet)."""
+    return _eager.attach_error()
 
 
 def clear_caches() -> None:

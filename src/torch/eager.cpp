@@ -1,0 +1,387 @@
+// SPDX-License-Identifier: MIT
+// libflash_kda_torch: the eager call of a known signature in C (docs/dispatch.md, "The eager
+// launch"). It implements the internal op flash_kda::eager_launch, whose schema the package
+// defines (python/flash_kda/_eager.py), for torch's CUDA and CPU dispatch keys through
+// torch's stable C ABI (torch >= 2.10).
+//
+// The package validates a call of a new signature completely in Python and then hands this
+// library the call's flash_kda_fwd_args (a learn call, the same tensors). A later call of the
+// same signature (every shape, stride, dtype, device and flag equal; any data pointers) is
+// then read here, in a few hundred nanoseconds: its tensors' pointers are patched into the
+// learned arguments and flash_kda_fwd runs them, whose own checks (NULL, alignment, overlap)
+// run on every call. Anything else (a signature not learned, a gate parameter or index
+// tensor that the Python path would copy to align it, no workspace for the stream) returns
+// kMiss and the Python path runs the call.
+//
+// No link dependency: torch's C functions are looked up once in the loaded libtorch
+// (dlopen RTLD_NOLOAD), and flash_kda_fwd is passed in by address, so this library loads in
+// any process and does nothing until flash_kda_torch_attach succeeds.
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "flash_kda/flash_kda.h"
+
+#define FLASH_KDA_TORCH_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using Value = uint64_t;  // torch's StableIValue: one 64-bit word per argument
+using Handle = void *;   // torch's AtenTensorHandle
+using BoxedFn = void (*)(Value *, uint64_t, uint64_t);
+using FwdFn = flash_kda_status (*)(int32_t, const flash_kda_fwd_args *, void *);
+
+// The op's arguments in schema order (_eager.SCHEMA): the tensors of flash_kda.fwd in its
+// order, then the scalars, then `learn`.
+enum Slot : int {
+  kQ, kK, kV, kG, kBeta, kOut,  // tensors
+  kALog, kDtBias, kInitial, kFinal, kCuSeqlens, kIndices, kHasInitial, kCheckpoints,  // Tensor?
+  kScale,            // float
+  kLowerBound,       // float?
+  kCheckpointEvery,  // int, -1 for None
+  kExact,            // bool: the resolved mode
+  kMaxSeqlen,        // int, -1 for None
+  kGate,             // int: flash_kda_gate
+  kBetaIsLogit,      // bool
+  kLearn,            // int: 0, or the address of a flash_kda_torch_learned
+  kSlots
+};
+constexpr int kTensors = kScale;
+constexpr int kFirstOptional = kALog;
+constexpr const char *kSlotNames =
+    "q,k,v,g,beta,out,A_log,dt_bias,initial_state,final_state,cu_seqlens,ssm_state_indices,"
+    "has_initial_state,checkpoints,scale,lower_bound,checkpoint_every,exact,max_seqlen,gate,"
+    "beta_is_logit,learn";
+
+constexpr int64_t kMiss = -1;
+constexpr int kMaxDims = 4;
+// Per tensor: present, dtype, device type, device index, dim, sizes, strides; then the six
+// scalars, the lower bound's presence and whether final_state is initial_state.
+constexpr int kKeyWords = kTensors * (5 + 2 * kMaxDims) + 8;
+constexpr int kRecords = 64;  // signatures kept (the Python records' bound)
+constexpr uint64_t kAbi210 = (2ULL << 56) | (10ULL << 48);  // the stable ABI this file follows
+
+// torch's C functions (torch/csrc/inductor/aoti_torch/c/shim.h, stable/c/shim.h).
+struct Torch {
+  int32_t (*data_ptr)(Handle, void **);
+  int32_t (*dim)(Handle, int64_t *);
+  int32_t (*sizes)(Handle, int64_t **);
+  int32_t (*strides)(Handle, int64_t **);
+  int32_t (*dtype)(Handle, int32_t *);
+  int32_t (*device_type)(Handle, int32_t *);
+  int32_t (*device_index)(Handle, int32_t *);
+  int32_t (*release)(Handle);
+  int32_t (*library_init_impl)(const char *, const char *, const char *, uint32_t, void **);
+  int32_t (*library_impl)(void *, const char *, BoxedFn, uint64_t);
+  int32_t (*device_type_cuda)();
+  // libtorch_cuda
+  int32_t (*current_stream)(int32_t, void **);
+  int32_t (*current_device)(int32_t *);
+  int32_t (*create_guard)(int32_t, void **);
+  int32_t (*delete_guard)(void *);
+};
+
+Torch torch_fns{};
+FwdFn fwd_fn = nullptr;
+int32_t cuda_type = -1;
+
+// What the package passes with a learn call: the validated call's arguments (pointers
+// included; they are replaced per call), the device's arch and index and the workspace the
+// plan needs.
+struct Learned {
+  const flash_kda_fwd_args *args;
+  int32_t compute_capability;
+  int32_t device;
+  int64_t workspace_bytes;
+};
+
+struct Record {
+  bool used = false;
+  uint64_t hash = 0;
+  int64_t key[kKeyWords];
+  flash_kda_fwd_args args;
+  int32_t compute_capability, device;
+  int64_t workspace_bytes;
+};
+
+struct Workspace {
+  int32_t device;
+  void *stream, *ptr;
+  int64_t bytes;
+};
+
+std::mutex lock;
+Record records[kRecords];
+int next_victim = 0;
+std::vector<Workspace> workspaces;
+std::atomic<int64_t> launches{0};  // calls this library launched (for the tests)
+
+// One argument's tensor (owned: released by Args), or nullptr for None.
+struct Args {
+  Value *stack;
+  Handle tensors[kTensors] = {};
+  Args(Value *s) : stack(s) {
+    for (int i = 0; i < kTensors; ++i) {
+      if (i < kFirstOptional) {
+        tensors[i] = reinterpret_cast<Handle>(s[i]);
+      } else if (Value *boxed = reinterpret_cast<Value *>(s[i])) {  // T?: a heap box or NULL
+        tensors[i] = reinterpret_cast<Handle>(*boxed);
+        delete boxed;
+      }
+    }
+  }
+  ~Args() {
+    for (Handle t : tensors)
+      if (t != nullptr) torch_fns.release(t);
+  }
+  void *ptr(int slot) const {
+    void *p = nullptr;
+    if (tensors[slot] != nullptr) torch_fns.data_ptr(tensors[slot], &p);
+    return p;
+  }
+};
+
+double as_double(Value v) {
+  double d;
+  std::memcpy(&d, &v, sizeof(d));
+  return d;
+}
+
+// The signature of a call: every word that the Python validation's signature reads
+// (python/flash_kda/_validate.py: signature), pointers aside. False for a tensor of more than
+// kMaxDims dimensions (never valid: the Python path says why).
+bool key_of(const Args &a, Value *stack, int64_t *key, bool &lower_bound_present) {
+  int64_t *w = key;
+  for (int i = 0; i < kTensors; ++i) {
+    Handle t = a.tensors[i];
+    if (t == nullptr) {
+      for (int j = 0; j < 5 + 2 * kMaxDims; ++j) *w++ = 0;
+      continue;
+    }
+    int64_t dim = 0, *sizes = nullptr, *strides = nullptr;
+    int32_t dtype = 0, type = 0, index = 0;
+    torch_fns.dim(t, &dim);
+    if (dim > kMaxDims) return false;
+    torch_fns.sizes(t, &sizes);
+    torch_fns.strides(t, &strides);
+    torch_fns.dtype(t, &dtype);
+    torch_fns.device_type(t, &type);
+    torch_fns.device_index(t, &index);
+    *w++ = 1;
+    *w++ = dtype;
+    *w++ = type;
+    *w++ = index;
+    *w++ = dim;
+    for (int d = 0; d < kMaxDims; ++d) *w++ = d < dim ? sizes[d] : 0;
+    for (int d = 0; d < kMaxDims; ++d) *w++ = d < dim ? strides[d] : 0;
+  }
+  Value *boxed = reinterpret_cast<Value *>(stack[kLowerBound]);
+  lower_bound_present = boxed != nullptr;
+  const Value lower_bound = boxed != nullptr ? *boxed : 0;
+  delete boxed;
+  *w++ = static_cast<int64_t>(stack[kScale]);
+  *w++ = lower_bound_present;
+  *w++ = static_cast<int64_t>(lower_bound);
+  *w++ = static_cast<int64_t>(stack[kCheckpointEvery]);
+  *w++ = static_cast<int64_t>(stack[kExact] & 0xff);
+  *w++ = static_cast<int64_t>(stack[kMaxSeqlen]);
+  *w++ = static_cast<int64_t>(stack[kGate]) * 2 + static_cast<int64_t>(stack[kBetaIsLogit] & 0xff);
+  *w++ = a.tensors[kInitial] != nullptr && a.ptr(kInitial) == a.ptr(kFinal);  // in place
+  return w - key == kKeyWords;
+}
+
+uint64_t hash_of(const int64_t *key) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (int i = 0; i < kKeyWords; ++i) h = (h ^ static_cast<uint64_t>(key[i])) * 0x100000001b3ULL;
+  return h;
+}
+
+// The learned record of a key, copied out under the lock (nullptr-equivalent: false).
+bool find(uint64_t hash, const int64_t *key, Record &out) {
+  std::lock_guard<std::mutex> guard(lock);
+  for (const Record &r : records)
+    if (r.used && r.hash == hash && std::memcmp(r.key, key, sizeof(r.key)) == 0) {
+      out.args = r.args;
+      out.compute_capability = r.compute_capability;
+      out.device = r.device;
+      out.workspace_bytes = r.workspace_bytes;
+      return true;
+    }
+  return false;
+}
+
+void learn(uint64_t hash, const int64_t *key, const Learned &l) {
+  std::lock_guard<std::mutex> guard(lock);
+  Record *slot = nullptr;
+  for (Record &r : records)
+    if (r.used && r.hash == hash && std::memcmp(r.key, key, sizeof(r.key)) == 0) slot = &r;
+  if (slot == nullptr) {
+    slot = &records[next_victim];
+    next_victim = (next_victim + 1) % kRecords;
+  }
+  slot->used = true;
+  slot->hash = hash;
+  std::memcpy(slot->key, key, sizeof(slot->key));
+  slot->args = *l.args;
+  slot->compute_capability = l.compute_capability;
+  slot->device = l.device;
+  slot->workspace_bytes = l.workspace_bytes;
+}
+
+bool workspace_for(int32_t device, void *stream, int64_t bytes, void *&ptr, int64_t &have) {
+  std::lock_guard<std::mutex> guard(lock);
+  for (const Workspace &w : workspaces)
+    if (w.device == device && w.stream == stream && w.bytes >= bytes) {
+      ptr = w.ptr;
+      have = w.bytes;
+      return true;
+    }
+  return false;
+}
+
+// Patch the call's pointers into its learned arguments and run them on the current stream
+// of its device (made current for the call, as the Python path does).
+int64_t launch(const Args &a, Record &r) {
+  flash_kda_fwd_args &args = r.args;
+  void *A_log = a.ptr(kALog), *dt_bias = a.ptr(kDtBias), *cu = a.ptr(kCuSeqlens),
+       *indices = a.ptr(kIndices);
+  // the Python path copies these to align them
+  if (((reinterpret_cast<uintptr_t>(A_log) | reinterpret_cast<uintptr_t>(dt_bias)) & 15) ||
+      ((reinterpret_cast<uintptr_t>(cu) | reinterpret_cast<uintptr_t>(indices)) & 7))
+    return kMiss;
+  int32_t current = -1;
+  if (torch_fns.current_device(&current) != 0) return kMiss;
+  void *guard = nullptr;
+  if (current != r.device && torch_fns.create_guard(r.device, &guard) != 0) return kMiss;
+  int64_t status = kMiss;
+  void *stream = nullptr, *ws = nullptr;
+  int64_t ws_bytes = 0;
+  if (torch_fns.current_stream(r.device, &stream) == 0 &&
+      workspace_for(r.device, stream, r.workspace_bytes, ws, ws_bytes)) {
+    args.q = a.ptr(kQ);
+    args.k = a.ptr(kK);
+    args.v = a.ptr(kV);
+    args.g = a.ptr(kG);
+    args.beta = a.ptr(kBeta);
+    args.out = a.ptr(kOut);
+    args.A_log = static_cast<const float *>(A_log);
+    args.dt_bias = static_cast<const float *>(dt_bias);
+    args.initial_state = a.ptr(kInitial);
+    args.final_state = a.ptr(kFinal);
+    args.cu_seqlens = cu;
+    args.state_indices = indices;
+    args.has_initial_state = static_cast<const uint8_t *>(a.ptr(kHasInitial));
+    args.checkpoints = a.ptr(kCheckpoints);
+    args.workspace = ws;
+    args.workspace_bytes = ws_bytes;
+    status = fwd_fn(r.compute_capability, &args, stream);
+    if (status == 0) launches.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (guard != nullptr) torch_fns.delete_guard(guard);
+  return status;
+}
+
+// The op's boxed kernel: returns 0 (launched), kMiss, or flash_kda_fwd's refusal (> 0, nothing
+// launched; the Python path reports it).
+void eager_launch(Value *stack, uint64_t num_args, uint64_t num_outputs) {
+  int64_t result = kMiss;
+  if (num_args == kSlots && num_outputs == 1) {
+    Args a(stack);
+    int64_t key[kKeyWords];
+    bool lower_bound_present = false;
+    int32_t type = -1;
+    torch_fns.device_type(a.tensors[kQ], &type);
+    if (type == cuda_type && key_of(a, stack, key, lower_bound_present)) {
+      const uint64_t hash = hash_of(key);
+      if (const Learned *l = reinterpret_cast<const Learned *>(stack[kLearn])) {
+        learn(hash, key, *l);
+        result = 0;
+      } else {
+        Record r;
+        if (find(hash, key, r)) result = launch(a, r);
+      }
+    } else {
+      delete reinterpret_cast<Value *>(stack[kLowerBound]);
+    }
+  }
+  std::memcpy(&stack[0], &result, sizeof(result));
+}
+
+template <typename F>
+bool resolve(void *lib, const char *name, F &fn) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  return fn != nullptr;
+}
+
+}  // namespace
+
+// The schema's argument names in slot order (a test compares them with _eager.SCHEMA).
+FLASH_KDA_TORCH_API const char *flash_kda_torch_slots() { return kSlotNames; }
+
+// Find torch's C functions in the loaded libtorch and register eager_launch for the CUDA and
+// CPU keys of flash_kda::eager_launch (defined by the package first). 0 on success; else the
+// step that failed: 1 libtorch not loaded or too old (no torch_library_impl: torch < 2.10),
+// 3 registration refused. With a torch without CUDA every call is a miss.
+FLASH_KDA_TORCH_API int32_t flash_kda_torch_attach(const void *flash_kda_fwd) {
+  std::lock_guard<std::mutex> guard(lock);
+  if (fwd_fn != nullptr) return 0;
+  void *cpu = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);
+  Torch t{};
+  if (cpu == nullptr || !resolve(cpu, "aoti_torch_get_data_ptr", t.data_ptr) ||
+      !resolve(cpu, "aoti_torch_get_dim", t.dim) || !resolve(cpu, "aoti_torch_get_sizes", t.sizes) ||
+      !resolve(cpu, "aoti_torch_get_strides", t.strides) ||
+      !resolve(cpu, "aoti_torch_get_dtype", t.dtype) ||
+      !resolve(cpu, "aoti_torch_get_device_type", t.device_type) ||
+      !resolve(cpu, "aoti_torch_get_device_index", t.device_index) ||
+      !resolve(cpu, "aoti_torch_delete_tensor_object", t.release) ||
+      !resolve(cpu, "aoti_torch_library_init_impl", t.library_init_impl) ||
+      !resolve(cpu, "torch_library_impl", t.library_impl) ||
+      !resolve(cpu, "aoti_torch_device_type_cuda", t.device_type_cuda))
+    return 1;
+  // a torch without CUDA: registered all the same, every call a miss
+  void *cuda = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+  const bool has_cuda =
+      cuda != nullptr && resolve(cuda, "aoti_torch_get_current_cuda_stream", t.current_stream) &&
+      resolve(cuda, "aoti_torch_get_current_device_index", t.current_device) &&
+      resolve(cuda, "aoti_torch_create_cuda_guard", t.create_guard) &&
+      resolve(cuda, "aoti_torch_delete_cuda_guard", t.delete_guard);
+  torch_fns = t;
+  cuda_type = has_cuda ? t.device_type_cuda() : -1;
+  // the libraries stay registered for the process's life, as a TORCH_LIBRARY_IMPL's do
+  for (const char *key : {"CUDA", "CPU"}) {
+    void *library = nullptr;
+    if (t.library_init_impl("flash_kda", key, __FILE__, __LINE__, &library) != 0 ||
+        t.library_impl(library, "eager_launch", &eager_launch, kAbi210) != 0)
+      return 3;
+  }
+  fwd_fn = reinterpret_cast<FwdFn>(flash_kda_fwd);
+  return 0;
+}
+
+// The workspace of the calls on (device, stream): `bytes` at `ptr`, owned by the package,
+// which keeps it alive until it calls this again for the pair or flash_kda_torch_forget.
+FLASH_KDA_TORCH_API void flash_kda_torch_set_workspace(int32_t device, void *stream, void *ptr,
+                                                       int64_t bytes) {
+  std::lock_guard<std::mutex> guard(lock);
+  for (Workspace &w : workspaces)
+    if (w.device == device && w.stream == stream) {
+      w.ptr = ptr;
+      w.bytes = bytes;
+      return;
+    }
+  workspaces.push_back(Workspace{device, stream, ptr, bytes});
+}
+
+// The calls this library has launched since it was loaded.
+FLASH_KDA_TORCH_API int64_t flash_kda_torch_launches() { return launches.load(); }
+
+// Forget every learned signature and workspace.
+FLASH_KDA_TORCH_API void flash_kda_torch_forget() {
+  std::lock_guard<std::mutex> guard(lock);
+  for (Record &r : records) r.used = false;
+  workspaces.clear();
+}
