@@ -198,6 +198,17 @@ def layers(lens, heads, device):
     ]
     call = testing.validated(*calls[0])
     rows.append(("validated call -> library", lambda: testing.run_native(call)))
+    rows.append(("flash_kda_fwd alone (a packed call)", testing.library_call(call)))
+    op = testing.eager_op()
+    if op is not None:  # the eager launch's op: its dispatch alone, then with the key of a signature it lacks
+        q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial, final, cu = calls[0]
+        cpu = [x.cpu() for x in (q, k, v, g, beta, out)]
+        rows.append(("eager op, CPU tensors (dispatch alone)",
+                     lambda: op(*cpu, None, None, None, None, None, None, None, None, 0.5, -5.0, -1, False, -1, 0,
+                                True, 0)))  # fmt: skip
+        rows.append(("eager op, unknown signature (dispatch + key)",
+                     lambda: op(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, None, None, None, 0.5,
+                                -5.0, -1, False, -1, 0, True, 0)))  # fmt: skip
     return rows
 
 

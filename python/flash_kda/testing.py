@@ -239,6 +239,31 @@ def cached_workspaces() -> int:
     return len(_launch._workspaces)
 
 
+def library_call(call: FwdCall):
+    """A function that runs ``call`` (validated, on CUDA) through ``flash_kda_fwd`` alone: its
+    struct packed once, the cached workspace, the current stream; for timing the library."""
+    index = dispatch._cuda_index(call.device)
+    cc, num_sms = dispatch.device_facts(index)
+    lib = _native.load()
+    args, keep = _launch.native_struct(call, num_sms)
+    stream = _launch.current_stream(index)
+    nbytes = lib.plan(cc, args, None).workspace_bytes
+    ws = _launch.workspace(call.device, index, stream, nbytes)
+    args.workspace, args.workspace_bytes = ws.data_ptr(), ws.numel()
+    address, fwd = ctypes.addressof(args), lib.fwd_by_address
+
+    def run(keep=keep, ws=ws, args=args):
+        if fwd(cc, address, stream):
+            raise _native.NativeError(lib.error(1), 1)
+
+    return run
+
+
+def eager_op():
+    """The eager launch's op (``flash_kda::eager_launch``) once attached, else None."""
+    return _eager.OP
+
+
 def eager_launches() -> Optional[int]:
     """Calls the eager launch in C (``_eager``) has run, or None while it is not attached."""
     return _eager.launches()
