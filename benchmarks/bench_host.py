@@ -190,25 +190,28 @@ def layers(lens, heads, device):
     from flash_kda import testing
 
     calls = [args for args, _ in calls_of(lens, heads, device)]
-    op = torch.ops.flash_kda.fwd
+    fwd_op = torch.ops.flash_kda.fwd
     rows = [
         ("flash_kda.fwd (repeated signature)", rotating(lambda *a: flash_kda.fwd(*a), calls)),
-        ("torch.ops.flash_kda.fwd (the op)", rotating(lambda *a: op(*a), calls)),
+        ("torch.ops.flash_kda.fwd (the op)", rotating(lambda *a: fwd_op(*a), calls)),
         ("validation (signature hit)", rotating(lambda *a: testing.validated(*a), calls)),
     ]
     call = testing.validated(*calls[0])
     rows.append(("validated call -> library", lambda: testing.run_native(call)))
     rows.append(("flash_kda_fwd alone (a packed call)", testing.library_call(call)))
-    op = testing.eager_op()
-    if op is not None:  # the eager launch's op: its dispatch alone, then with the key of a signature it lacks
+    eager = testing.eager_op()
+    if eager is not None:  # the eager launch's op: a learned call, one it lacks (dispatch and key), CPU tensors
         q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial, final, cu = calls[0]
         cpu = [x.cpu() for x in (q, k, v, g, beta, out)]
-        rows.append(("eager op, CPU tensors (dispatch alone)",
-                     lambda: op(*cpu, None, None, None, None, None, None, None, None, 0.5, -5.0, -1, False, -1, 0,
-                                True, 0)))  # fmt: skip
+        rows.append(("eager op, learned signature (op + library)",
+                     lambda: eager(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, None, None, None, scale,
+                                   lower_bound, -1, False, -1, 0, True, 0)))  # fmt: skip
         rows.append(("eager op, unknown signature (dispatch + key)",
-                     lambda: op(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, None, None, None, 0.5,
-                                -5.0, -1, False, -1, 0, True, 0)))  # fmt: skip
+                     lambda: eager(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, None, None, None, 0.5,
+                                   lower_bound, -1, False, -1, 0, True, 0)))  # fmt: skip
+        rows.append(("eager op, CPU tensors (dispatch alone)",
+                     lambda: eager(*cpu, None, None, None, None, None, None, None, None, 0.5, lower_bound, -1, False,
+                                   -1, 0, True, 0)))  # fmt: skip
     return rows
 
 
