@@ -203,15 +203,16 @@ def layers(lens, heads, device):
     if eager is not None:  # the eager launch's op: a learned call, one it lacks (dispatch and key), CPU tensors
         q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial, final, cu = calls[0]
         cpu = [x.cpu() for x in (q, k, v, g, beta, out)]
+        forms = testing.eager_forms(exact=False)
         rows.append(("eager op, learned signature (op + library)",
                      lambda: eager(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, None, None, None, scale,
-                                   lower_bound, -1, False, -1, 0, True, 0)))  # fmt: skip
+                                   lower_bound, 0, 0, forms)))  # fmt: skip
         rows.append(("eager op, unknown signature (dispatch + key)",
                      lambda: eager(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, None, None, None, 0.5,
-                                   lower_bound, -1, False, -1, 0, True, 0)))  # fmt: skip
+                                   lower_bound, 0, 0, forms)))  # fmt: skip
         rows.append(("eager op, CPU tensors (dispatch alone)",
-                     lambda: eager(*cpu, None, None, None, None, None, None, None, None, 0.5, lower_bound, -1, False,
-                                   -1, 0, True, 0)))  # fmt: skip
+                     lambda: eager(*cpu, None, None, None, None, None, None, None, None, 0.5, lower_bound, 0, 0,
+                                   forms)))  # fmt: skip
     return rows
 
 

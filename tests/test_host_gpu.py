@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: MIT
 """The eager host path on the GPU: a repeated signature's prepacked launch and then its launch
-from C (``_eager``, torch >= 2.10) give the validated path's bits and still refuse data faults; the cached workspace is safe across
-streams and next to CUDA-graph replays; calls without tokens give the start states without a
-host synchronisation (so they can be captured)."""
+from C (``_eager``, torch >= 2.10) give the validated path's bits and still refuse data faults;
+the cached workspace is safe across streams and next to CUDA-graph replays; calls without
+tokens give the start states without a host synchronisation (so they can be captured)."""
 
 import flash_kda
 import pytest

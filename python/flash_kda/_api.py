@@ -13,7 +13,7 @@ _function_modes = getattr(torch._C, "_len_torch_function_stack", None)
 _function_mode_at = getattr(torch._C, "_get_function_stack_at", None)
 _profiling = getattr(torch.autograd, "_profiler_enabled", None)
 _PLAIN = (torch.Tensor, torch.nn.Parameter, type(None))  # tensors without a __torch_function__ of their own
-_has_torch_function, _capturing = torch._C._has_torch_function, _launch.capturing
+_has_torch_function, _capturing, _forms = torch._C._has_torch_function, _launch.capturing, _eager.forms
 _grad_enabled, _inference_enabled = torch.is_grad_enabled, torch.is_inference_mode_enabled
 _ENVIRON, _SWITCH_KEY, _OFF = _validate.ENVIRON, dispatch.ENV_SWITCH.encode(), b"0"
 _EXACT_KEY, _ONE = _validate.EXACT_ENV.encode(), b"1"
@@ -137,24 +137,28 @@ def fwd(
         and _native.overrides is None
         and _ENVIRON is not None
         and _ENVIRON.get(_SWITCH_KEY) != _OFF
-        and not _has_torch_function(
-            (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
-             has_initial_state, checkpoints)
-        )  # fmt: skip
-        and not (_grad_enabled() and _requires_grad(q, k, v, g, beta, A_log, dt_bias, initial_state))
-        and (_inference_enabled() or not _inference_written(out, final_state, checkpoints))
-        and not _capturing()
     ):
-        # a learned signature launches from C (_eager); anything else returns MISS, or raises
-        # (an argument the op cannot take), and takes the path below
+        # a learned signature launches from C (_eager), outside graph capture (whose workspace
+        # is the graph's), for plain tensors none of which needs grad or is an inference tensor
+        # written outside inference mode; anything else returns MISS, or raises (an argument
+        # the op cannot take, a torch without CUDA), and takes the path below
         try:
-            if not eager(
-                q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
-                has_initial_state, checkpoints, scale, lower_bound,
-                -1 if checkpoint_every is None else checkpoint_every,
-                (_ENVIRON.get(_EXACT_KEY) == _ONE) if exact is None else exact,
-                -1 if max_seqlen is None else max_seqlen, _eager.GATE_CODES[gate], beta_is_logit, 0,
-            ):  # fmt: skip
+            if (
+                not _has_torch_function(
+                    (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens,
+                     ssm_state_indices, has_initial_state, checkpoints)
+                )  # fmt: skip
+                and not (_grad_enabled() and _requires_grad(q, k, v, g, beta, A_log, dt_bias, initial_state))
+                and (_inference_enabled() or not _inference_written(out, final_state, checkpoints))
+                and not _capturing()
+                and not eager(
+                    q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
+                    has_initial_state, checkpoints, scale, 0.0 if lower_bound is None else lower_bound,
+                    0 if checkpoint_every is None else checkpoint_every, 0 if max_seqlen is None else max_seqlen,
+                    _forms(gate, beta_is_logit, (_ENVIRON.get(_EXACT_KEY) == _ONE) if exact is None else exact,
+                           lower_bound, checkpoint_every, max_seqlen),
+                )  # fmt: skip
+            ):
                 return
         except Exception:
             pass

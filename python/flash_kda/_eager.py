@@ -4,10 +4,11 @@ an eager call of a signature that the Python path validated before reads its ten
 launches from C, through the internal op ``flash_kda::eager_launch`` (torch's stable C ABI,
 torch >= 2.10).
 
-Nothing is loaded until the Python path has made a prepacked launch (:func:`learn`): then
-the library is attached once, :data:`OP` becomes the op's callable, and each later call of a
-learned signature is one op call. Where torch is older than 2.10 or has no CUDA, or the
-library is missing, :data:`OP` stays None and the Python path runs every call.
+Nothing is loaded until the Python path has made a prepacked launch (:func:`learn`): then the
+library is attached once, :data:`OP` becomes the op's callable, and each later call of a
+learned signature (handed over by ``flash_kda::eager_learn``) is one op call. Where torch is
+older than 2.10 or the library is missing, :data:`OP` stays None and the Python path runs
+every call (with a torch without CUDA, every op call is a miss).
 """
 
 import ctypes
@@ -22,14 +23,28 @@ from . import _args, _native
 LIBRARY_NAME = "libflash_kda_torch.so"
 MISS = -1  # the op's result for a call it leaves to the Python path (0: launched)
 
-# The op's scalars: the arguments of flash_kda.fwd that are not tensors, in its order, with
-# the type the op takes them as (None passed as -1 for the ints); then its own `learn`.
-_SCALARS = dict(scale="float", lower_bound="float?", checkpoint_every="int", exact="bool", max_seqlen="int",
-                gate="int", beta_is_logit="bool")  # fmt: skip
-SLOTS = (*_args.TENSORS, *(a.name for a in _args.ARGS if a.name in _SCALARS), "learn")
-_TYPES = {a.name: a.schema for a in _args.ARGS if a.name in _args.TENSORS} | _SCALARS | dict(learn="int")
-SCHEMA = f"eager_launch({', '.join(f'{_TYPES[name]} {name}' for name in SLOTS)}) -> int"
-GATE_CODES = _native.GATE_CODES  # gate name -> flash_kda_gate
+# The ops' scalars: those of flash_kda.fwd that vary with the call's sizes (None passed as 0),
+# then `forms` (:func:`forms`: the rest, one int, as the op parses each argument at a cost).
+_SCALARS = dict(scale="float", lower_bound="float", checkpoint_every="int", max_seqlen="int")
+SLOTS = (*_args.TENSORS, *(a.name for a in _args.ARGS if a.name in _SCALARS), "forms")
+_TYPES = {a.name: a.schema for a in _args.ARGS if a.name in _args.TENSORS} | _SCALARS | dict(forms="int")
+_PARAMETERS = ", ".join(f"{_TYPES[name]} {name}" for name in SLOTS)
+SCHEMAS = (f"eager_launch({_PARAMETERS}) -> int", f"eager_learn({_PARAMETERS}, int learned) -> int")
+_GATE_FORMS = {gate: code << 5 for gate, code in _native.GATE_CODES.items()}  # gate name -> its bits of forms
+
+
+def forms(gate: str, beta_is_logit: bool, exact: bool, lower_bound, checkpoint_every, max_seqlen) -> int:
+    """The op's ``forms``: the gate's code, beta_is_logit, the resolved mode, and which of
+    lower_bound, checkpoint_every and max_seqlen are None (each a bit, so that None and 0 are
+    distinct signatures)."""
+    return (
+        _GATE_FORMS[gate]
+        | (16 if beta_is_logit else 0)
+        | (8 if exact else 0)
+        | (4 if lower_bound is None else 0)
+        | (2 if checkpoint_every is None else 0)
+        | (1 if max_seqlen is None else 0)
+    )
 
 
 class _Learned(ctypes.Structure):
@@ -39,7 +54,8 @@ class _Learned(ctypes.Structure):
                 ("workspace_bytes", ctypes.c_int64)]  # fmt: skip
 
 
-OP = None  # the op's callable once attached
+OP = None  # eager_launch's callable once attached
+_LEARN = None  # eager_learn's
 _state = dict(tried=False, library=None, error=None, definition=None)
 _lock = threading.Lock()
 
@@ -55,7 +71,7 @@ def _torch_at_least_2_10() -> bool:
 def attach(lib: "_native.NativeLibrary") -> Optional[ctypes.CDLL]:
     """The attached library (loaded and its kernel registered once, calling ``lib``'s
     flash_kda_fwd), or None where it cannot be (:func:`attach_error` says why)."""
-    global OP
+    global OP, _LEARN
     if not isinstance(lib, _native.NativeLibrary):  # a stand-in (flash_kda.testing): the Python path only
         return None
     with _lock:
@@ -78,13 +94,15 @@ def attach(lib: "_native.NativeLibrary") -> Optional[ctypes.CDLL]:
                     if so.flash_kda_torch_slots().decode() != ",".join(SLOTS):
                         raise RuntimeError("its argument slots differ from this package's schema")
                     definition = torch.library.Library("flash_kda", "FRAGMENT")
-                    definition.define(SCHEMA)
+                    for schema in SCHEMAS:
+                        definition.define(schema)
                     status = so.flash_kda_torch_attach(ctypes.cast(lib.fwd_by_address, ctypes.c_void_p))
                     if status:
                         raise RuntimeError(f"flash_kda_torch_attach failed at step {status}")
                     _state.update(library=so, definition=definition)
-                    overload = torch.ops.flash_kda.eager_launch.default
-                    OP = getattr(overload, "_op", overload)  # the C++ callable, without one Python frame
+                    launch, learn = torch.ops.flash_kda.eager_launch.default, torch.ops.flash_kda.eager_learn.default
+                    # the C++ callables, without a Python frame
+                    OP, _LEARN = getattr(launch, "_op", launch), getattr(learn, "_op", learn)
                 except (OSError, AttributeError, RuntimeError) as err:
                     _state["error"] = f"cannot attach {path}: {err}"
         return _state["library"]
@@ -96,14 +114,16 @@ def attach_error() -> Optional[str]:
 
 def learn(so: ctypes.CDLL, template: ctypes.Structure, cc: int, index: int, nbytes: int, q, k, v, g, beta, scale,
           out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens, ssm_state_indices,
-          has_initial_state, checkpoint_every, checkpoints, exact: bool, max_seqlen, gate, beta_is_logit) -> None:  # fmt: skip
+          has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate,
+          beta_is_logit) -> None:  # fmt: skip
     """Hand the library a validated call of a prepacked signature (``template``: its
     flash_kda_fwd_args; the call's own tensors, which give the library its key)."""
     learned = _Learned(ctypes.addressof(template), cc, index, nbytes)
-    OP(
+    _LEARN(
         q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
-        has_initial_state, checkpoints, scale, lower_bound, -1 if checkpoint_every is None else checkpoint_every,
-        exact, -1 if max_seqlen is None else max_seqlen, GATE_CODES[gate], beta_is_logit, ctypes.addressof(learned),
+        has_initial_state, checkpoints, scale, 0.0 if lower_bound is None else lower_bound,
+        0 if checkpoint_every is None else checkpoint_every, 0 if max_seqlen is None else max_seqlen,
+        forms(gate, beta_is_logit, exact, lower_bound, checkpoint_every, max_seqlen), ctypes.addressof(learned),
     )  # fmt: skip
 
 

@@ -264,6 +264,12 @@ def eager_op():
     return _eager.OP
 
 
+def eager_forms(gate="lower_bound", beta_is_logit=True, exact=False, lower_bound=-5.0, checkpoint_every=None,
+                max_seqlen=None) -> int:  # fmt: skip
+    """The eager op's ``forms`` argument of a call of these arguments."""
+    return _eager.forms(gate, beta_is_logit, exact, lower_bound, checkpoint_every, max_seqlen)
+
+
 def eager_launches() -> Optional[int]:
     """Calls the eager launch in C (``_eager``) has run, or None while it is not attached."""
     return _eager.launches()

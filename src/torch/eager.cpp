@@ -35,33 +35,30 @@ using Handle = void *;   // torch's AtenTensorHandle
 using BoxedFn = void (*)(Value *, uint64_t, uint64_t);
 using FwdFn = flash_kda_status (*)(int32_t, const flash_kda_fwd_args *, void *);
 
-// The op's arguments in schema order (_eager.SCHEMA): the tensors of flash_kda.fwd in its
-// order, then the scalars, then `learn`.
+// The arguments of eager_launch in schema order (_eager.SCHEMA): the tensors of flash_kda.fwd in
+// its order, then its scalars; eager_learn takes one more, kLearned.
 enum Slot : int {
   kQ, kK, kV, kG, kBeta, kOut,  // tensors
   kALog, kDtBias, kInitial, kFinal, kCuSeqlens, kIndices, kHasInitial, kCheckpoints,  // Tensor?
   kScale,            // float
-  kLowerBound,       // float?
-  kCheckpointEvery,  // int, -1 for None
-  kExact,            // bool: the resolved mode
-  kMaxSeqlen,        // int, -1 for None
-  kGate,             // int: flash_kda_gate
-  kBetaIsLogit,      // bool
-  kLearn,            // int: 0, or the address of a flash_kda_torch_learned
-  kSlots
+  kLowerBound,       // float: 0 for None (see forms)
+  kCheckpointEvery,  // int: 0 for None
+  kMaxSeqlen,        // int: 0 for None
+  kForms,            // int: _eager.forms() (gate, beta, mode, which of the three above are None)
+  kSlots,
+  kLearned = kSlots,  // eager_learn: the address of a Learned
 };
 constexpr int kTensors = kScale;
 constexpr int kFirstOptional = kALog;
 constexpr const char *kSlotNames =
     "q,k,v,g,beta,out,A_log,dt_bias,initial_state,final_state,cu_seqlens,ssm_state_indices,"
-    "has_initial_state,checkpoints,scale,lower_bound,checkpoint_every,exact,max_seqlen,gate,"
-    "beta_is_logit,learn";
+    "has_initial_state,checkpoints,scale,lower_bound,checkpoint_every,max_seqlen,forms";
 
 constexpr int64_t kMiss = -1;
 constexpr int kMaxDims = 4;
-// Per tensor: present, dtype, device type, device index, dim, sizes, strides; then the six
-// scalars, the lower bound's presence and whether final_state is initial_state.
-constexpr int kKeyWords = kTensors * (5 + 2 * kMaxDims) + 8;
+// Per tensor: present, dtype, device type, device index, dim, sizes, strides; then the
+// scalars and whether final_state is initial_state.
+constexpr int kKeyWords = kTensors * (5 + 2 * kMaxDims) + (kSlots - kScale) + 1;
 constexpr int kRecords = 64;  // signatures kept (the Python records' bound)
 constexpr uint64_t kAbi210 = (2ULL << 56) | (10ULL << 48);  // the stable ABI this file follows
 
@@ -154,7 +151,7 @@ double as_double(Value v) {
 // The signature of a call: every word that the Python validation's signature reads
 // (python/flash_kda/_validate.py: signature), pointers aside. False for a tensor of more than
 // kMaxDims dimensions (never valid: the Python path says why).
-bool key_of(const Args &a, Value *stack, int64_t *key, bool &lower_bound_present) {
+bool key_of(const Args &a, const Value *stack, int64_t *key) {
   int64_t *w = key;
   for (int i = 0; i < kTensors; ++i) {
     Handle t = a.tensors[i];
@@ -179,17 +176,7 @@ bool key_of(const Args &a, Value *stack, int64_t *key, bool &lower_bound_present
     for (int d = 0; d < kMaxDims; ++d) *w++ = d < dim ? sizes[d] : 0;
     for (int d = 0; d < kMaxDims; ++d) *w++ = d < dim ? strides[d] : 0;
   }
-  Value *boxed = reinterpret_cast<Value *>(stack[kLowerBound]);
-  lower_bound_present = boxed != nullptr;
-  const Value lower_bound = boxed != nullptr ? *boxed : 0;
-  delete boxed;
-  *w++ = static_cast<int64_t>(stack[kScale]);
-  *w++ = lower_bound_present;
-  *w++ = static_cast<int64_t>(lower_bound);
-  *w++ = static_cast<int64_t>(stack[kCheckpointEvery]);
-  *w++ = static_cast<int64_t>(stack[kExact] & 0xff);
-  *w++ = static_cast<int64_t>(stack[kMaxSeqlen]);
-  *w++ = static_cast<int64_t>(stack[kGate]) * 2 + static_cast<int64_t>(stack[kBetaIsLogit] & 0xff);
+  for (int slot = kScale; slot < kSlots; ++slot) *w++ = static_cast<int64_t>(stack[slot]);
   *w++ = a.tensors[kInitial] != nullptr && a.ptr(kInitial) == a.ptr(kFinal);  // in place
   return w - key == kKeyWords;
 }
@@ -285,30 +272,38 @@ int64_t launch(const Args &a, Record &r) {
   return status;
 }
 
-// The op's boxed kernel: returns 0 (launched), kMiss, or flash_kda_fwd's refusal (> 0, nothing
-// launched; the Python path reports it).
-void eager_launch(Value *stack, uint64_t num_args, uint64_t num_outputs) {
+// The read of a call's tensors and key, then `then(args, hash, key)`; the op's result (kMiss
+// without a CUDA q or a key) into stack[0].
+template <typename Then>
+void with_key(Value *stack, uint64_t num_args, uint64_t expected, Then then) {
   int64_t result = kMiss;
-  if (num_args == kSlots && num_outputs == 1) {
+  if (num_args == expected) {
     Args a(stack);
     int64_t key[kKeyWords];
-    bool lower_bound_present = false;
     int32_t type = -1;
     torch_fns.device_type(a.tensors[kQ], &type);
-    if (type == cuda_type && key_of(a, stack, key, lower_bound_present)) {
-      const uint64_t hash = hash_of(key);
-      if (const Learned *l = reinterpret_cast<const Learned *>(stack[kLearn])) {
-        learn(hash, key, *l);
-        result = 0;
-      } else {
-        Record r;
-        if (find(hash, key, r)) result = launch(a, r);
-      }
-    } else {
-      delete reinterpret_cast<Value *>(stack[kLowerBound]);
-    }
+    if (type == cuda_type && key_of(a, stack, key)) result = then(a, hash_of(key), key);
   }
   std::memcpy(&stack[0], &result, sizeof(result));
+}
+
+// eager_launch: 0 (launched), kMiss, or flash_kda_fwd's refusal (> 0, nothing launched; the
+// Python path reports it).
+void eager_launch(Value *stack, uint64_t num_args, uint64_t num_outputs) {
+  with_key(stack, num_args, kSlots, [](const Args &a, uint64_t hash, const int64_t *key) {
+    Record r;
+    return find(hash, key, r) ? launch(a, r) : kMiss;
+  });
+}
+
+// eager_learn: remember the call's key with the Learned at stack[kLearned]; 0, or kMiss.
+void eager_learn(Value *stack, uint64_t num_args, uint64_t num_outputs) {
+  const Learned *learned = num_args == kSlots + 1 ? reinterpret_cast<const Learned *>(stack[kLearned]) : nullptr;
+  with_key(stack, num_args, kSlots + 1, [learned](const Args &, uint64_t hash, const int64_t *key) {
+    if (learned == nullptr) return kMiss;
+    learn(hash, key, *learned);
+    return int64_t{0};
+  });
 }
 
 template <typename F>
@@ -319,11 +314,11 @@ bool resolve(void *lib, const char *name, F &fn) {
 
 }  // namespace
 
-// The schema's argument names in slot order (a test compares them with _eager.SCHEMA).
+// eager_launch's argument names in slot order (the package compares them with its schema).
 FLASH_KDA_TORCH_API const char *flash_kda_torch_slots() { return kSlotNames; }
 
-// Find torch's C functions in the loaded libtorch and register eager_launch for the CUDA and
-// CPU keys of flash_kda::eager_launch (defined by the package first). 0 on success; else the
+// Find torch's C functions in the loaded libtorch and register the kernels of
+// flash_kda::eager_launch and eager_learn (defined by the package first). 0 on success; else the
 // step that failed: 1 libtorch not loaded or too old (no torch_library_impl: torch < 2.10),
 // 3 registration refused. With a torch without CUDA every call is a miss.
 FLASH_KDA_TORCH_API int32_t flash_kda_torch_attach(const void *flash_kda_fwd) {
@@ -351,11 +346,15 @@ FLASH_KDA_TORCH_API int32_t flash_kda_torch_attach(const void *flash_kda_fwd) {
       resolve(cuda, "aoti_torch_delete_cuda_guard", t.delete_guard);
   torch_fns = t;
   cuda_type = has_cuda ? t.device_type_cuda() : -1;
-  // the libraries stay registered for the process's life, as a TORCH_LIBRARY_IMPL's do
-  for (const char *key : {"CUDA", "CPU"}) {
+  // the libraries stay registered for the process's life, as a TORCH_LIBRARY_IMPL's do. The
+  // autograd keys too: the ops are not differentiable (the package calls them only where no
+  // input requires grad), so a call in grad mode skips the autograd fallback's walk of its
+  // arguments.
+  for (const char *key : {"CUDA", "CPU", "AutogradCUDA", "AutogradCPU"}) {
     void *library = nullptr;
     if (t.library_init_impl("flash_kda", key, __FILE__, __LINE__, &library) != 0 ||
-        t.library_impl(library, "eager_launch", &eager_launch, kAbi210) != 0)
+        t.library_impl(library, "eager_launch", &eager_launch, kAbi210) != 0 ||
+        t.library_impl(library, "eager_learn", &eager_learn, kAbi210) != 0)
       return 3;
   }
   fwd_fn = reinterpret_cast<FwdFn>(flash_kda_fwd);
