@@ -199,20 +199,19 @@ def layers(lens, heads, device):
     call = testing.validated(*calls[0])
     rows.append(("validated call -> library", lambda: testing.run_native(call)))
     rows.append(("flash_kda_fwd alone (a packed call)", testing.library_call(call)))
-    eager = testing.eager_op()
-    if eager is not None:  # the eager launch's op: a learned call, one it lacks (dispatch and key), CPU tensors
+    short = testing.eager_op(short=True)
+    if short is not None:  # the eager launch's op: a learned call, one it lacks (dispatch and key), CPU tensors
         q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial, final, cu = calls[0]
         cpu = [x.cpu() for x in (q, k, v, g, beta, out)]
         forms = testing.eager_forms(exact=False)
         rows.append(("eager op, learned signature (op + library)",
-                     lambda: eager(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, None, None, None, scale,
-                                   lower_bound, 0, 0, forms)))  # fmt: skip
-        rows.append(("eager op, unknown signature (dispatch + key)",
-                     lambda: eager(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, None, None, None, 0.5,
-                                   lower_bound, 0, 0, forms)))  # fmt: skip
-        rows.append(("eager op, CPU tensors (dispatch alone)",
-                     lambda: eager(*cpu, None, None, None, None, None, None, None, None, 0.5, lower_bound, 0, 0,
+                     lambda: short(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, scale, lower_bound, 0,
                                    forms)))  # fmt: skip
+        rows.append(("eager op, unknown signature (dispatch + key)",
+                     lambda: short(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, 0.5, lower_bound, 0,
+                                   forms)))  # fmt: skip
+        rows.append(("eager op, CPU tensors (dispatch alone)",
+                     lambda: short(*cpu, None, None, None, None, None, 0.5, lower_bound, 0, forms)))  # fmt: skip
     return rows
 
 

@@ -19,7 +19,7 @@ needs_library = pytest.mark.skipif(
 
 
 def test_the_schemas_follow_the_argument_table():
-    launch, learn = (torch._C.parse_schema(f"flash_kda::{schema}") for schema in _eager.SCHEMAS)
+    launch, short, learn = (torch._C.parse_schema(f"flash_kda::{schema}") for schema in _eager.SCHEMAS)
     public = torch._C.parse_schema(f"flash_kda::{_args.schema()}")
     assert [a.name for a in launch.arguments] == list(_eager.SLOTS)
     assert [a.name for a in launch.arguments][: len(_args.TENSORS)] == list(_args.TENSORS)
@@ -31,6 +31,10 @@ def test_the_schemas_follow_the_argument_table():
     for a in launch.arguments[: len(_args.TENSORS)]:  # the tensors' types and aliasing as the public op's
         assert kind(a) == public_types[a.name], a.name
     assert [a.name for a in learn.arguments] == [*_eager.SLOTS, "learned"]
+    # the short op: the tensors up to cu_seqlens, then the scalars without checkpoint_every
+    assert [a.name for a in short.arguments] == [n for n in _eager.SLOTS[: _eager.SLOTS.index("ssm_state_indices")]] + [
+        n for n in _eager.SLOTS[len(_args.TENSORS) :] if n != "checkpoint_every"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -53,10 +57,11 @@ def test_the_library_attaches_and_leaves_cpu_calls_to_python():
     q = torch.randn(1, 32, 2, 128, dtype=torch.bfloat16)
     beta, out = torch.randn(1, 32, 2, dtype=torch.bfloat16), torch.full_like(q, float("nan"))
     A_log, dt_bias = torch.zeros(2), torch.zeros(2, 128)
-    launched = _eager.launches()
+    launched, forms = _eager.launches(), _eager.forms("lower_bound", True, False, -5.0, None, None)
     status = _eager.OP(q, q, q, q, beta, out, A_log, dt_bias, None, None, None, None, None, None, 0.1, -5.0, 0, 0,
-                       _eager.forms("lower_bound", True, False, -5.0, None, None))  # fmt: skip
-    assert status == _eager.MISS
+                       forms)  # fmt: skip
+    short = _eager.OP_SHORT(q, q, q, q, beta, out, A_log, dt_bias, None, None, None, 0.1, -5.0, 0, forms)
+    assert status == short == _eager.MISS
     assert torch.isnan(out).all() and _eager.launches() == launched
 
 

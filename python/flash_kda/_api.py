@@ -3,7 +3,7 @@
 
 import torch
 
-from . import _args, _eager, _launch, _native, _op, _validate, dispatch
+from . import _args, _eager, _native, _op, _validate, dispatch
 
 # Whether an eager call may skip the op: nothing that must see the op (a dispatch mode such
 # as FakeTensorMode, a torch function mode other than torch.device's default-device context,
@@ -13,10 +13,6 @@ _function_modes = getattr(torch._C, "_len_torch_function_stack", None)
 _function_mode_at = getattr(torch._C, "_get_function_stack_at", None)
 _profiling = getattr(torch.autograd, "_profiler_enabled", None)
 _PLAIN = (torch.Tensor, torch.nn.Parameter, type(None))  # tensors without a __torch_function__ of their own
-_has_torch_function, _capturing, _forms = torch._C._has_torch_function, _launch.capturing, _eager.forms
-_grad_enabled, _inference_enabled = torch.is_grad_enabled, torch.is_inference_mode_enabled
-_ENVIRON, _SWITCH_KEY, _OFF = _validate.ENVIRON, dispatch.ENV_SWITCH.encode(), b"0"
-_EXACT_KEY, _ONE = _validate.EXACT_ENV.encode(), b"1"
 try:
     from torch.utils._device import DeviceContext as _DeviceContext
 except ImportError:  # pragma: no cover - torch without a default-device mode
@@ -30,27 +26,6 @@ def _plain_eager() -> bool:
         return False
     modes = _function_modes()
     return not modes or all(type(_function_mode_at(i)) is _DeviceContext for i in range(modes))
-
-
-def _requires_grad(q, k, v, g, beta, A_log, dt_bias, initial_state) -> bool:
-    return (
-        q.requires_grad
-        or k.requires_grad
-        or v.requires_grad
-        or g.requires_grad
-        or beta.requires_grad
-        or (A_log is not None and A_log.requires_grad)
-        or (dt_bias is not None and dt_bias.requires_grad)
-        or (initial_state is not None and initial_state.requires_grad)
-    )
-
-
-def _inference_written(out, final_state, checkpoints) -> bool:
-    return (
-        out.is_inference()
-        or (final_state is not None and final_state.is_inference())
-        or (checkpoints is not None and checkpoints.is_inference())
-    )
 
 
 def fwd(
@@ -125,43 +100,11 @@ def fwd(
             q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
             ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate, beta_is_logit,
         )  # fmt: skip
-    eager = _eager.OP
-    if (
-        eager is not None
-        and type(scale) is float
-        and (type(lower_bound) is float or lower_bound is None)
-        and (checkpoint_every is None or type(checkpoint_every) is int)
-        and (max_seqlen is None or type(max_seqlen) is int)
-        and (exact is None or exact is True or exact is False)
-        and (beta_is_logit is True or beta_is_logit is False)
-        and _native.overrides is None
-        and _ENVIRON is not None
-        and _ENVIRON.get(_SWITCH_KEY) != _OFF
-    ):
-        # a learned signature launches from C (_eager), outside graph capture (whose workspace
-        # is the graph's), for plain tensors none of which needs grad or is an inference tensor
-        # written outside inference mode; anything else returns MISS, or raises (an argument
-        # the op cannot take, a torch without CUDA), and takes the path below
-        try:
-            if (
-                not _has_torch_function(
-                    (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens,
-                     ssm_state_indices, has_initial_state, checkpoints)
-                )  # fmt: skip
-                and not (_grad_enabled() and _requires_grad(q, k, v, g, beta, A_log, dt_bias, initial_state))
-                and (_inference_enabled() or not _inference_written(out, final_state, checkpoints))
-                and not _capturing()
-                and not eager(
-                    q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
-                    has_initial_state, checkpoints, scale, 0.0 if lower_bound is None else lower_bound,
-                    0 if checkpoint_every is None else checkpoint_every, 0 if max_seqlen is None else max_seqlen,
-                    _forms(gate, beta_is_logit, (_ENVIRON.get(_EXACT_KEY) == _ONE) if exact is None else exact,
-                           lower_bound, checkpoint_every, max_seqlen),
-                )  # fmt: skip
-            ):
-                return
-        except Exception:
-            pass
+    if _eager.OP is not None and _eager.launched(
+        q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+        ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate, beta_is_logit,
+    ):  # fmt: skip
+        return
     key = _validate.signature(
         q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
         ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate, beta_is_logit,

@@ -18,7 +18,16 @@ from typing import Optional
 
 import torch
 
-from . import _args, _native
+from . import _args, _native, _validate
+
+_has_torch_function, _grad_enabled, _inference_enabled = (
+    torch._C._has_torch_function, torch.is_grad_enabled, torch.is_inference_mode_enabled
+)  # fmt: skip
+# () -> whether the current stream of the current device captures a graph (torch's C function
+# where this torch has it, ~1 us less than the public one)
+capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+_ENVIRON, _OFF, _EXACT_KEY, _ONE = _validate.ENVIRON, b"0", _validate.EXACT_ENV.encode(), b"1"
+_SWITCH_KEY = _native.SWITCH_ENV.encode()
 
 LIBRARY_NAME = "libflash_kda_torch.so"
 MISS = -1  # the op's result for a call it leaves to the Python path (0: launched)
@@ -28,8 +37,20 @@ MISS = -1  # the op's result for a call it leaves to the Python path (0: launche
 _SCALARS = dict(scale="float", lower_bound="float", checkpoint_every="int", max_seqlen="int")
 SLOTS = (*_args.TENSORS, *(a.name for a in _args.ARGS if a.name in _SCALARS), "forms")
 _TYPES = {a.name: a.schema for a in _args.ARGS if a.name in _args.TENSORS} | _SCALARS | dict(forms="int")
-_PARAMETERS = ", ".join(f"{_TYPES[name]} {name}" for name in SLOTS)
-SCHEMAS = (f"eager_launch({_PARAMETERS}) -> int", f"eager_learn({_PARAMETERS}, int learned) -> int")
+# eager_launch_short: a call without a pool or checkpoints, four arguments fewer to parse
+SHORT_SLOTS = tuple(n for n in SLOTS if n not in ("ssm_state_indices", "has_initial_state", "checkpoints",
+                                                  "checkpoint_every"))  # fmt: skip
+
+
+def _parameters(slots) -> str:
+    return ", ".join(f"{_TYPES[name]} {name}" for name in slots)
+
+
+SCHEMAS = (
+    f"eager_launch({_parameters(SLOTS)}) -> int",
+    f"eager_launch_short({_parameters(SHORT_SLOTS)}) -> int",
+    f"eager_learn({_parameters(SLOTS)}, int learned) -> int",
+)
 _GATE_FORMS = {gate: code << 5 for gate, code in _native.GATE_CODES.items()}  # gate name -> its bits of forms
 
 
@@ -55,6 +76,7 @@ class _Learned(ctypes.Structure):
 
 
 OP = None  # eager_launch's callable once attached
+OP_SHORT = None  # eager_launch_short's
 _LEARN = None  # eager_learn's
 _state = dict(tried=False, library=None, error=None, definition=None)
 _lock = threading.Lock()
@@ -71,7 +93,7 @@ def _torch_at_least_2_10() -> bool:
 def attach(lib: "_native.NativeLibrary") -> Optional[ctypes.CDLL]:
     """The attached library (loaded and its kernel registered once, calling ``lib``'s
     flash_kda_fwd), or None where it cannot be (:func:`attach_error` says why)."""
-    global OP, _LEARN
+    global OP, OP_SHORT, _LEARN
     if not isinstance(lib, _native.NativeLibrary):  # a stand-in (flash_kda.testing): the Python path only
         return None
     with _lock:
@@ -100,12 +122,80 @@ def attach(lib: "_native.NativeLibrary") -> Optional[ctypes.CDLL]:
                     if status:
                         raise RuntimeError(f"flash_kda_torch_attach failed at step {status}")
                     _state.update(library=so, definition=definition)
-                    launch, learn = torch.ops.flash_kda.eager_launch.default, torch.ops.flash_kda.eager_learn.default
+                    ops = torch.ops.flash_kda
                     # the C++ callables, without a Python frame
-                    OP, _LEARN = getattr(launch, "_op", launch), getattr(learn, "_op", learn)
+                    _LEARN, OP_SHORT, OP = (
+                        getattr(op, "_op", op)
+                        for op in (ops.eager_learn.default, ops.eager_launch_short.default, ops.eager_launch.default)
+                    )
                 except (OSError, AttributeError, RuntimeError) as err:
                     _state["error"] = f"cannot attach {path}: {err}"
         return _state["library"]
+
+
+def launched(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+             ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate,
+             beta_is_logit) -> bool:  # fmt: skip
+    """Whether an eager call of flash_kda.fwd ran from C: a learned signature outside graph
+    capture (whose workspace is the graph's), of plain tensors none of which needs grad or is
+    an inference tensor written outside inference mode, with the native path on. False for
+    anything else (including an argument the op cannot take): the Python path runs it."""
+    if (
+        type(scale) is not float
+        or (type(lower_bound) is not float and lower_bound is not None)
+        or (checkpoint_every is not None and type(checkpoint_every) is not int)
+        or (max_seqlen is not None and type(max_seqlen) is not int)
+        or (exact is not None and exact is not True and exact is not False)
+        or (beta_is_logit is not True and beta_is_logit is not False)
+        or _native.overrides is not None
+        or _ENVIRON is None
+        or _ENVIRON.get(_SWITCH_KEY) == _OFF
+    ):
+        return False
+    try:
+        if (
+            _has_torch_function((q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens,
+                                 ssm_state_indices, has_initial_state, checkpoints))  # fmt: skip
+            or (_grad_enabled() and _requires_grad(q, k, v, g, beta, A_log, dt_bias, initial_state))
+            or (not _inference_enabled() and _inference_written(out, final_state, checkpoints))
+            or capturing()
+        ):
+            return False
+        mode = (_ENVIRON.get(_EXACT_KEY) == _ONE) if exact is None else exact
+        code = forms(gate, beta_is_logit, mode, lower_bound, checkpoint_every, max_seqlen)
+        bound, longest = 0.0 if lower_bound is None else lower_bound, 0 if max_seqlen is None else max_seqlen
+        if ssm_state_indices is None and has_initial_state is None and checkpoints is None:
+            if checkpoint_every is None:
+                status = OP_SHORT(q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens,
+                                  scale, bound, longest, code)  # fmt: skip
+                return status == 0
+        status = OP(q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
+                    has_initial_state, checkpoints, scale, bound, 0 if checkpoint_every is None else checkpoint_every,
+                    longest, code)  # fmt: skip
+        return status == 0
+    except Exception:
+        return False
+
+
+def _requires_grad(q, k, v, g, beta, A_log, dt_bias, initial_state) -> bool:
+    return (
+        q.requires_grad
+        or k.requires_grad
+        or v.requires_grad
+        or g.requires_grad
+        or beta.requires_grad
+        or (A_log is not None and A_log.requires_grad)
+        or (dt_bias is not None and dt_bias.requires_grad)
+        or (initial_state is not None and initial_state.requires_grad)
+    )
+
+
+def _inference_written(out, final_state, checkpoints) -> bool:
+    return (
+        out.is_inference()
+        or (final_state is not None and final_state.is_inference())
+        or (checkpoints is not None and checkpoints.is_inference())
+    )
 
 
 def attach_error() -> Optional[str]:

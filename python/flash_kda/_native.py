@@ -17,6 +17,7 @@ ABI_VERSION = 8
 TESTING_VERSION = 4  # flash_kda_testing.h
 LIBRARY_NAME = "libflash_kda.so"
 LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
+SWITCH_ENV = "FLA_FLASH_KDA"  # "0" turns the native path off (as it turns off fla's FlashKDA backend)
 
 FEATURE_FWD = 1
 FEATURE_PROBES = 2

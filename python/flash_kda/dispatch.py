@@ -20,7 +20,7 @@ import torch
 from . import _launch, _native, _validate, fallback
 
 logger = logging.getLogger("flash_kda")
-ENV_SWITCH = "FLA_FLASH_KDA"
+ENV_SWITCH = _native.SWITCH_ENV
 # FLASH_KDA_STRICT=1: a native call the library cannot run (a configuration the GPU cannot
 # launch, a launch error, an unsupported device) raises its error instead of falling back.
 STRICT_ENV = "FLASH_KDA_STRICT"

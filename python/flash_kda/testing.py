@@ -259,9 +259,10 @@ def library_call(call: FwdCall):
     return run
 
 
-def eager_op():
-    """The eager launch's op (``flash_kda::eager_launch``) once attached, else None."""
-    return _eager.OP
+def eager_op(short: bool = False):
+    """The eager launch's op once attached (``flash_kda::eager_launch``, or with ``short``
+    ``eager_launch_short``), else None."""
+    return _eager.OP_SHORT if short else _eager.OP
 
 
 def eager_forms(gate="lower_bound", beta_is_logit=True, exact=False, lower_bound=-5.0, checkpoint_every=None,

@@ -35,8 +35,10 @@ using Handle = void *;   // torch's AtenTensorHandle
 using BoxedFn = void (*)(Value *, uint64_t, uint64_t);
 using FwdFn = flash_kda_status (*)(int32_t, const flash_kda_fwd_args *, void *);
 
-// The arguments of eager_launch in schema order (_eager.SCHEMA): the tensors of flash_kda.fwd in
-// its order, then its scalars; eager_learn takes one more, kLearned.
+// The arguments of eager_launch in schema order (_eager.SCHEMAS): the tensors of flash_kda.fwd
+// in its order, then its scalars; eager_learn takes one more, kLearned. eager_launch_short
+// (a call without a pool or checkpoints: four arguments less to parse) takes the tensors up to
+// cu_seqlens, then the scalars but checkpoint_every.
 enum Slot : int {
   kQ, kK, kV, kG, kBeta, kOut,  // tensors
   kALog, kDtBias, kInitial, kFinal, kCuSeqlens, kIndices, kHasInitial, kCheckpoints,  // Tensor?
@@ -50,6 +52,8 @@ enum Slot : int {
 };
 constexpr int kTensors = kScale;
 constexpr int kFirstOptional = kALog;
+constexpr int kShortTensors = kIndices;  // eager_launch_short: q .. cu_seqlens
+constexpr int kShortSlots = kShortTensors + 4;
 constexpr const char *kSlotNames =
     "q,k,v,g,beta,out,A_log,dt_bias,initial_state,final_state,cu_seqlens,ssm_state_indices,"
     "has_initial_state,checkpoints,scale,lower_bound,checkpoint_every,max_seqlen,forms";
@@ -117,18 +121,29 @@ int next_victim = 0;
 std::vector<Workspace> workspaces;
 std::atomic<int64_t> launches{0};  // calls this library launched (for the tests)
 
-// One argument's tensor (owned: released by Args), or nullptr for None.
+// A call's arguments in slot order, whichever op passed them: each tensor (owned, released
+// by Args) or nullptr for None, and the scalars (checkpoint_every 0 for the short op).
 struct Args {
-  Value *stack;
   Handle tensors[kTensors] = {};
-  Args(Value *s) : stack(s) {
-    for (int i = 0; i < kTensors; ++i) {
+  Value scalars[kSlots - kScale] = {};
+  Args(const Value *s, bool short_layout) {
+    const int count = short_layout ? kShortTensors : kTensors;
+    for (int i = 0; i < count; ++i) {
       if (i < kFirstOptional) {
         tensors[i] = reinterpret_cast<Handle>(s[i]);
       } else if (Value *boxed = reinterpret_cast<Value *>(s[i])) {  // T?: a heap box or NULL
         tensors[i] = reinterpret_cast<Handle>(*boxed);
         delete boxed;
       }
+    }
+    if (short_layout) {
+      const Value *rest = s + kShortTensors;  // scale, lower_bound, max_seqlen, forms
+      scalars[kScale - kScale] = rest[0];
+      scalars[kLowerBound - kScale] = rest[1];
+      scalars[kMaxSeqlen - kScale] = rest[2];
+      scalars[kForms - kScale] = rest[3];
+    } else {
+      std::memcpy(scalars, s + kScale, sizeof(scalars));
     }
   }
   ~Args() {
@@ -142,16 +157,10 @@ struct Args {
   }
 };
 
-double as_double(Value v) {
-  double d;
-  std::memcpy(&d, &v, sizeof(d));
-  return d;
-}
-
 // The signature of a call: every word that the Python validation's signature reads
 // (python/flash_kda/_validate.py: signature), pointers aside. False for a tensor of more than
 // kMaxDims dimensions (never valid: the Python path says why).
-bool key_of(const Args &a, const Value *stack, int64_t *key) {
+bool key_of(const Args &a, int64_t *key) {
   int64_t *w = key;
   for (int i = 0; i < kTensors; ++i) {
     Handle t = a.tensors[i];
@@ -176,7 +185,7 @@ bool key_of(const Args &a, const Value *stack, int64_t *key) {
     for (int d = 0; d < kMaxDims; ++d) *w++ = d < dim ? sizes[d] : 0;
     for (int d = 0; d < kMaxDims; ++d) *w++ = d < dim ? strides[d] : 0;
   }
-  for (int slot = kScale; slot < kSlots; ++slot) *w++ = static_cast<int64_t>(stack[slot]);
+  for (Value v : a.scalars) *w++ = static_cast<int64_t>(v);
   *w++ = a.tensors[kInitial] != nullptr && a.ptr(kInitial) == a.ptr(kFinal);  // in place
   return w - key == kKeyWords;
 }
@@ -275,31 +284,37 @@ int64_t launch(const Args &a, Record &r) {
 // The read of a call's tensors and key, then `then(args, hash, key)`; the op's result (kMiss
 // without a CUDA q or a key) into stack[0].
 template <typename Then>
-void with_key(Value *stack, uint64_t num_args, uint64_t expected, Then then) {
+void with_key(Value *stack, uint64_t num_args, uint64_t expected, bool short_layout, Then then) {
   int64_t result = kMiss;
   if (num_args == expected) {
-    Args a(stack);
+    Args a(stack, short_layout);
     int64_t key[kKeyWords];
     int32_t type = -1;
     torch_fns.device_type(a.tensors[kQ], &type);
-    if (type == cuda_type && key_of(a, stack, key)) result = then(a, hash_of(key), key);
+    if (type == cuda_type && key_of(a, key)) result = then(a, hash_of(key), key);
   }
   std::memcpy(&stack[0], &result, sizeof(result));
 }
 
-// eager_launch: 0 (launched), kMiss, or flash_kda_fwd's refusal (> 0, nothing launched; the
-// Python path reports it).
-void eager_launch(Value *stack, uint64_t num_args, uint64_t num_outputs) {
-  with_key(stack, num_args, kSlots, [](const Args &a, uint64_t hash, const int64_t *key) {
-    Record r;
-    return find(hash, key, r) ? launch(a, r) : kMiss;
-  });
+int64_t find_and_launch(const Args &a, uint64_t hash, const int64_t *key) {
+  Record r;
+  return find(hash, key, r) ? launch(a, r) : kMiss;
+}
+
+// eager_launch and eager_launch_short: 0 (launched), kMiss, or flash_kda_fwd's refusal (> 0,
+// nothing launched; the Python path reports it).
+void eager_launch(Value *stack, uint64_t num_args, uint64_t) {
+  with_key(stack, num_args, kSlots, false, find_and_launch);
+}
+
+void eager_launch_short(Value *stack, uint64_t num_args, uint64_t) {
+  with_key(stack, num_args, kShortSlots, true, find_and_launch);
 }
 
 // eager_learn: remember the call's key with the Learned at stack[kLearned]; 0, or kMiss.
-void eager_learn(Value *stack, uint64_t num_args, uint64_t num_outputs) {
+void eager_learn(Value *stack, uint64_t num_args, uint64_t) {
   const Learned *learned = num_args == kSlots + 1 ? reinterpret_cast<const Learned *>(stack[kLearned]) : nullptr;
-  with_key(stack, num_args, kSlots + 1, [learned](const Args &, uint64_t hash, const int64_t *key) {
+  with_key(stack, num_args, kSlots + 1, false, [learned](const Args &, uint64_t hash, const int64_t *key) {
     if (learned == nullptr) return kMiss;
     learn(hash, key, *learned);
     return int64_t{0};
@@ -318,7 +333,7 @@ bool resolve(void *lib, const char *name, F &fn) {
 FLASH_KDA_TORCH_API const char *flash_kda_torch_slots() { return kSlotNames; }
 
 // Find torch's C functions in the loaded libtorch and register the kernels of
-// flash_kda::eager_launch and eager_learn (defined by the package first). 0 on success; else the
+// flash_kda::eager_launch, eager_launch_short and eager_learn (defined by the package first). 0 on success; else the
 // step that failed: 1 libtorch not loaded or too old (no torch_library_impl: torch < 2.10),
 // 3 registration refused. With a torch without CUDA every call is a miss.
 FLASH_KDA_TORCH_API int32_t flash_kda_torch_attach(const void *flash_kda_fwd) {
@@ -354,6 +369,7 @@ FLASH_KDA_TORCH_API int32_t flash_kda_torch_attach(const void *flash_kda_fwd) {
     void *library = nullptr;
     if (t.library_init_impl("flash_kda", key, __FILE__, __LINE__, &library) != 0 ||
         t.library_impl(library, "eager_launch", &eager_launch, kAbi210) != 0 ||
+        t.library_impl(library, "eager_launch_short", &eager_launch_short, kAbi210) != 0 ||
         t.library_impl(library, "eager_learn", &eager_learn, kAbi210) != 0)
       return 3;
   }
