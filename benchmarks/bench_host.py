@@ -12,8 +12,10 @@ launch queue never fills and the numbers are host time, not GPU time.
 
 - ``repeat_signature_us``: ``flash_kda.fwd`` of the tiny batched call (T=256, H=4, bf16 states
   in and out; its plan launches K1 and K2), every call the same signature with new data
-  pointers (the inputs rotate through several copies); ``varlen_repeat_us`` the same tokens as
-  two sequences (a third kernel, the prefix);
+  pointers (the inputs rotate through several copies), in grad mode as a plain script calls it;
+  ``repeat_signature_inference_us`` the same under ``torch.inference_mode()``, as serving
+  engines call it; ``varlen_repeat_us`` the same tokens as two sequences (a third kernel, the
+  prefix);
 - ``new_signature_us``: the tiny call with every call a new token count (more than the
   signature records and the library's plans hold), the case of a varlen serving step;
 - ``flashkda_us``: upstream FlashKDA's ``flash_kda_C.fwd`` on the same call with its workspace
@@ -91,6 +93,11 @@ def new_signatures(lens, heads, device, count=DISTINCT):
     return sliced
 
 
+def inference(fn, *args):
+    with torch.inference_mode():
+        fn(*args)
+
+
 def rotating(fn, calls):
     turn = iter(range(1 << 62))
     return lambda: fn(*calls[next(turn) % len(calls)])
@@ -160,10 +167,12 @@ def back_to_back_ms(fn, reps, target_ms=20.0):
 
 
 def eager_against_graph(reps):
-    """[{shape, eager_ms, graph_ms, ratio}] for the table's rows (automatic path)."""
+    """[{shape, eager_ms, eager_side_stream_ms, graph_ms, ratio}] for the table's rows
+    (automatic path): eager calls on the current (default) stream and on a stream of their
+    own, and replays of a graph of the call."""
     import flash_kda
 
-    rows = []
+    rows, side = [], torch.cuda.Stream()
     for shape, lens, heads in TABLE:
         ((args, longest),) = calls_of(lens, heads, "cuda", copies=1)
 
@@ -171,14 +180,17 @@ def eager_against_graph(reps):
             flash_kda.fwd(*args, max_seqlen=longest)
 
         eager_ms = back_to_back_ms(eager, reps)
+        with torch.cuda.stream(side):  # an engine's own stream rather than the legacy default one
+            side_ms = back_to_back_ms(eager, reps)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             eager()
         graph_ms = back_to_back_ms(graph.replay, reps)
-        rows.append(dict(shape=shape, eager_ms=round(eager_ms, 5), graph_ms=round(graph_ms, 5),
-                         ratio=round(eager_ms / graph_ms, 4)))  # fmt: skip
+        rows.append(dict(shape=shape, eager_ms=round(eager_ms, 5), eager_side_stream_ms=round(side_ms, 5),
+                         graph_ms=round(graph_ms, 5), ratio=round(eager_ms / graph_ms, 4)))  # fmt: skip
         ratio = eager_ms / graph_ms
-        print(f"  {shape:16s} eager {eager_ms:8.4f} ms  graph {graph_ms:8.4f} ms  eager/graph {ratio:6.3f}", flush=True)
+        print(f"  {shape:16s} eager {eager_ms:8.4f} ms  on a side stream {side_ms:8.4f} ms  graph {graph_ms:8.4f} ms"
+              f"  eager/graph {ratio:6.3f}", flush=True)  # fmt: skip
         del graph, args
         torch.cuda.empty_cache()
     return rows
@@ -254,6 +266,7 @@ def main():
         varlen = calls_of(*TINY_VARLEN, device)
         runs = [
             ("repeat_signature_us", rotating(lambda *a: fwd(*a), batched)),
+            ("repeat_signature_inference_us", rotating(lambda *a: inference(fwd, *a), batched)),
             ("varlen_repeat_us", rotating(lambda a, longest: fwd(*a, max_seqlen=longest), varlen)),
             ("new_signature_us", rotating(lambda *a: fwd(*a), new_signatures(*TINY, device))),
             ("flashkda_us", flashkda_call(*TINY, device) if cuda else None),
@@ -263,7 +276,7 @@ def main():
         print(f"host time per call in us (median and p90 of {args.bursts} bursts of {args.burst}), {where}:")
         for name, fn in runs:
             timed = None if fn is None else host_us(fn, args.bursts, args.burst, cuda)
-            print(f"  {name:22s} " + ("n/a" if timed is None else f"{timed[0]:8.1f} {timed[1]:8.1f}"), flush=True)
+            print(f"  {name:30s} " + ("n/a" if timed is None else f"{timed[0]:8.1f} {timed[1]:8.1f}"), flush=True)
             result[name] = None if timed is None else round(timed[0], 2)
             result[name.replace("_us", "_p90_us")] = None if timed is None else round(timed[1], 2)
         if args.layers:

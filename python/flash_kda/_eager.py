@@ -156,8 +156,27 @@ def launched(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_
         if (
             _has_torch_function((q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens,
                                  ssm_state_indices, has_initial_state, checkpoints))  # fmt: skip
-            or (_grad_enabled() and _requires_grad(q, k, v, g, beta, A_log, dt_bias, initial_state))
-            or (not _inference_enabled() and _inference_written(out, final_state, checkpoints))
+            or (
+                _grad_enabled()
+                and (
+                    q.requires_grad
+                    or k.requires_grad
+                    or v.requires_grad
+                    or g.requires_grad
+                    or beta.requires_grad
+                    or (A_log is not None and A_log.requires_grad)
+                    or (dt_bias is not None and dt_bias.requires_grad)
+                    or (initial_state is not None and initial_state.requires_grad)
+                )
+            )
+            or (
+                not _inference_enabled()
+                and (
+                    out.is_inference()
+                    or (final_state is not None and final_state.is_inference())
+                    or (checkpoints is not None and checkpoints.is_inference())
+                )
+            )
             or capturing()
         ):
             return False
@@ -175,27 +194,6 @@ def launched(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_
         return status == 0
     except Exception:
         return False
-
-
-def _requires_grad(q, k, v, g, beta, A_log, dt_bias, initial_state) -> bool:
-    return (
-        q.requires_grad
-        or k.requires_grad
-        or v.requires_grad
-        or g.requires_grad
-        or beta.requires_grad
-        or (A_log is not None and A_log.requires_grad)
-        or (dt_bias is not None and dt_bias.requires_grad)
-        or (initial_state is not None and initial_state.requires_grad)
-    )
-
-
-def _inference_written(out, final_state, checkpoints) -> bool:
-    return (
-        out.is_inference()
-        or (final_state is not None and final_state.is_inference())
-        or (checkpoints is not None and checkpoints.is_inference())
-    )
 
 
 def attach_error() -> Optional[str]:
