@@ -294,7 +294,9 @@ FLASH_KDA_API flash_kda_status flash_kda_fwd_plan(int32_t compute_capability,
                                                   flash_kda_fwd_plan_info *plan) FLASH_KDA_NOEXCEPT;
 
 /* The forward on `stream` with the kernels of the table for `compute_capability`. Every
- * check runs on every call, before anything is launched. */
+ * check runs before anything is launched; those that read no pointer run once for each
+ * signature (every field but the pointers and the workspace, on one device), whose plan is
+ * remembered with them. */
 FLASH_KDA_API flash_kda_status flash_kda_fwd(int32_t compute_capability,
                                              const flash_kda_fwd_args *args,
                                              void *stream) FLASH_KDA_NOEXCEPT;
