@@ -146,6 +146,19 @@ flash_kda_status plan_call(const char *fn, int32_t cc, const flash_kda_fwd_args 
   return FLASH_KDA_OK;
 }
 
+// The launch of a call that passed every check: its params (strides from check_tensors) laid
+// out by the plan, under the test switches, on `stream` with the table's kernels.
+flash_kda_status launch_checked(const char *fn, const flash_kda_fwd_args &a,
+                                const flash_kda_testing_overrides &o, const KnownCall &known,
+                                FwdParams &params, void *stream) {
+  fill_params(a, known.plan, params);
+  params.test = switches_of(o);
+  if (o.wait_limit_ns > 0) params.wait_limit_ns = static_cast<uint64_t>(o.wait_limit_ns);
+  if (params.test.record != nullptr) params.test.record->count = 0;
+  params.stable_inverse = known.stable_inverse;
+  return launch_result(fn, known.table->fwd(params, static_cast<cudaStream_t>(stream)));
+}
+
 // flash_kda_fwd with overrides: every check that needs no device, then the device's facts,
 // the plan and the workspace, then the launches (none for a call without sequences; only
 // the state copy for one without tokens).
@@ -179,10 +192,7 @@ flash_kda_status forward(const char *fn, int32_t compute_capability, const flash
       err = check_tensors(a, params);
       if (err.empty()) err = check_workspace(a, known.plan);
       if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
-      fill_params(a, known.plan, params);
-      params.test = switches_of(o);
-      params.stable_inverse = known.stable_inverse;
-      return launch_result(fn, known.table->fwd(params, static_cast<cudaStream_t>(stream)));
+      return launch_checked(fn, a, o, known, params, stream);
     }
   }
   const ArchTable *table = nullptr;
@@ -212,17 +222,13 @@ flash_kda_status forward(const char *fn, int32_t compute_capability, const flash
   err = check_plan(a, o, device, plan);
   if (err.empty()) err = check_workspace(a, plan);
   if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
-  fill_params(a, plan, params);
-  params.test = switches_of(o);
-  if (o.wait_limit_ns > 0) params.wait_limit_ns = static_cast<uint64_t>(o.wait_limit_ns);
-  if (params.test.record != nullptr) params.test.record->count = 0;
   // AUTO mode's stable inverse where the table enables it, or the test entry point asks
   const bool stable = o.stable_inverse == 0
                           ? (table->features & FLASH_KDA_FEATURE_STABLE_INVERSE) != 0
                           : o.stable_inverse == 1;
-  params.stable_inverse = a.mode == FLASH_KDA_MODE_AUTO && stable;
-  if (cacheable && device_index >= 0) remember_call(signature, KnownCall{table, params.stable_inverse, plan});
-  return launch_result(fn, table->fwd(params, static_cast<cudaStream_t>(stream)));
+  const KnownCall known{table, a.mode == FLASH_KDA_MODE_AUTO && stable, plan};
+  if (cacheable && device_index >= 0) remember_call(signature, known);
+  return launch_checked(fn, a, o, known, params, stream);
 }
 
 // The facts of flash_kda_testing_device_facts.
