@@ -26,7 +26,7 @@ _has_torch_function, _grad_enabled, _inference_enabled = (
 # () -> whether the current stream of the current device captures a graph (torch's C function
 # where this torch has it, ~1 us less than the public one)
 capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
-_ENVIRON, _OFF, _EXACT_KEY, _ONE = _validate.ENVIRON, b"0", _validate.EXACT_ENV.encode(), b"1"
+_ENVIRON, _OFF = _validate.ENVIRON, b"0"
 _SWITCH_KEY = _native.SWITCH_ENV.encode()
 
 LIBRARY_NAME = "libflash_kda_torch.so"
@@ -69,7 +69,7 @@ def forms(gate: str, beta_is_logit: bool, exact: bool, lower_bound, checkpoint_e
 
 
 class _Learned(ctypes.Structure):
-    """flash_kda_torch_learned of eager.cpp: what a learn call hands the library."""
+    """eager.cpp's Learned: what a learn call hands the library."""
 
     _fields_ = [("args", ctypes.c_void_p), ("compute_capability", ctypes.c_int32), ("device", ctypes.c_int32),
                 ("workspace_bytes", ctypes.c_int64)]  # fmt: skip
@@ -140,17 +140,8 @@ def launched(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_
     capture (whose workspace is the graph's), of plain tensors none of which needs grad or is
     an inference tensor written outside inference mode, with the native path on. False for
     anything else (including an argument the op cannot take): the Python path runs it."""
-    if (
-        type(scale) is not float
-        or (type(lower_bound) is not float and lower_bound is not None)
-        or (checkpoint_every is not None and type(checkpoint_every) is not int)
-        or (max_seqlen is not None and type(max_seqlen) is not int)
-        or (exact is not None and exact is not True and exact is not False)
-        or (beta_is_logit is not True and beta_is_logit is not False)
-        or _native.overrides is not None
-        or _ENVIRON is None
-        or _ENVIRON.get(_SWITCH_KEY) == _OFF
-    ):
+    mode = _validate.cached_mode(scale, lower_bound, checkpoint_every, exact, max_seqlen, gate, beta_is_logit)
+    if mode is None or _native.overrides is not None or _ENVIRON is None or _ENVIRON.get(_SWITCH_KEY) == _OFF:
         return False
     try:
         if (
@@ -180,7 +171,6 @@ def launched(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_
             or capturing()
         ):
             return False
-        mode = (_ENVIRON.get(_EXACT_KEY) == _ONE) if exact is None else exact
         code = forms(gate, beta_is_logit, mode, lower_bound, checkpoint_every, max_seqlen)
         bound, longest = 0.0 if lower_bound is None else lower_bound, 0 if max_seqlen is None else max_seqlen
         if ssm_state_indices is None and has_initial_state is None and checkpoints is None:

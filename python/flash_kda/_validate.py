@@ -486,13 +486,10 @@ _SEEN = _Seen()
 _records: dict = {}  # signature -> SignatureRecord, or _SEEN after its first call
 
 
-def signature(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
-              cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None,
-              checkpoints=None, exact=None, max_seqlen=None, gate="lower_bound", beta_is_logit=True):  # fmt: skip
-    """Everything the signature-dependent checks read, as a hashable key (the resolved mode
-    last); None when the call is not cached (scalars of other types than float, int and
-    bool/None, a gate that is not one of GATES, or an argument that does not look like a
-    tensor: the full validation then runs and reports it)."""
+def cached_mode(scale, lower_bound, checkpoint_every, exact, max_seqlen, gate, beta_is_logit) -> Optional[bool]:
+    """The resolved mode of a call whose scalars a signature can hold (float scale, float or
+    None lower_bound, int or None checkpoint_every and max_seqlen, bool or None exact, a gate
+    of GATES, bool beta_is_logit); None for any other (the full validation reports it)."""
     if type(scale) is not float or (type(lower_bound) is not float and lower_bound is not None):
         return None
     if (gate != "lower_bound" and gate not in GATES) or (beta_is_logit is not True and beta_is_logit is not False):
@@ -502,10 +499,19 @@ def signature(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
     ):
         return None
     if exact is None:
-        mode = ENVIRON.get(_EXACT_KEY) == _ONE if ENVIRON is not None else os.environ.get(EXACT_ENV) == "1"
-    elif exact is True or exact is False:
-        mode = exact
-    else:
+        return resolve_exact(None)
+    return exact if exact is True or exact is False else None
+
+
+def signature(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
+              cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None,
+              checkpoints=None, exact=None, max_seqlen=None, gate="lower_bound", beta_is_logit=True):  # fmt: skip
+    """Everything the signature-dependent checks read, as a hashable key (the resolved mode
+    last); None when the call is not cached (scalars of other types than float, int and
+    bool/None, a gate that is not one of GATES, or an argument that does not look like a
+    tensor: the full validation then runs and reports it)."""
+    mode = cached_mode(scale, lower_bound, checkpoint_every, exact, max_seqlen, gate, beta_is_logit)
+    if mode is None:
         return None
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
                has_initial_state, checkpoints)  # fmt: skip

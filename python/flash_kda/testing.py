@@ -253,8 +253,9 @@ def library_call(call: FwdCall):
     address, fwd = ctypes.addressof(args), lib.fwd_by_address
 
     def run(keep=keep, ws=ws, args=args):
-        if fwd(cc, address, stream):
-            raise _native.NativeError(lib.error(1), 1)
+        status = fwd(cc, address, stream)
+        if status:
+            raise _native.NativeError(lib.error(status), status)
 
     return run
 
