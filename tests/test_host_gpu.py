@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """The eager host path on the GPU: a repeated signature's prepacked launch and then its launch
-from C (``_eager``, torch >= 2.10) give the validated path's bits and still refuse data faults;
+from C (``_eager``, torch >= 2.10), and the launch from C of a learned signature's family (other
+token and sequence counts), give the validated path's bits and still refuse data faults;
 the cached workspace is safe across streams and next to CUDA-graph replays; calls without
 tokens give the start states without a host synchronisation (so they can be captured)."""
 
@@ -34,6 +35,8 @@ def fresh(p):
     q = dict(p, out=nan_like(p["out"]))
     if p.get("final_state") is not None and p["final_state"] is not p.get("initial_state"):
         q["final_state"] = nan_like(p["final_state"])
+    if p.get("checkpoints") is not None:
+        q["checkpoints"] = nan_like(p["checkpoints"])
     return q
 
 
@@ -107,6 +110,111 @@ def test_a_prepacked_signature_refuses_data_faults_before_writing(fault):
     torch.cuda.synchronize()
     for name, x in before.items():
         assert torch.equal(bad[name].view(torch.int16), x.view(torch.int16)), f"a refused call wrote {name}"
+    assert testing.eager_launches() == launched, "the eager launch in C ran a refused call"
+
+
+def with_checkpoints(p, every):
+    shape, _ = flash_kda.checkpoint_layout(every, p["q"].shape[2], cu_seqlens=p["cu_seqlens"])
+    return dict(p, checkpoint_every=every, checkpoints=torch.full(shape, float("nan"), dtype=fp32, device=DEV))
+
+
+def families():
+    """(a learned problem, another of its family): batch 1, other token and sequence counts."""
+    batched = [make_problem(1, t, 4, initial=bf16, final=bf16, device=DEV, seed=6 + t) for t in (300, 173)]
+    varlen = [make_problem(1, 0, 4, lens=lens, initial=fp32, final=fp32, device=DEV, seed=8) for lens in
+              ([100, 0, 156], [40, 200, 1, 77])]  # fmt: skip
+    varlen[0]["max_seqlen"], varlen[1]["max_seqlen"] = 156, 200
+    pool = [
+        pooled_problem(1, 0, 2, [2, -1, 0], 3, lens=[64, 5, 90], has_initial=[True, True, False], device=DEV),
+        pooled_problem(1, 0, 2, [1, 4], 5, lens=[33, 250], has_initial=[False, True], device=DEV, seed=9),
+    ]
+    checkpoints = [with_checkpoints(make_problem(1, 0, 2, lens=lens, initial=fp32, final=fp32, device=DEV, seed=10),
+                                    32) for lens in ([70, 200], [300, 17, 64])]  # fmt: skip
+    return dict(batched=batched, varlen=varlen, pool=pool, checkpoints=checkpoints)
+
+
+def learned(p, **keywords):
+    """p's signature taught to the eager launch in C (its mark, record and prepacked launch)."""
+    for _ in range(3):
+        call(flash_kda.fwd, fresh(p), **keywords)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("name", ["batched", "varlen", "pool", "checkpoints"])
+def test_a_learned_family_runs_other_sizes_from_c_with_the_validated_path_s_bits(name, exact):
+    base, member = families()[name]
+    testing.clear_caches()  # the member's bits on the validated path: nothing learned
+    expected = fresh(member)
+    call(flash_kda.fwd, expected, exact=exact)
+    testing.clear_caches()
+    learned(base, exact=exact)
+    first = through_c(member, exact=exact)  # a member of the family, checked and planned in C
+    again = through_c(member, exact=exact)  # its own signature, learned by the call before
+    torch.cuda.synchronize()
+    for got in (first, again):
+        for what in ("out", "final_state", "checkpoints"):
+            if member.get(what) is not None and member[what] is not member.get("initial_state"):
+                assert_bitwise(got[what], expected[what], what)
+
+
+def family_fault(fault, p):
+    """A call of p's family (other sizes) with one fault, and the error the validation gives."""
+    bad = fresh(make_problem(1, 0, 4, lens=[50, 211], initial=fp32, final=fp32, device=DEV, seed=11))
+    if fault == "k-shorter":
+        return dict(bad, k=bad["k"][:, :-16].contiguous()), "k must have shape"
+    if fault == "states-of-another-N":
+        return dict(bad, initial_state=p["initial_state"]), "initial_state must have shape"
+    if fault == "max_seqlen-above-T":
+        return dict(bad, max_seqlen=bad["q"].shape[1] + 1), "max_seqlen must be in"
+    if fault == "q-misaligned":
+        return dict(bad, q=misaligned(bad["q"])), "q must be 16-byte aligned"
+    if fault == "out-overlaps-v":
+        return dict(bad, out=bad["v"]), "out must not overlap v in memory"
+    cu = bad["cu_seqlens"].cpu()  # on the host, contents checked: never the family's (device) signature
+    cu[1] = cu[2] + 1
+    return dict(bad, cu_seqlens=cu), "cu_seqlens"
+
+
+FAMILY_FAULTS = ["k-shorter", "states-of-another-N", "max_seqlen-above-T", "q-misaligned", "out-overlaps-v",
+                 "host-cu_seqlens-decreasing"]  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", FAMILY_FAULTS)
+def test_a_family_member_still_refuses_data_faults_before_writing(fault):
+    testing.clear_caches()
+    p = make_problem(1, 0, 4, lens=[100, 28, 128], initial=fp32, final=fp32, device=DEV, seed=12)
+    learned(p)
+    bad, message = family_fault(fault, p)
+    launched = testing.eager_launches()
+    before = {name: bad[name].clone() for name in ("out", "final_state")}
+    with pytest.raises(ValueError, match=message):
+        call(flash_kda.fwd, bad)
+    torch.cuda.synchronize()
+    for name, x in before.items():
+        assert torch.equal(bad[name].view(torch.int16), x.view(torch.int16)), f"a refused call wrote {name}"
+    assert testing.eager_launches() == launched, "the eager launch in C ran a refused call"
+
+
+def strided_out(p, token_stride):
+    """p with out a view of token stride ``token_stride`` (elements) into a NaN buffer."""
+    _, T, H, D = p["out"].shape
+    buffer = torch.full(((T - 1) * token_stride + H * D,), float("nan"), dtype=bf16, device=DEV)
+    return dict(p, out=buffer.as_strided(p["out"].shape, (buffer.numel(), token_stride, D, 1))), buffer
+
+
+def test_a_family_member_whose_out_would_overlap_itself_is_left_to_the_validation():
+    """A single-token call may give out any token stride; a longer call of its family with that
+    stride would write elements twice, so the launch from C leaves it to the validation."""
+    testing.clear_caches()
+    base, _ = strided_out(make_problem(1, 1, 4, initial=fp32, final=fp32, device=DEV, seed=13), 8)
+    for _ in range(3):
+        call(flash_kda.fwd, base)
+    bad, buffer = strided_out(make_problem(1, 261, 4, initial=fp32, final=fp32, device=DEV, seed=13), 8)
+    launched, before = testing.eager_launches(), buffer.clone()
+    with pytest.raises(ValueError, match="out must not overlap itself"):
+        call(flash_kda.fwd, bad)
+    torch.cuda.synchronize()
+    assert torch.equal(buffer.view(torch.int16), before.view(torch.int16)), "a refused call wrote out"
     assert testing.eager_launches() == launched, "the eager launch in C ran a refused call"
 
 

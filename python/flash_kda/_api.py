@@ -160,13 +160,19 @@ def fwd(
             q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
             ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate, beta_is_logit,
         )  # fmt: skip
-    dispatch.run(
-        _validate.check_fwd(
-            q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
-            ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate, beta_is_logit,
-            key=key,
-        )
+    # once the eager launch in C is attached, a signature's first call makes its record, so that
+    # its launch teaches C the signature's family (the next varlen step is one of it)
+    call = _validate.check_fwd(
+        q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+        ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate, beta_is_logit,
+        key=key, mark_first=not _eager.learns(),
     )  # fmt: skip
+    if dispatch.run(call) and call.record is not None and call.record.launch is not None:
+        call.record.launch.learn(
+            q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+            ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, key[-1], max_seqlen, gate,
+            beta_is_logit,
+        )  # fmt: skip
 
 
 if fwd.__doc__ is not None:  # python -OO drops docstrings

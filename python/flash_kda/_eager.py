@@ -78,7 +78,7 @@ class _Learned(ctypes.Structure):
 OP = None  # eager_launch's callable once attached
 OP_SHORT = None  # eager_launch_short's
 _LEARN = None  # eager_learn's
-_state = dict(tried=False, library=None, error=None, definition=None)
+_state = dict(tried=False, library=None, error=None, definition=None, native=None)
 _lock = threading.Lock()
 
 
@@ -108,7 +108,7 @@ def attach(lib: "_native.NativeLibrary") -> Optional[ctypes.CDLL]:
                 try:
                     so = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
                     so.flash_kda_torch_attach.restype = ctypes.c_int32
-                    so.flash_kda_torch_attach.argtypes = [ctypes.c_void_p]
+                    so.flash_kda_torch_attach.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
                     so.flash_kda_torch_set_workspace.argtypes = [ctypes.c_int32, ctypes.c_void_p,
                                                                  ctypes.c_void_p, ctypes.c_int64]  # fmt: skip
                     so.flash_kda_torch_slots.restype = ctypes.c_char_p
@@ -118,10 +118,11 @@ def attach(lib: "_native.NativeLibrary") -> Optional[ctypes.CDLL]:
                     definition = torch.library.Library("flash_kda", "FRAGMENT")
                     for schema in SCHEMAS:
                         definition.define(schema)
-                    status = so.flash_kda_torch_attach(ctypes.cast(lib.fwd_by_address, ctypes.c_void_p))
+                    status = so.flash_kda_torch_attach(ctypes.cast(lib.fwd_by_address, ctypes.c_void_p),
+                                                       lib.plan_address)  # fmt: skip
                     if status:
                         raise RuntimeError(f"flash_kda_torch_attach failed at step {status}")
-                    _state.update(library=so, definition=definition)
+                    _state.update(library=so, definition=definition, native=lib)
                     ops = torch.ops.flash_kda
                     # the C++ callables, without a Python frame
                     _LEARN, OP_SHORT, OP = (
@@ -184,6 +185,12 @@ def launched(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_
         return status == 0
     except Exception:
         return False
+
+
+def learns() -> bool:
+    """Whether the native path's launches teach the eager launch in C their signatures: it is
+    attached to the library that runs them (not to a stand-in's calls, flash_kda.testing)."""
+    return OP is not None and _native.load() is _state["native"]
 
 
 def attach_error() -> Optional[str]:

@@ -136,7 +136,10 @@ def workspace(device: torch.device, index: int, stream: int, nbytes: int) -> tor
     key = (index, stream)
     cached = _workspaces.get(key)
     if cached is None or cached.numel() < nbytes:
-        cached = _workspaces[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        # a power of two: the calls of a growing varlen batch reallocate it (and leave the launch
+        # from C, which only takes a workspace it has been given) a few times, not at each step
+        size = min(WORKSPACE_CACHE_BYTES, 1 << max(nbytes - 1, 1).bit_length())
+        cached = _workspaces[key] = torch.empty(size, dtype=torch.uint8, device=device)
         _eager.set_workspace(index, stream, cached)
     return cached
 
@@ -169,14 +172,17 @@ def _restore(previous: int, index: int) -> None:
 
 
 def run(call: _validate.FwdCall, index: int, facts: tuple, switch: str, *, workspace_tensor=None,
-        overrides=None) -> None:  # fmt: skip
+        overrides=None) -> bool:  # fmt: skip
     """Run a validated call on CUDA device ``index`` (``facts``: its compute capability and
     SMs) on its current stream, with the device made current for the call (as ``with
     torch.cuda.device(index)``); ``switch``: the environment variable whose value "0" makes
     the prepacked launch leave a call to the dispatcher. ``workspace_tensor`` (uint8, at least the plan's bytes) may
     be given to read the records afterwards; ``overrides`` (a ``_native.TestingOverrides``)
-    go through the test entry point; by default the process-wide ones, if any."""
+    go through the test entry point; by default the process-wide ones, if any. True once
+    launched; the eager launch in C is attached at the first launch (``_eager``)."""
     lib = _native.load()
+    if _eager.OP is None:
+        _eager.attach(lib)
     cc, num_sms = facts
     if overrides is None:
         overrides = _native.overrides
@@ -194,6 +200,7 @@ def run(call: _validate.FwdCall, index: int, facts: tuple, switch: str, *, works
     finally:
         _restore(previous, index)
     del keep_alive  # only now: the stream orders any reuse of their memory after the launch
+    return True
 
 
 # ------------------------------------------------------------------ the prepacked launch

@@ -578,15 +578,15 @@ _NO_KEY = object()  # check_fwd's default: compute the signature
 def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
               cu_seqlens=None, ssm_state_indices=None, has_initial_state=None, checkpoint_every=None, checkpoints=None,
               exact=None, max_seqlen=None, gate="lower_bound", beta_is_logit=True, *,
-              key=_NO_KEY) -> FwdCall:  # fmt: skip
+              key=_NO_KEY, mark_first=True) -> FwdCall:  # fmt: skip
     """Validate one ``fwd`` call (arguments as :func:`flash_kda.fwd`); return it as a
     :class:`FwdCall`. Reads no device memory (index tensors on the CPU are read). Raises
     ``TypeError``, ``ValueError`` or ``RuntimeError`` (grad) before anything is written.
 
     The first two calls of a signature (``key``: its :func:`signature`, computed when not
-    given) run every check, the second making its record; later ones run the pointer- and
-    content-dependent checks only (alignment, aliasing, index tensors on the host), which is
-    all that can differ between them."""
+    given) run every check, the second making its record (the first, unless ``mark_first``);
+    later ones run the pointer- and content-dependent checks only (alignment, aliasing, index
+    tensors on the host), which is all that can differ between them."""
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
                has_initial_state, checkpoints)  # fmt: skip
     if key is _NO_KEY:
@@ -602,7 +602,7 @@ def check_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial
     if key is not None:
         if len(_records) >= SIGNATURE_CACHE_SIZE:
             _records.clear()
-        if record is None:  # met once: a mark
+        if record is None and mark_first:  # met once: a mark
             _records[key] = _SEEN
         else:
             record = _records[key] = SignatureRecord(call, tensors, overlaps)

@@ -156,13 +156,13 @@ def _log_once(device, path: str, reason: str) -> None:
         logger.log(logging.WARNING if warn else logging.INFO, "flash_kda.fwd on %s -> %s (%s)", device, path, reason)
 
 
-def run_native(call: _validate.FwdCall, *, workspace=None, overrides=None) -> None:
+def run_native(call: _validate.FwdCall, *, workspace=None, overrides=None) -> bool:
     """Run a validated call on the native path (``_launch.run``) on the current stream of its
     device: ``workspace`` (uint8 on the device, at least the plan's bytes) may be given to
     read the records afterwards, ``overrides`` (``_native.TestingOverrides``) force parts of
     the plan through the test entry point."""
     index = _cuda_index(call.device)
-    _launch.run(call, index, device_facts(index), ENV_SWITCH, workspace_tensor=workspace, overrides=overrides)
+    return _launch.run(call, index, device_facts(index), ENV_SWITCH, workspace_tensor=workspace, overrides=overrides)
 
 
 def forms_refusal(device: torch.device, gate: str, beta_is_logit: bool, g_dtype, beta_dtype) -> Optional[str]:
@@ -247,11 +247,11 @@ def recover(call: _validate.FwdCall, error: "_native.NativeError") -> None:
         raise RuntimeError(f"{error}; the {path} fallback failed too: {failed}") from failed
 
 
-def run(call: _validate.FwdCall) -> None:
+def run(call: _validate.FwdCall) -> bool:
     """Run a validated call on the path :func:`explain` picks (logged once per reason); calls
     of other gate or beta forms than FlashKDA's leave the native path until their kernels are
     enabled (:func:`forms_refusal`); where the native library cannot run a call it falls back
-    (:func:`recover`)."""
+    (:func:`recover`). True where the native kernels ran it."""
     device = call.device
     path, reason = _path_of(device)
     if path == NATIVE and not call.default_forms:
@@ -262,8 +262,9 @@ def run(call: _validate.FwdCall) -> None:
     _log_once(device, path, reason)
     if path != NATIVE:
         _run_fallback(call, path)
-        return
+        return False
     try:
-        run_native(call)
+        return run_native(call)
     except _native.NativeError as error:
         recover(call, error)
+        return False

@@ -9,19 +9,24 @@
 // same signature (every shape, stride, dtype, device and flag equal; any data pointers) is
 // then read here, in a few hundred nanoseconds: its tensors' pointers are patched into the
 // learned arguments and flash_kda_fwd runs them, whose own checks (NULL, alignment, overlap)
-// run on every call. Anything else (a signature not learned, a gate parameter or index
-// tensor that the Python path would copy to align it, no workspace for the stream) returns
-// kMiss and the Python path runs the call.
+// run on every call. A call of a learned signature's family (the same but for its token
+// count, its number of sequences and max_seqlen: a varlen serving step; batch 1) is checked
+// here for what those sizes change (family_args), planned by flash_kda_fwd_plan and then
+// learned itself. Anything else (a signature not learned, a gate parameter or index tensor
+// that the Python path would copy to align it, no workspace for the stream) returns kMiss
+// and the Python path runs the call.
 //
 // No link dependency: torch's C functions are looked up once in the loaded libtorch
 // (dlopen RTLD_NOLOAD), and flash_kda_fwd is passed in by address, so this library loads in
-// any process and does nothing until flash_kda_torch_attach succeeds.
+// any process and does nothing until flash_kda_torch_attach succeeds. flash_kda_fwd_plan is
+// passed the same way.
 #include <dlfcn.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "flash_kda/flash_kda.h"
@@ -34,6 +39,7 @@ using Value = uint64_t;  // torch's StableIValue: one 64-bit word per argument
 using Handle = void *;   // torch's AtenTensorHandle
 using BoxedFn = void (*)(Value *, uint64_t, uint64_t);
 using FwdFn = flash_kda_status (*)(int32_t, const flash_kda_fwd_args *, void *);
+using PlanFn = flash_kda_status (*)(int32_t, const flash_kda_fwd_args *, flash_kda_fwd_plan_info *);
 
 // The arguments of eager_launch in schema order (_eager.SCHEMAS): the tensors of flash_kda.fwd
 // in its order, then its scalars; eager_learn takes one more, kLearned. eager_launch_short
@@ -62,7 +68,9 @@ constexpr int64_t kMiss = -1;
 constexpr int kMaxDims = 4;
 // Per tensor: present, dtype, device type, device index, dim, sizes, strides; then the
 // scalars and whether final_state is initial_state.
-constexpr int kKeyWords = kTensors * (5 + 2 * kMaxDims) + (kSlots - kScale) + 1;
+constexpr int kTensorWords = 5 + 2 * kMaxDims;
+constexpr int kSizeWord = 5, kStrideWord = 5 + kMaxDims;  // a tensor's sizes[0], strides[0]
+constexpr int kKeyWords = kTensors * kTensorWords + (kSlots - kScale) + 1;
 constexpr int kRecords = 64;  // signatures kept (the Python records' bound)
 constexpr uint64_t kAbi210 = (2ULL << 56) | (10ULL << 48);  // the stable ABI this file follows
 
@@ -88,6 +96,7 @@ struct Torch {
 
 Torch torch_fns{};
 FwdFn fwd_fn = nullptr;
+PlanFn plan_fn = nullptr;
 int32_t cuda_type = -1;
 
 // What the package passes with a learn call: the validated call's arguments (pointers
@@ -102,8 +111,10 @@ struct Learned {
 
 struct Record {
   bool used = false;
-  uint64_t hash = 0;
+  bool has_family = false;  // batch 1: calls of other token and sequence counts may follow it
+  uint64_t hash = 0, family_hash = 0;
   int64_t key[kKeyWords];
+  int64_t family[kKeyWords];  // family_of(key)
   flash_kda_fwd_args args;
   int32_t compute_capability, device;
   int64_t workspace_bytes;
@@ -165,7 +176,7 @@ bool key_of(const Args &a, int64_t *key) {
   for (int i = 0; i < kTensors; ++i) {
     Handle t = a.tensors[i];
     if (t == nullptr) {
-      for (int j = 0; j < 5 + 2 * kMaxDims; ++j) *w++ = 0;
+      for (int j = 0; j < kTensorWords; ++j) *w++ = 0;
       continue;
     }
     int64_t dim = 0, *sizes = nullptr, *strides = nullptr;
@@ -196,18 +207,138 @@ uint64_t hash_of(const int64_t *key) {
   return h;
 }
 
-// The learned record of a key, copied out under the lock (nullptr-equivalent: false).
-bool find(uint64_t hash, const int64_t *key, Record &out) {
-  std::lock_guard<std::mutex> guard(lock);
-  for (const Record &r : records)
-    if (r.used && r.hash == hash && std::memcmp(r.key, key, sizeof(r.key)) == 0) {
-      out.args = r.args;
-      out.compute_capability = r.compute_capability;
-      out.device = r.device;
-      out.workspace_bytes = r.workspace_bytes;
-      return true;
+// ---- families: a learned signature's calls of other sizes
+
+// The tensors [B, T, ...] whose token count a family leaves free, and those [N, ...] (N + 1 for
+// cu_seqlens; the pool's slots or the checkpoints' for those) whose first size it leaves free.
+constexpr Slot kTokenTensors[] = {kQ, kK, kV, kG, kBeta, kOut};
+constexpr Slot kSequenceTensors[] = {kInitial,   kFinal,      kCuSeqlens,
+                                     kIndices,   kHasInitial, kCheckpoints};
+constexpr int kMaxSeqlenWord = kTensors * kTensorWords + (kMaxSeqlen - kScale);
+
+const int64_t *words(const int64_t *key, int slot) { return key + slot * kTensorWords; }
+
+// The family of a key: the key with the words that a call of another token count, number of
+// sequences or max_seqlen changes set to 0 (family_args checks those words of a member). Only
+// for calls of batch 1, whose batch stride means nothing: the words of every other dimension,
+// dtypes, devices and flags stay.
+bool family_of(const int64_t *key, int64_t *family) {
+  if (words(key, kQ)[kSizeWord] != 1) return false;
+  std::memcpy(family, key, sizeof(int64_t) * kKeyWords);
+  for (Slot t : kTokenTensors) {
+    family[t * kTensorWords + kSizeWord + 1] = 0;  // T
+    family[t * kTensorWords + kStrideWord] = 0;    // the batch stride
+  }
+  for (Slot t : kSequenceTensors) family[t * kTensorWords + kSizeWord] = 0;
+  family[kMaxSeqlenWord] = 0;
+  return true;
+}
+
+// A [B, T, H, 128] tensor's elements at distinct addresses (_layout.no_self_overlap): sorted by
+// stride, each stride of a dimension longer than one exceeds the span of the smaller ones.
+bool no_self_overlap(const int64_t *w) {
+  int64_t order[kMaxDims][2];  // (stride, size) of the dimensions longer than one
+  int n = 0;
+  for (int d = 0; d < kMaxDims; ++d)
+    if (w[kSizeWord + d] > 1) {
+      order[n][0] = w[kStrideWord + d];
+      order[n++][1] = w[kSizeWord + d];
     }
-  return false;
+  for (int i = 1; i < n; ++i)  // insertion sort by stride
+    for (int j = i; j > 0 && order[j][0] < order[j - 1][0]; --j)
+      std::swap(order[j], order[j - 1]);
+  int64_t span = 0;
+  for (int i = 0; i < n; ++i) {
+    if (order[i][0] <= span) return false;
+    span += order[i][0] * (order[i][1] - 1);
+  }
+  return true;
+}
+
+// (batch, token, head) strides of the C ABI for an activation or beta: 0 for a dimension of
+// extent one (_layout.activation_strides; the library checks the others).
+flash_kda_strides abi_strides(const int64_t *w) {
+  int64_t s[3];
+  for (int d = 0; d < 3; ++d) s[d] = w[kSizeWord + d] == 1 ? 0 : w[kStrideWord + d];
+  return {s[0], s[1], s[2]};
+}
+
+// A member of the family of `base`'s arguments (the Python validation passed `base`; this
+// call's key equals base's but for the words family_of frees): true with `args` set to base's
+// arguments for this call's sizes, after the checks of the validation that read those words
+// (the library checks the sizes' ranges, strides and overlap); false where one fails (a miss:
+// the Python path reports it). States, checkpoints and index tensors must keep their
+// contiguous layout for the new first size, out must not overlap itself.
+bool family_args(const int64_t *key, flash_kda_fwd_args &args) {
+  const int64_t *q = words(key, kQ);
+  const int64_t T = q[kSizeWord + 1], H = q[kSizeWord + 2];
+  for (Slot t : kTokenTensors)
+    if (words(key, t)[kSizeWord + 1] != T) return false;
+  if (T < 1 || !no_self_overlap(words(key, kOut))) return false;
+  const int64_t *cu = words(key, kCuSeqlens);
+  const int64_t N = cu[0] ? cu[kSizeWord] - 1 : 1;
+  const bool pool = words(key, kIndices)[0] != 0;
+  if (N < 1 || (cu[0] && cu[kStrideWord] != 1)) return false;
+  for (Slot t : {kIndices, kHasInitial}) {
+    const int64_t *w = words(key, t);
+    if (w[0] && (w[kSizeWord] != N || (N > 1 && w[kStrideWord] != 1))) return false;
+  }
+  const int64_t state_strides[kMaxDims] = {H * 128 * 128, 128 * 128, 128, 1};
+  int64_t slots = -1;  // the states' first size (N, or the pool's)
+  for (Slot t : {kInitial, kFinal, kCheckpoints}) {
+    const int64_t *w = words(key, t);
+    if (!w[0]) continue;
+    if (std::memcmp(w + kStrideWord, state_strides, sizeof(state_strides)) != 0) return false;
+    if (t == kCheckpoints) {
+      if (w[kSizeWord] < 1) return false;  // no slots: the Python path passes NULL
+      continue;
+    }
+    if (slots >= 0 && w[kSizeWord] != slots) return false;
+    slots = w[kSizeWord];
+  }
+  if (slots >= 0 && !pool && slots != N) return false;
+  const int64_t max_seqlen = key[kMaxSeqlenWord];
+  if (max_seqlen < 0 || max_seqlen > T) return false;
+  args.seqlen = T;
+  args.num_seqs = N;
+  args.max_seqlen = static_cast<int32_t>(max_seqlen);
+  args.state_pool_size = pool ? slots : 0;
+  args.checkpoint_slots = words(key, kCheckpoints)[0] ? words(key, kCheckpoints)[kSizeWord] : 0;
+  flash_kda_strides *strides[] = {&args.q_strides, &args.k_strides,    &args.v_strides,
+                                  &args.g_strides, &args.beta_strides, &args.out_strides};
+  for (int i = 0; i < 6; ++i) *strides[i] = abi_strides(words(key, kTokenTensors[i]));
+  return true;
+}
+
+// ---- the records
+
+// The learned record of a key (copied out under the lock), else a record of its family as
+// the base of the call (`member` true); false for neither.
+bool find(uint64_t hash, const int64_t *key, Record &out, bool &member) {
+  int64_t family[kKeyWords];
+  const bool has_family = family_of(key, family);
+  const uint64_t family_hash = has_family ? hash_of(family) : 0;
+  std::lock_guard<std::mutex> guard(lock);
+  const Record *base = nullptr;
+  for (const Record &r : records) {
+    if (!r.used) continue;
+    if (r.hash == hash && std::memcmp(r.key, key, sizeof(r.key)) == 0) {
+      base = &r;
+      member = false;
+      break;
+    }
+    if (base == nullptr && has_family && r.has_family && r.family_hash == family_hash &&
+        std::memcmp(r.family, family, sizeof(r.family)) == 0) {
+      base = &r;
+      member = true;
+    }
+  }
+  if (base == nullptr) return false;
+  out.args = base->args;
+  out.compute_capability = base->compute_capability;
+  out.device = base->device;
+  out.workspace_bytes = base->workspace_bytes;
+  return true;
 }
 
 void learn(uint64_t hash, const int64_t *key, const Learned &l) {
@@ -222,6 +353,8 @@ void learn(uint64_t hash, const int64_t *key, const Learned &l) {
   slot->used = true;
   slot->hash = hash;
   std::memcpy(slot->key, key, sizeof(slot->key));
+  slot->has_family = family_of(key, slot->family);
+  slot->family_hash = slot->has_family ? hash_of(slot->family) : 0;
   slot->args = *l.args;
   slot->compute_capability = l.compute_capability;
   slot->device = l.device;
@@ -239,10 +372,13 @@ bool workspace_for(int32_t device, void *stream, int64_t bytes, void *&ptr, int6
   return false;
 }
 
-// Patch the call's pointers into its learned arguments and run them on the current stream
-// of its device (made current for the call, as the Python path does).
-int64_t launch(const Args &a, Record &r) {
+// Patch the call's pointers into its record's arguments and run them on the current stream
+// of its device (made current for the call, as the Python path does). `member`: the record is
+// the call's family base, so its arguments take the call's sizes (family_args), its plan
+// gives the workspace it needs, and once it has launched the call's key is learned.
+int64_t launch(const Args &a, const uint64_t hash, const int64_t *key, Record &r, bool member) {
   flash_kda_fwd_args &args = r.args;
+  if (member && !family_args(key, args)) return kMiss;
   void *A_log = a.ptr(kALog), *dt_bias = a.ptr(kDtBias), *cu = a.ptr(kCuSeqlens),
        *indices = a.ptr(kIndices);
   // the Python path copies these to align them
@@ -256,7 +392,13 @@ int64_t launch(const Args &a, Record &r) {
   int64_t status = kMiss;
   void *stream = nullptr, *ws = nullptr;
   int64_t ws_bytes = 0;
-  if (torch_fns.current_stream(r.device, &stream) == 0 &&
+  flash_kda_fwd_plan_info plan{};
+  plan.struct_size = sizeof(plan);
+  // a member's plan reads no pointer; a refusal leaves the call to the Python path
+  if (member)
+    r.workspace_bytes =
+        plan_fn(r.compute_capability, &args, &plan) == 0 ? plan.workspace_bytes : -1;
+  if (r.workspace_bytes >= 0 && torch_fns.current_stream(r.device, &stream) == 0 &&
       workspace_for(r.device, stream, r.workspace_bytes, ws, ws_bytes)) {
     args.q = a.ptr(kQ);
     args.k = a.ptr(kK);
@@ -278,6 +420,8 @@ int64_t launch(const Args &a, Record &r) {
     if (status == 0) launches.fetch_add(1, std::memory_order_relaxed);
   }
   if (guard != nullptr) torch_fns.delete_guard(guard);
+  if (status == 0 && member)
+    learn(hash, key, Learned{&args, r.compute_capability, r.device, r.workspace_bytes});
   return status;
 }
 
@@ -298,7 +442,8 @@ void with_key(Value *stack, uint64_t num_args, uint64_t expected, bool short_lay
 
 int64_t find_and_launch(const Args &a, uint64_t hash, const int64_t *key) {
   Record r;
-  return find(hash, key, r) ? launch(a, r) : kMiss;
+  bool member = false;
+  return find(hash, key, r, member) ? launch(a, hash, key, r, member) : kMiss;
 }
 
 // eager_launch and eager_launch_short: 0 (launched), kMiss, or flash_kda_fwd's refusal (> 0,
@@ -333,12 +478,15 @@ bool resolve(void *lib, const char *name, F &fn) {
 FLASH_KDA_TORCH_API const char *flash_kda_torch_slots() { return kSlotNames; }
 
 // Find torch's C functions in the loaded libtorch and register the kernels of
-// flash_kda::eager_launch, eager_launch_short and eager_learn (defined by the package first). 0 on success; else the
+// flash_kda::eager_launch, eager_launch_short and eager_learn (defined by the package first);
+// the library's flash_kda_fwd and flash_kda_fwd_plan by address. 0 on success; else the
 // step that failed: 1 libtorch not loaded or too old (no torch_library_impl: torch < 2.10),
-// 3 registration refused. With a torch without CUDA every call is a miss.
-FLASH_KDA_TORCH_API int32_t flash_kda_torch_attach(const void *flash_kda_fwd) {
+// 2 a NULL function, 3 registration refused. With a torch without CUDA every call is a miss.
+FLASH_KDA_TORCH_API int32_t flash_kda_torch_attach(const void *flash_kda_fwd,
+                                                   const void *flash_kda_fwd_plan) {
   std::lock_guard<std::mutex> guard(lock);
   if (fwd_fn != nullptr) return 0;
+  if (flash_kda_fwd == nullptr || flash_kda_fwd_plan == nullptr) return 2;
   void *cpu = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);
   Torch t{};
   if (cpu == nullptr || !resolve(cpu, "aoti_torch_get_data_ptr", t.data_ptr) ||
@@ -374,6 +522,7 @@ FLASH_KDA_TORCH_API int32_t flash_kda_torch_attach(const void *flash_kda_fwd) {
       return 3;
   }
   fwd_fn = reinterpret_cast<FwdFn>(flash_kda_fwd);
+  plan_fn = reinterpret_cast<PlanFn>(flash_kda_fwd_plan);
   return 0;
 }
 
