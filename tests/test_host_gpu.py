@@ -119,17 +119,18 @@ def with_checkpoints(p, every):
 
 
 def families():
-    """(a learned problem, another of its family): batch 1, other token and sequence counts."""
+    """(a learned problem, another of its family): batch 1, other token and sequence counts, no
+    more chunks than the first (a workspace the first's fits)."""
     batched = [make_problem(1, t, 4, initial=bf16, final=bf16, device=DEV, seed=6 + t) for t in (300, 173)]
     varlen = [make_problem(1, 0, 4, lens=lens, initial=fp32, final=fp32, device=DEV, seed=8) for lens in
-              ([100, 0, 156], [40, 200, 1, 77])]  # fmt: skip
-    varlen[0]["max_seqlen"], varlen[1]["max_seqlen"] = 156, 200
+              ([100, 0, 156], [40, 150, 1, 27])]  # fmt: skip
+    varlen[0]["max_seqlen"], varlen[1]["max_seqlen"] = 156, 150
     pool = [
         pooled_problem(1, 0, 2, [2, -1, 0], 3, lens=[64, 5, 90], has_initial=[True, True, False], device=DEV),
-        pooled_problem(1, 0, 2, [1, 4], 5, lens=[33, 250], has_initial=[False, True], device=DEV, seed=9),
+        pooled_problem(1, 0, 2, [1, 4], 5, lens=[33, 100], has_initial=[False, True], device=DEV, seed=9),
     ]
     checkpoints = [with_checkpoints(make_problem(1, 0, 2, lens=lens, initial=fp32, final=fp32, device=DEV, seed=10),
-                                    32) for lens in ([70, 200], [300, 17, 64])]  # fmt: skip
+                                    32) for lens in ([70, 200], [150, 17, 64])]  # fmt: skip
     return dict(batched=batched, varlen=varlen, pool=pool, checkpoints=checkpoints)
 
 
@@ -157,9 +158,22 @@ def test_a_learned_family_runs_other_sizes_from_c_with_the_validated_path_s_bits
                 assert_bitwise(got[what], expected[what], what)
 
 
+def test_a_family_member_beyond_the_workspace_grows_it_on_the_validated_path():
+    """The launch from C takes only a workspace it was given: a member needing more runs on the
+    validated path, which grows the stream's workspace, and the next member of that size runs
+    from C."""
+    testing.clear_caches()
+    small, large = (make_problem(1, t, 4, initial=fp32, final=fp32, device=DEV, seed=14) for t in (64, 8192))
+    learned(small)
+    launched = testing.eager_launches()
+    call(flash_kda.fwd, fresh(large))
+    assert testing.eager_launches() == launched, "a workspace too small for the call was used"
+    through_c(make_problem(1, 8000, 4, initial=fp32, final=fp32, device=DEV, seed=15))
+
+
 def family_fault(fault, p):
     """A call of p's family (other sizes) with one fault, and the error the validation gives."""
-    bad = fresh(make_problem(1, 0, 4, lens=[50, 211], initial=fp32, final=fp32, device=DEV, seed=11))
+    bad = fresh(make_problem(1, 0, 4, lens=[50, 150], initial=fp32, final=fp32, device=DEV, seed=11))
     if fault == "k-shorter":
         return dict(bad, k=bad["k"][:, :-16].contiguous()), "k must have shape"
     if fault == "states-of-another-N":

@@ -118,8 +118,7 @@ def attach(lib: "_native.NativeLibrary") -> Optional[ctypes.CDLL]:
                     definition = torch.library.Library("flash_kda", "FRAGMENT")
                     for schema in SCHEMAS:
                         definition.define(schema)
-                    status = so.flash_kda_torch_attach(ctypes.cast(lib.fwd_by_address, ctypes.c_void_p),
-                                                       lib.plan_address)  # fmt: skip
+                    status = so.flash_kda_torch_attach(lib.fwd_address, lib.plan_address)
                     if status:
                         raise RuntimeError(f"flash_kda_torch_attach failed at step {status}")
                     _state.update(library=so, definition=definition, native=lib)

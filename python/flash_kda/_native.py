@@ -284,7 +284,8 @@ class NativeLibrary:
         self.fwd_by_address = self._lib["flash_kda_fwd"]
         self.fwd_by_address.restype = _i32
         self.fwd_by_address.argtypes = [_i32, _ptr, _ptr]
-        # and flash_kda_fwd_plan's address, which the eager launch in C calls (_eager)
+        # the addresses of flash_kda_fwd and flash_kda_fwd_plan, which the eager launch in C calls (_eager)
+        self.fwd_address = ctypes.cast(self.fwd_by_address, ctypes.c_void_p)
         self.plan_address = ctypes.cast(self._lib.flash_kda_fwd_plan, ctypes.c_void_p)
 
     def _list_archs(self) -> list[ArchInfo]:
