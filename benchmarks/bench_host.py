@@ -17,7 +17,8 @@ launch queue never fills and the numbers are host time, not GPU time.
   serving engines call it; ``varlen_repeat_us`` the same tokens as two sequences (a third kernel, the
   prefix);
 - ``new_signature_us``: the tiny call with every call a new token count (more than the
-  signature records and the library's plans hold), the case of a varlen serving step;
+  signature records and the library's plans hold), the case of a varlen serving step: after
+  the repeated call taught the eager launch in C its signature, members of its family;
 - ``flashkda_us``: upstream FlashKDA's ``flash_kda_C.fwd`` on the same call with its workspace
   allocated per call as its Python wrapper does (null where ``flash_kda_C`` is not importable);
 - ``fla_routed_us``: fla's ``chunk_kda`` with FlashKDA's flags, which fla's backend routes to
