@@ -25,9 +25,10 @@ launch queue never fills and the numbers are host time, not GPU time.
   ``flash_kda.fwd`` (null without fla).
 
 Then for each row of benchmarks/results/h200.md (bench_fwd.TABLE, automatic path, bf16 states)
-the eager call and its CUDA graph, each back to back (``--reps`` runs of enough calls for
-20 ms; CUDA events around each run; the median ms a call): the eager call keeps up with the
-GPU where its host time hides behind the kernels of the calls before it. Without a CUDA
+the eager call (on the default stream and on a stream of its own) and its CUDA graph, each
+back to back: ``--reps`` rounds that run every variant in turn for 20 ms (CUDA events around
+each run, the median ms a call). The eager call keeps up with the GPU where its host time hides
+behind the kernels of the calls before it. Without a CUDA
 device (``--mock-library``) the Python part is timed with the library replaced by a stand-in
 that answers at once (``flash_kda.testing.simulated_native``).
 """
@@ -139,33 +140,36 @@ def fla_call(lens, heads, device):
     return run
 
 
-def back_to_back_ms(fn, reps, target_ms=20.0):
-    """Median ms a call of ``fn`` run back to back (CUDA events around ``n`` calls, ``n``
-    chosen for ``target_ms`` a run), over ``reps`` runs."""
-    fn()
-    torch.cuda.synchronize()
+def back_to_back_ms(fns, reps, target_ms=20.0):
+    """For each of ``fns``, the median ms a call run back to back (CUDA events around ``n``
+    calls, ``n`` chosen for ``target_ms`` a run), over ``reps`` rounds that run each fn once in
+    turn, so that the board's clock and power drift reach every fn alike."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    n = max(5, min(2000, int(target_ms / max(start.elapsed_time(end), 1e-3))))
-    times = []
-    for _ in range(reps):
+
+    def run(fn, n):
         torch.cuda.synchronize()
         start.record()
         for _ in range(n):
             fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / n)
-    return statistics.median(times)
+        return start.elapsed_time(end) / n
+
+    counts = []
+    for fn in fns:
+        fn()
+        counts.append(max(5, min(2000, int(target_ms / max(run(fn, 1), 1e-3)))))
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, n, got in zip(fns, counts, times):
+            got.append(run(fn, n))
+    return [statistics.median(t) for t in times]
 
 
 def eager_against_graph(reps):
     """[{shape, eager_ms, eager_side_stream_ms, graph_ms, ratio}] for the table's rows
     (automatic path): eager calls on the current (default) stream and on a stream of their
-    own, and replays of a graph of the call."""
+    own, and replays of a graph of the call, timed in turn (back_to_back_ms)."""
     import flash_kda
 
     rows, side = [], torch.cuda.Stream()
@@ -175,13 +179,15 @@ def eager_against_graph(reps):
         def eager(args=args, longest=longest):
             flash_kda.fwd(*args, max_seqlen=longest)
 
-        eager_ms = back_to_back_ms(eager, reps)
-        with torch.cuda.stream(side):  # an engine's own stream rather than the legacy default one
-            side_ms = back_to_back_ms(eager, reps)
+        def eager_on_side():  # an engine's own stream rather than the legacy default one
+            with torch.cuda.stream(side):
+                eager()
+
+        eager()  # the signature learned before the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             eager()
-        graph_ms = back_to_back_ms(graph.replay, reps)
+        eager_ms, side_ms, graph_ms = back_to_back_ms([eager, eager_on_side, graph.replay], reps)
         rows.append(dict(shape=shape, eager_ms=round(eager_ms, 5), eager_side_stream_ms=round(side_ms, 5),
                          graph_ms=round(graph_ms, 5), ratio=round(eager_ms / graph_ms, 4)))  # fmt: skip
         ratio = eager_ms / graph_ms
@@ -234,7 +240,7 @@ def main():
     parser.add_argument("--json", help="write the results here (benchmarks/results/host.json)")
     parser.add_argument("--bursts", type=int, default=100)
     parser.add_argument("--burst", type=int, default=20, help="calls timed between two synchronisations")
-    parser.add_argument("--reps", type=int, default=5, help="back-to-back runs per table row")
+    parser.add_argument("--reps", type=int, default=9, help="back-to-back rounds per table row")
     parser.add_argument("--mock-library", action="store_true", help="CPU only: see the module docstring")
     parser.add_argument("--layers", action="store_true", help="also time each layer of the native path")
     parser.add_argument("--no-table", action="store_true", help="skip the eager-against-graph table")
