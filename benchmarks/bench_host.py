@@ -140,29 +140,28 @@ def fla_call(lens, heads, device):
     return run
 
 
-def back_to_back_ms(fns, reps, target_ms=20.0):
-    """For each of ``fns``, the median ms a call run back to back (CUDA events around ``n``
-    calls, ``n`` chosen for ``target_ms`` a run), over ``reps`` rounds that run each fn once in
-    turn, so that the board's clock and power drift reach every fn alike."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def back_to_back_ms(variants, reps, target_ms=20.0):
+    """For each ``(fn, stream)`` of ``variants``, the median ms a call of ``fn`` run back to back
+    on ``stream`` (None: the current one; CUDA events there around ``n`` calls, ``n`` chosen for
+    ``target_ms`` a run), over ``reps`` rounds that run each variant once in turn, so that the
+    board's clock and power drift reach every variant alike."""
 
-    def run(fn, n):
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / n
+    def run(fn, stream, n):
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(n):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / n
 
-    counts = []
-    for fn in fns:
-        fn()
-        counts.append(max(5, min(2000, int(target_ms / max(run(fn, 1), 1e-3)))))
-    times = [[] for _ in fns]
+    counts = [max(5, min(2000, int(target_ms / max(run(fn, stream, 1), 1e-3)))) for fn, stream in variants]
+    times = [[] for _ in variants]
     for _ in range(reps):
-        for fn, n, got in zip(fns, counts, times):
-            got.append(run(fn, n))
+        for (fn, stream), n, got in zip(variants, counts, times):
+            got.append(run(fn, stream, n))
     return [statistics.median(t) for t in times]
 
 
@@ -179,15 +178,12 @@ def eager_against_graph(reps):
         def eager(args=args, longest=longest):
             flash_kda.fwd(*args, max_seqlen=longest)
 
-        def eager_on_side():  # an engine's own stream rather than the legacy default one
-            with torch.cuda.stream(side):
-                eager()
-
         eager()  # the signature learned before the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             eager()
-        eager_ms, side_ms, graph_ms = back_to_back_ms([eager, eager_on_side, graph.replay], reps)
+        # the side stream: an engine's own stream rather than the legacy default one
+        eager_ms, side_ms, graph_ms = back_to_back_ms([(eager, None), (eager, side), (graph.replay, None)], reps)
         rows.append(dict(shape=shape, eager_ms=round(eager_ms, 5), eager_side_stream_ms=round(side_ms, 5),
                          graph_ms=round(graph_ms, 5), ratio=round(eager_ms / graph_ms, 4)))  # fmt: skip
         ratio = eager_ms / graph_ms
