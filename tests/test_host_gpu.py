@@ -73,6 +73,19 @@ def misaligned(x):
     return buf[1 : 1 + x.numel()].view(x.shape).copy_(x)
 
 
+def assert_refused(bad, message, launched):
+    """flash_kda.fwd on ``bad`` raises the ValueError ``message`` without writing out or
+    final_state (NaN, or the bytes of the input they overlap) and without a launch from C
+    (``launched``: the count before)."""
+    before = {name: bad[name].clone() for name in ("out", "final_state")}
+    with pytest.raises(ValueError, match=message):
+        call(flash_kda.fwd, bad)
+    torch.cuda.synchronize()
+    for name, x in before.items():
+        assert torch.equal(bad[name].view(torch.int16), x.view(torch.int16)), f"a refused call wrote {name}"
+    assert testing.eager_launches() == launched, "the eager launch in C ran a refused call"
+
+
 @pytest.mark.parametrize("fault", ["q-misaligned", "out-overlaps-k", "final-overlaps-initial", "A_log-misaligned"])
 def test_a_prepacked_signature_refuses_data_faults_before_writing(fault):
     testing.clear_caches()
@@ -103,14 +116,7 @@ def test_a_prepacked_signature_refuses_data_faults_before_writing(fault):
         assert_bitwise(bad["out"], expected["out"], "out with a misaligned A_log")
         assert testing.eager_launches() == (None if launched is None else launched + 1)
         return
-    # NaN, or the bytes of the input they overlap
-    before = {name: bad[name].clone() for name in ("out", "final_state")}
-    with pytest.raises(ValueError, match=message):
-        call(flash_kda.fwd, bad)
-    torch.cuda.synchronize()
-    for name, x in before.items():
-        assert torch.equal(bad[name].view(torch.int16), x.view(torch.int16)), f"a refused call wrote {name}"
-    assert testing.eager_launches() == launched, "the eager launch in C ran a refused call"
+    assert_refused(bad, message, launched)
 
 
 def with_checkpoints(p, every):
@@ -199,14 +205,7 @@ def test_a_family_member_still_refuses_data_faults_before_writing(fault):
     p = make_problem(1, 0, 4, lens=[100, 28, 128], initial=fp32, final=fp32, device=DEV, seed=12)
     learned(p)
     bad, message = family_fault(fault, p)
-    launched = testing.eager_launches()
-    before = {name: bad[name].clone() for name in ("out", "final_state")}
-    with pytest.raises(ValueError, match=message):
-        call(flash_kda.fwd, bad)
-    torch.cuda.synchronize()
-    for name, x in before.items():
-        assert torch.equal(bad[name].view(torch.int16), x.view(torch.int16)), f"a refused call wrote {name}"
-    assert testing.eager_launches() == launched, "the eager launch in C ran a refused call"
+    assert_refused(bad, message, testing.eager_launches())
 
 
 def strided_out(p, token_stride):

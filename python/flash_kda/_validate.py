@@ -422,7 +422,8 @@ def traceable_scalars(scale, lower_bound, checkpoint_every, exact, max_seqlen) -
 # (data_ptr), overlap between outputs and the other arguments (data_ptr plus a byte extent
 # that the signature fixes), and the contents of index tensors on the host. check_fwd runs
 # every check on the first two calls of a signature and at the second remembers what they
-# derived (its SignatureRecord; the first leaves a mark); a later call of the same signature
+# derived (its SignatureRecord; the first leaves a mark, or makes the record where the eager
+# launch in C learns from the native launches: _api.fwd); a later call of the same signature
 # runs only the three, in the order the full validation runs them, so it raises the same
 # error for the same fault. The native
 # path may also keep a launch of its own in the record (dispatch: the library then checks
@@ -477,7 +478,8 @@ class SignatureRecord:
 class _Seen:
     """The mark of a signature met once: its second call makes its record, so a signature met
     once (a new token count, the case of every varlen serving step) costs a mark, not a
-    record and a prepacked launch."""
+    record and a prepacked launch, where nothing learns from its launch (without the eager
+    launch in C; with it, the first call makes the record whose launch teaches C the family)."""
 
     launch = None
 
