@@ -181,8 +181,9 @@ def run(call: _validate.FwdCall, index: int, facts: tuple, switch: str, *, works
     go through the test entry point; by default the process-wide ones, if any. True once
     launched; the eager launch in C is attached at the first launch (``_eager``)."""
     lib = _native.load()
-    if _eager.OP is None:
-        _eager.attach(lib)
+    if _eager.OP is None and _eager.attach(lib) is not None:
+        for (device_index, stream), tensor in list(_workspaces.items()):  # those cached before it attached
+            _eager.set_workspace(device_index, stream, tensor)
     cc, num_sms = facts
     if overrides is None:
         overrides = _native.overrides
@@ -284,10 +285,8 @@ def prepacked(call: _validate.FwdCall, args: _native.FwdArgs, nbytes: int, lib, 
               beta_is_logit) -> None:  # fmt: skip
         """After a launch of this signature: hand it to the eager launch in C (_eager), which
         then runs the signature's next calls."""
-        so = _eager.attach(lib)
+        so = _eager.attach(lib)  # attached by run() before this launch was made, or never
         if so is not None:
-            for (device_index, stream), tensor in list(_workspaces.items()):  # those cached before it attached
-                _eager.set_workspace(device_index, stream, tensor)
             _eager.learn(so, template, cc, index, nbytes, q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
                          initial_state, final_state, cu_seqlens, ssm_state_indices, has_initial_state,
                          checkpoint_every, checkpoints, exact, max_seqlen, gate, beta_is_logit)  # fmt: skip
