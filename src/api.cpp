@@ -19,6 +19,7 @@
 #include "kda/config.h"
 #include "kda/workspace.h"
 #include "plan.h"
+#include "replay.h"
 
 namespace flash_kda {
 
@@ -156,7 +157,10 @@ flash_kda_status launch_checked(const char *fn, const flash_kda_fwd_args &a,
   if (o.wait_limit_ns > 0) params.wait_limit_ns = static_cast<uint64_t>(o.wait_limit_ns);
   if (params.test.record != nullptr) params.test.record->count = 0;
   params.stable_inverse = known.stable_inverse;
-  return launch_result(fn, known.table->fwd(params, static_cast<cudaStream_t>(stream)));
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (known.id != 0) return launch_result(fn, launch_known(known.id, *known.table, params, s));
+  LaunchSink sink(s);
+  return launch_result(fn, known.table->fwd(params, sink));
 }
 
 // flash_kda_fwd with overrides: every check that needs no device, then the device's facts,
@@ -226,7 +230,7 @@ flash_kda_status forward(const char *fn, int32_t compute_capability, const flash
   const bool stable = o.stable_inverse == 0
                           ? (table->features & FLASH_KDA_FEATURE_STABLE_INVERSE) != 0
                           : o.stable_inverse == 1;
-  const KnownCall known{table, a.mode == FLASH_KDA_MODE_AUTO && stable, plan};
+  const KnownCall known{table, a.mode == FLASH_KDA_MODE_AUTO && stable, plan, 0};
   if (cacheable && device_index >= 0) remember_call(signature, known);
   return launch_checked(fn, a, o, known, params, stream);
 }
@@ -377,6 +381,14 @@ flash_kda_status flash_kda_testing_fwd(int32_t compute_capability, const flash_k
   } catch (...) {
     return fail(FLASH_KDA_INTERNAL, "flash_kda_testing_fwd", "unexpected C++ exception");
   }
+}
+
+int64_t flash_kda_testing_replays(void) noexcept {
+  return flash_kda::replayed_calls();
+}
+
+int32_t flash_kda_testing_set_replays(int32_t on) noexcept {
+  return flash_kda::set_replays(on != 0) ? 1 : 0;
 }
 
 flash_kda_status flash_kda_probe_unary_op(int32_t compute_capability, int32_t op, const float *x,

@@ -19,6 +19,7 @@ struct Entry {
 
 Entry g_entries[kEntries];
 int g_next = 0;
+uint64_t g_ids = 0;
 std::mutex g_lock;
 
 const void *presence(const void *p) { return p != nullptr ? reinterpret_cast<const void *>(1) : nullptr; }
@@ -70,6 +71,7 @@ void remember_call(const CallSignature &signature, const KnownCall &known) {
   e.used = true;
   e.signature = signature;
   e.known = known;
+  e.known.id = ++g_ids;
 }
 
 }  // namespace flash_kda

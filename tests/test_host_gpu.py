@@ -269,6 +269,50 @@ def test_the_cached_workspace_is_safe_across_streams_and_graph_replays():
         assert_bitwise(q["out"], expected["out"], "eager between replays")
 
 
+# Shapes whose plans launch each sequence the library has (on the H200): K1 then the pass;
+# the ready flags' memset, K1 beside the pass and K1's extra grid; the segment pass, the
+# combine and the rerun; the same after the varlen prefix.
+REPLAYED = dict(
+    tiny=lambda seed: make_problem(1, 256, 4, initial=bf16, final=bf16, device=DEV, seed=seed),
+    overlap=lambda seed: make_problem(4, 1024, 8, initial=bf16, final=bf16, device=DEV, seed=seed),
+    overlap_kept=lambda seed: make_problem(1, 2048, 64, device=DEV, seed=seed),
+    segments=lambda seed: make_problem(1, 2048, 8, initial=fp32, final=fp32, device=DEV, seed=seed),
+    varlen_segments=lambda seed: make_problem(1, 0, 8, lens=[1000, 3000], final=fp32, device=DEV, seed=seed),
+)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("name", sorted(REPLAYED))
+def test_repeated_calls_replay_one_graph_with_the_kernel_by_kernel_bits(name, exact):
+    """A signature's repeats on a stream are graph launches (the first records the graph),
+    each with its own inputs and outputs, bit for bit the calls launched kernel by kernel;
+    a capture of the caller's on that stream still takes the kernels themselves."""
+    testing.clear_caches()
+    problems = [REPLAYED[name](seed) for seed in (1, 2, 3)]
+    with testing.replays(False):
+        expected = [fresh(p) for p in problems]
+        for q in expected:
+            call(flash_kda.fwd, q, exact=exact)
+    before = testing.graph_replays()
+    runs = [fresh(p) for p in problems + problems[:1]]
+    for q in runs:
+        call(flash_kda.fwd, q, exact=exact)
+    torch.cuda.synchronize()
+    assert testing.graph_replays() == before + len(runs), "the repeated calls were not replayed"
+    for q, e in zip(runs, expected + expected[:1]):
+        assert_bitwise(q["out"], e["out"], "out of a replay")
+        if e.get("final_state") is not None:
+            assert_bitwise(q["final_state"], e["final_state"], "final_state of a replay")
+    captured = fresh(problems[1])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(flash_kda.fwd, captured, exact=exact)
+    assert testing.graph_replays() == before + len(runs), "a call inside a capture was replayed"
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise(captured["out"], expected[1]["out"], "out of the caller's graph")
+
+
 def empty_problem(kind):
     """A problem without tokens (NaN final states): T = 0, B = 0, empty varlen sequences,
     tokens no sequence holds (cu_seqlens all zero, on the device: the kernels cannot know),

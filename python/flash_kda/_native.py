@@ -14,7 +14,7 @@ import threading
 from typing import NamedTuple, Optional
 
 ABI_VERSION = 8
-TESTING_VERSION = 4  # flash_kda_testing.h
+TESTING_VERSION = 5  # flash_kda_testing.h
 LIBRARY_NAME = "libflash_kda.so"
 LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
 SWITCH_ENV = "FLA_FLASH_KDA"  # "0" turns the native path off (as it turns off fla's FlashKDA backend)
@@ -259,6 +259,8 @@ _EXPORTS = [
     ),
     ("flash_kda_testing_device_facts", _i32, [_i32, ctypes.POINTER(TestingOverrides), ctypes.POINTER(TestingDevice)]),
     ("flash_kda_testing_fwd", _i32, [_i32, ctypes.POINTER(FwdArgs), ctypes.POINTER(TestingOverrides), _ptr]),
+    ("flash_kda_testing_replays", _i64, []),
+    ("flash_kda_testing_set_replays", _i32, [_i32]),
     ("flash_kda_probe_unary_op", _i32, [_i32, _i32, _ptr, _ptr, _i64, _ptr]),
     ("flash_kda_probe_mma_op", _i32, [_i32, _i32, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _ptr]),
 ]
@@ -359,6 +361,16 @@ class NativeLibrary:
             self._check_testing()
             self._check(self._lib.flash_kda_testing_fwd(compute_capability, ctypes.byref(args), ctypes.byref(overrides),
                                                         stream))  # fmt: skip
+
+    def replays(self) -> int:
+        """The calls of flash_kda_fwd launched as a replay of their signature's graph."""
+        self._check_testing()
+        return self._lib.flash_kda_testing_replays()
+
+    def set_replays(self, on: bool) -> bool:
+        """Turn the graph replays of repeated calls on or off; the previous setting."""
+        self._check_testing()
+        return bool(self._lib.flash_kda_testing_set_replays(int(on)))
 
     def error(self, status: int) -> str:
         """The message of a failed call with ``status``, as :meth:`fwd` raises it."""

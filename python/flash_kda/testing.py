@@ -282,6 +282,24 @@ def eager_attach_error() -> Optional[str]:
     return _eager.attach_error()
 
 
+def graph_replays() -> int:
+    """Calls of ``flash_kda_fwd`` launched as one graph: a repeated signature's launches,
+    recorded at its first repeat on a stream and replayed with each call's parameters."""
+    return _native.load().replays()
+
+
+@contextlib.contextmanager
+def replays(on: bool):
+    """For the ``with`` block, repeated calls replay their signature's graph (``on``, the
+    default) or launch kernel by kernel."""
+    lib = _native.load()
+    previous = lib.set_replays(on)
+    try:
+        yield
+    finally:
+        lib.set_replays(previous)
+
+
 def clear_caches() -> None:
     """Forget every signature record and every held workspace."""
     _validate.clear_records()

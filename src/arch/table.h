@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kda/params.h"
+#include "launches.h"
 #include "plan.h"
 
 namespace flash_kda {
@@ -21,7 +22,8 @@ struct ArchTable {
   const char *name;            // "sm_90a"
   int32_t compute_capability;  // 90
   uint32_t features;           // FLASH_KDA_FEATURE_* bits
-  LaunchStatus (*fwd)(const FwdParams &params, cudaStream_t stream);
+  // A forward's launches, through `sink` (launches.h): the caller's stream, or a graph replay.
+  LaunchStatus (*fwd)(const FwdParams &params, LaunchSink &sink);
   // The current device's facts for the plan, under the test switches.
   LaunchStatus (*plan_device)(const TestSwitches &switches, PlanDevice &facts);
   LaunchStatus (*probe_unary)(int op, const float *x, float *y, int64_t count, cudaStream_t stream);

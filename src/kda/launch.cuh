@@ -20,6 +20,7 @@
 #include <flash_kda/flash_kda.h>
 
 #include "arch/table.h"
+#include "launches.h"
 #include "kda/prepare.cuh"
 #include "kda/probes.cuh"
 #include "kda/combine.cuh"
@@ -623,23 +624,6 @@ inline LaunchStatus configure_pass(const FwdParams &p, ChainPass pass, int block
   return configure_chunk<PassCode::kGeneral>(p, pass, block_v, out);
 }
 
-// cudaLaunchKernelExC of `kernel` on `stream`; `programmatic`: it may start once every CTA
-// of the kernel before it has executed griddepcontrol.launch_dependents (design §4.1, §4.7).
-inline cudaError_t launch_kernel(const void *kernel, int64_t ctas, int threads, int smem,
-                                 void **args, bool programmatic, cudaStream_t stream) {
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(ctas));
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = static_cast<size_t>(smem);
-  config.stream = stream;
-  config.attrs = programmatic ? &attr : nullptr;
-  config.numAttrs = programmatic ? 1 : 0;
-  return cudaLaunchKernelExC(&config, kernel, args);
-}
-
 // The last of a pass's configuration, once its shared memory is final (plan_overlap may
 // raise it): v's tensor map and the shared memory it is launched with (padded under
 // simulated limits).
@@ -658,10 +642,11 @@ inline LaunchStatus seal_pass(PassLaunch &pass) {
 // Launches a configured pass. `programmatic`: the pass may start while the previous
 // kernel still runs: K1 beside it (design §4.7), or its CTAs wait for the previous kernel's
 // end (wait_prerequisites, design §4.1).
-inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, cudaStream_t stream) {
+inline LaunchStatus launch_pass(PassLaunch &pass, bool programmatic, LaunchSink &sink) {
   void *args[] = {&pass.params, &pass.value_map};
-  const cudaError_t launch = launch_kernel(pass.kernel, pass.ctas, pass.threads, pass.launch_smem,
-                                           args, programmatic, stream);
+  const cudaError_t launch =
+      sink.kernel(pass.kernel, dim3(static_cast<unsigned>(pass.ctas)), dim3(pass.threads),
+                  pass.launch_smem, args, programmatic);
   if (launch != cudaSuccess) return {launch, "recurrence_kernel launch"};
   record_launch(pass.params, pass.name,
                 {{},
@@ -734,11 +719,12 @@ inline LaunchStatus configure_combine(const FwdParams &p, CombineLaunch &c) {
   return {cudaSuccess, nullptr};
 }
 
-inline LaunchStatus launch_combine(const FwdParams &p, CombineLaunch &c, cudaStream_t stream) {
+inline LaunchStatus launch_combine(const FwdParams &p, CombineLaunch &c, LaunchSink &sink) {
   FwdParams params = p;
   void *args[] = {&params, &c.stages, &c.xmap, &c.smap};
-  const cudaError_t err = launch_kernel(c.kernel, c.ctas, kCombineThreads, c.smem, args, true,
-                                        stream);  // it waits for the segment pass
+  const cudaError_t err = sink.kernel(c.kernel, dim3(static_cast<unsigned>(c.ctas)),
+                                      dim3(kCombineThreads), c.smem, args,
+                                      true);  // it waits for the segment pass
   if (err != cudaSuccess) return {err, "combine_kernel launch"};
   record_launch(p, c.rows == 8 ? "combine_kernel<8>" : "combine_kernel<16>",
                 {{}, kLaunchedCombine, 0, 1, c.rows, c.stages, 1, c.smem, 0, c.ctas});
@@ -823,16 +809,16 @@ inline LaunchStatus configure_k1(const FwdParams &p, PassLaunch &first, K1Config
 // K1, the first pass beside K1 or after it, and the extra K1 grid. The extra grid is best
 // effort: the first grid's CTAs take every item whether it runs or not, so a failed launch of
 // it (cleared: launch errors are not sticky) leaves the call correct.
-inline LaunchStatus launch_first(K1Config &k1, PassLaunch &first, cudaStream_t stream) {
+inline LaunchStatus launch_first(K1Config &k1, PassLaunch &first, LaunchSink &sink) {
   const FwdParams &p = k1.params;
   const bool overlap = p.ready != nullptr;
   if (overlap) {
     const size_t bytes = static_cast<size_t>(ready_bytes(p.heads, p.tiles_per_head));
-    const cudaError_t err = cudaMemsetAsync(p.ready, 0, bytes, stream);
+    const cudaError_t err = sink.zero(p.ready, bytes);
     if (err != cudaSuccess) return {err, "ready flags (memset)"};
   }
   void *args[] = {&k1.params};
-  cudaError_t err = cudaLaunchKernel(k1.kernel, k1.grid, dim3(k1.threads), args, k1.smem, stream);
+  cudaError_t err = sink.kernel(k1.kernel, k1.grid, dim3(k1.threads), k1.smem, args, false);
   if (err != cudaSuccess) return {err, "prepare_kernel launch"};
   record_launch(p, k1.name,
                 {{},
@@ -846,9 +832,10 @@ inline LaunchStatus launch_first(K1Config &k1, PassLaunch &first, cudaStream_t s
                  static_cast<int32_t>(first.records),
                  int64_t{k1.grid.x} * k1.grid.y});
   LaunchStatus st = launch_status("prepare_kernel launch");
-  if (st.error == cudaSuccess) st = launch_pass(first, true, stream);  // beside K1, or after it
+  if (st.error == cudaSuccess) st = launch_pass(first, true, sink);  // beside K1, or after it
   if (st.error != cudaSuccess || k1.extra == 0) return st;
-  err = launch_kernel(k1.kernel, k1.extra, k1.threads, k1.extra_smem, args, true, stream);
+  err = sink.kernel(k1.kernel, dim3(static_cast<unsigned>(k1.extra)), dim3(k1.threads),
+                    k1.extra_smem, args, true);
   if (err != cudaSuccess) {
     cudaGetLastError();
     return {cudaSuccess, nullptr};
@@ -890,11 +877,16 @@ inline LaunchStatus configure_after_segments(const K1Config &k1, CombineLaunch &
 // before the first one, so that a configuration the device cannot run launches nothing:
 // where this returns an error, no kernel has written out, final_state or checkpoints (only
 // the last pass writes them, and its launch is the last).
-inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
+inline LaunchStatus launch_fwd(const FwdParams &p, LaunchSink &sink) {
+  FwdParams params = p;  // the by-value kernel parameter of the prefix and state kernels
+  void *args[] = {&params};
   if (p.total_tokens == 0) {  // every sequence empty: the states alone (empty.cuh)
     if (p.final_state == nullptr) return {cudaSuccess, nullptr};
-    empty_states_kernel<<<dim3(static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.heads)),
-                          kEmptyThreads, 0, stream>>>(p);
+    const cudaError_t err = sink.kernel(
+        reinterpret_cast<const void *>(empty_states_kernel),
+        dim3(static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.heads)),
+        dim3(kEmptyThreads), 0, args, false);
+    if (err != cudaSuccess) return {err, "empty_states_kernel launch"};
     record_launch(p, "empty_states_kernel", {{}, 0, 0, 0, 0, 0, 0, 0, 0, p.num_seqs * p.heads});
     return launch_status("empty_states_kernel launch");
   }
@@ -909,16 +901,18 @@ inline LaunchStatus launch_fwd(const FwdParams &p, cudaStream_t stream) {
   if (st.error == cudaSuccess && segmented) st = configure_after_segments(k1, combine, rerun);
   if (st.error != cudaSuccess) return st;
   if (p.cu_seqlens != nullptr) {
-    prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(p);
-    st = launch_status("prefix_kernel launch");
+    const cudaError_t err = sink.kernel(reinterpret_cast<const void *>(prefix_kernel), dim3(1),
+                                        dim3(kPrefixThreads), 0, args, false);
+    st = err != cudaSuccess ? LaunchStatus{err, "prefix_kernel launch"}
+                            : launch_status("prefix_kernel launch");
     if (st.error != cudaSuccess) return st;
     record_launch(p, "prefix_kernel", {{}, kLaunchedPrefix, 0, 0, 0, 0, 1, 0, 0, 1});
   }
-  st = launch_first(k1, first, stream);
+  st = launch_first(k1, first, sink);
   if (st.error != cudaSuccess || !segmented) return st;
-  st = launch_combine(k1.params, combine, stream);
+  st = launch_combine(k1.params, combine, sink);
   if (st.error != cudaSuccess) return st;
-  return launch_pass(rerun, true, stream);
+  return launch_pass(rerun, true, sink);
 }
 
 // ---------------------------------------------------------------- the plan's facts

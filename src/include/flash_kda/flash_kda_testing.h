@@ -17,8 +17,9 @@
 
 #include <flash_kda/flash_kda.h>
 
-#define FLASH_KDA_TESTING_VERSION 4 /* 2: unvalidated_forms, stable_inverse; 3: every arch's
-                                     * code path on the GPU at hand; 4: launch names of 96 bytes */
+#define FLASH_KDA_TESTING_VERSION 5 /* 2: unvalidated_forms, stable_inverse; 3: every arch's
+                                     * code path on the GPU at hand; 4: launch names of 96 bytes;
+                                     * 5: graph replays */
 
 #ifdef __cplusplus
 extern "C" {
@@ -138,6 +139,14 @@ FLASH_KDA_API flash_kda_status flash_kda_testing_fwd(int32_t compute_capability,
                                                      const flash_kda_fwd_args *args,
                                                      const flash_kda_testing_overrides *overrides,
                                                      void *stream) FLASH_KDA_NOEXCEPT;
+
+/* The calls of flash_kda_fwd launched as one CUDA graph (a repeated signature's launches,
+ * recorded at its first repeat on a stream) since the library was loaded. */
+FLASH_KDA_API int64_t flash_kda_testing_replays(void) FLASH_KDA_NOEXCEPT;
+
+/* 1 (the default): flash_kda_fwd replays a repeated signature's graph; 0: it launches every
+ * call kernel by kernel. Returns the previous setting. */
+FLASH_KDA_API int32_t flash_kda_testing_set_replays(int32_t on) FLASH_KDA_NOEXCEPT;
 
 #ifdef __cplusplus
 }
