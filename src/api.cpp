@@ -147,12 +147,13 @@ flash_kda_status plan_call(const char *fn, int32_t cc, const flash_kda_fwd_args 
   return FLASH_KDA_OK;
 }
 
-// The launch of a call that passed every check: its params (strides from check_tensors) laid
+// The launch of a call that passed every check: its params (strides from its facts) laid
 // out by the plan, under the test switches, on `stream` with the table's kernels.
 flash_kda_status launch_checked(const char *fn, const flash_kda_fwd_args &a,
                                 const flash_kda_testing_overrides &o, const KnownCall &known,
-                                FwdParams &params, void *stream) {
-  fill_params(a, known.plan, params);
+                                void *stream) {
+  FwdParams params{};
+  fill_params(a, known.plan, known.facts, params);
   params.test = switches_of(o);
   if (o.wait_limit_ns > 0) params.wait_limit_ns = static_cast<uint64_t>(o.wait_limit_ns);
   if (params.test.record != nullptr) params.test.record->count = 0;
@@ -192,19 +193,19 @@ flash_kda_status forward(const char *fn, int32_t compute_capability, const flash
     signature = signature_of(a, compute_capability, device_index);
     KnownCall known{};
     if (known_call(signature, known)) {
-      FwdParams params{};
-      err = check_tensors(a, params);
+      err = check_pointers(a, known.facts);
       if (err.empty()) err = check_workspace(a, known.plan);
       if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
-      return launch_checked(fn, a, o, known, params, stream);
+      return launch_checked(fn, a, o, known, stream);
     }
   }
   const ArchTable *table = nullptr;
   flash_kda_status st = find_table(fn, compute_capability, table);
   if (st != FLASH_KDA_OK) return st;
-  FwdParams params{};
+  PointerFacts facts{};
   err = check_call(a, o);
-  if (err.empty()) err = check_tensors(a, params);
+  if (err.empty()) err = check_tensors(a, facts);
+  if (err.empty()) err = check_pointers(a, facts);
   if (!err.empty()) return fail(FLASH_KDA_INVALID_ARGUMENT, fn, err);
   if (!default_forms(a) && !(table->features & FLASH_KDA_FEATURE_GATE_FORMS) &&
       o.unvalidated_forms != 1)
@@ -230,9 +231,9 @@ flash_kda_status forward(const char *fn, int32_t compute_capability, const flash
   const bool stable = o.stable_inverse == 0
                           ? (table->features & FLASH_KDA_FEATURE_STABLE_INVERSE) != 0
                           : o.stable_inverse == 1;
-  const KnownCall known{table, a.mode == FLASH_KDA_MODE_AUTO && stable, plan, 0};
+  const KnownCall known{table, a.mode == FLASH_KDA_MODE_AUTO && stable, plan, facts, 0};
   if (cacheable && device_index >= 0) remember_call(signature, known);
-  return launch_checked(fn, a, o, known, params, stream);
+  return launch_checked(fn, a, o, known, stream);
 }
 
 // The facts of flash_kda_testing_device_facts.

@@ -20,10 +20,6 @@ std::string str(int64_t x) {
   return std::to_string(x);
 }
 
-bool aligned(const void *p, uintptr_t bytes) {
-  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
-}
-
 // Round-to-nearest-even fp32 -> bf16 (finite inputs), design §3.2 step 6: sb = bf(fp32(scale)).
 uint32_t bf16_bits(float x) {
   uint32_t u;
@@ -75,7 +71,6 @@ std::string check_state(const char *name, const void *ptr, int32_t dtype, int64_
   if ((dtype == FLASH_KDA_DTYPE_NONE && ptr != nullptr) ||
       (dtype != FLASH_KDA_DTYPE_NONE && ptr == nullptr && elements > 0))
     return std::string(name) + " pointer and dtype disagree (NULL iff NONE)";
-  if (ptr != nullptr && !aligned(ptr, 16)) return std::string(name) + " must be 16-byte aligned";
   return "";
 }
 
@@ -106,9 +101,7 @@ std::string check_forms(const flash_kda_fwd_args &a) {
     return "";
   }
   if (a.A_log == nullptr) return "A_log must not be NULL";
-  if (!aligned(a.A_log, 16)) return "A_log must be 16-byte aligned";
   if (a.dt_bias == nullptr) return "dt_bias must not be NULL";
-  if (!aligned(a.dt_bias, 16)) return "dt_bias must be 16-byte aligned";
   if (a.gate == FLASH_KDA_GATE_LOWER_BOUND && !(a.lower_bound >= -5.0 && a.lower_bound <= 0.0))
     return "lower_bound must be in [-5, 0], got " + std::to_string(a.lower_bound);
   return "";
@@ -123,35 +116,24 @@ int64_t beta_bytes(const flash_kda_fwd_args &a) {
   return a.beta_dtype == FLASH_KDA_DTYPE_FP32 ? 4 : 2;
 }
 
-// The activations and beta: present and aligned when the call has tokens; their strides
-// (16-byte vectors: multiples of 8 bf16 or 4 fp32 elements).
-std::string check_activations(const flash_kda_fwd_args &a, FwdParams &p) {
+// The activations and beta: present when the call has tokens; their strides (16-byte vectors:
+// multiples of 8 bf16 or 4 fp32 elements).
+std::string check_activations(const flash_kda_fwd_args &a, PointerFacts &f) {
   const bool tokens = a.batch > 0 && a.seqlen > 0;
   const void *ptrs[] = {a.q, a.k, a.v, a.g, a.out};
   const flash_kda_strides *in[] = {&a.q_strides, &a.k_strides, &a.v_strides, &a.g_strides,
                                    &a.out_strides};
-  Strides *out[] = {&p.q_strides, &p.k_strides, &p.v_strides, &p.g_strides, &p.out_strides};
+  Strides *out[] = {&f.q_strides, &f.k_strides, &f.v_strides, &f.g_strides, &f.out_strides};
   const char *names[] = {"q", "k", "v", "g", "out"};
   for (int i = 0; i < 5; ++i) {
     if (tokens && ptrs[i] == nullptr) return std::string(names[i]) + " must not be NULL";
-    if (tokens && !aligned(ptrs[i], 16)) return std::string(names[i]) + " must be 16-byte aligned";
     const int64_t multiple = i == 3 ? 16 / g_bytes(a) : 8;
     std::string err = check_strides(names[i], *in[i], a, kHeadDim, multiple, *out[i]);
     if (!err.empty()) return err;
   }
-  const int64_t beta_align = beta_bytes(a);
   if (tokens && a.beta == nullptr) return "beta must not be NULL";
-  if (tokens && !aligned(a.beta, beta_align))
-    return "beta must be " + str(beta_align) + "-byte aligned";
-  return check_strides("beta", a.beta_strides, a, 1, 1, p.beta_strides);
+  return check_strides("beta", a.beta_strides, a, 1, 1, f.beta_strides);
 }
-
-// What a call reads or writes: [base, base + bytes) of one argument.
-struct Extent {
-  const char *name;
-  uintptr_t base;
-  int64_t bytes;  // 0: nothing (NULL, or no elements)
-};
 
 // Bytes from the first to past the last element of a [B, T, H, row] view of `bytes`-byte
 // elements (bf16 unless given); -1 when they exceed the address space (strides no tensor can
@@ -170,52 +152,78 @@ int64_t strided_bytes(const flash_kda_fwd_args &a, const Strides &s, int64_t row
   return span > (int64_t{1} << 56) ? -1 : bytes * span;
 }
 
-// No output (out, final_state, checkpoints, workspace) overlaps a later argument of the list
-// (docs/api.md), except final_state at initial_state itself (in place).
-std::string check_overlap(const flash_kda_fwd_args &a, const FwdParams &p) {
+// The arguments whose pointers check_pointers reads, in PointerFacts order: the outputs
+// first (kWriters), then everything a call reads.
+constexpr const char *kPointerNames[kPointerArgs] = {
+    "out", "final_state", "checkpoints", "workspace", "q", "k", "v", "g", "beta",
+    "A_log", "dt_bias", "initial_state", "cu_seqlens", "state_indices", "has_initial_state"};
+constexpr int kWriters = 4, kWorkspaceArg = 3, kInitialArg = 11;
+
+// Each argument's span and the alignment its pointer needs (what check_pointers reads), from
+// the sizes, dtypes and strides: 16 bytes for the activations' vector loads, the gate
+// parameters and the states, the element for beta, 8 for the index tensors.
+std::string derive_spans(const flash_kda_fwd_args &a, PointerFacts &f) {
   const int64_t state = a.heads * kHeadDim * kHeadDim;
   const int64_t slots = a.state_indices != nullptr ? a.state_pool_size : a.num_seqs;
-  const auto at = [](const void *ptr) { return reinterpret_cast<uintptr_t>(ptr); };
   const auto bytes = [](const void *ptr, int64_t n) { return ptr == nullptr ? 0 : n; };
-  const Extent extents[] = {
-      {"out", at(a.out), strided_bytes(a, p.out_strides, kHeadDim)},
-      {"final_state", at(a.final_state),
-       bytes(a.final_state, slots * state * element_bytes(a.final_state_dtype))},
-      {"checkpoints", at(a.checkpoints),
-       bytes(a.checkpoints, a.checkpoint_slots * state * element_bytes(a.checkpoints_dtype))},
-      {"workspace", at(a.workspace), bytes(a.workspace, a.workspace_bytes)},
-      {"q", at(a.q), strided_bytes(a, p.q_strides, kHeadDim)},
-      {"k", at(a.k), strided_bytes(a, p.k_strides, kHeadDim)},
-      {"v", at(a.v), strided_bytes(a, p.v_strides, kHeadDim)},
-      {"g", at(a.g), strided_bytes(a, p.g_strides, kHeadDim, g_bytes(a))},
-      {"beta", at(a.beta), strided_bytes(a, p.beta_strides, 1, beta_bytes(a))},
-      {"A_log", at(a.A_log), bytes(a.A_log, 4 * a.heads)},
-      {"dt_bias", at(a.dt_bias), bytes(a.dt_bias, 4 * kHeadDim * a.heads)},
-      {"initial_state", at(a.initial_state),
-       bytes(a.initial_state, slots * state * element_bytes(a.initial_state_dtype))},
-      {"cu_seqlens", at(a.cu_seqlens),
-       bytes(a.cu_seqlens, (a.num_seqs + 1) * element_bytes(a.cu_seqlens_dtype))},
-      {"state_indices", at(a.state_indices),
-       bytes(a.state_indices, a.num_seqs * element_bytes(a.state_indices_dtype))},
-      {"has_initial_state", at(a.has_initial_state), bytes(a.has_initial_state, a.num_seqs)}};
-  constexpr int kWriters = 4, kExtents = sizeof(extents) / sizeof(extents[0]);
-  for (const Extent &e : extents) {
-    if (e.bytes < 0) return std::string(e.name) + " strides reach beyond the address space";
-  }
-  for (int w = 0; w < kWriters; ++w) {
-    const Extent &x = extents[w];
-    if (x.bytes == 0) continue;
-    for (int o = w + 1; o < kExtents; ++o) {
-      const Extent &y = extents[o];
-      if (y.bytes == 0 || x.base >= y.base + y.bytes || y.base >= x.base + x.bytes) continue;
-      const bool in_place = w == 1 && o == 11 && x.base == y.base;  // final_state, initial_state
-      if (!in_place) return std::string(x.name) + " must not overlap " + y.name + " in memory";
-    }
+  const int64_t spans[kPointerArgs] = {
+      strided_bytes(a, f.out_strides, kHeadDim),
+      bytes(a.final_state, slots * state * element_bytes(a.final_state_dtype)),
+      bytes(a.checkpoints, a.checkpoint_slots * state * element_bytes(a.checkpoints_dtype)),
+      0,  // the workspace: the call's workspace_bytes
+      strided_bytes(a, f.q_strides, kHeadDim),
+      strided_bytes(a, f.k_strides, kHeadDim),
+      strided_bytes(a, f.v_strides, kHeadDim),
+      strided_bytes(a, f.g_strides, kHeadDim, g_bytes(a)),
+      strided_bytes(a, f.beta_strides, 1, beta_bytes(a)),
+      bytes(a.A_log, 4 * a.heads),
+      bytes(a.dt_bias, 4 * kHeadDim * a.heads),
+      bytes(a.initial_state, slots * state * element_bytes(a.initial_state_dtype)),
+      bytes(a.cu_seqlens, (a.num_seqs + 1) * element_bytes(a.cu_seqlens_dtype)),
+      bytes(a.state_indices, a.num_seqs * element_bytes(a.state_indices_dtype)),
+      bytes(a.has_initial_state, a.num_seqs)};
+  const int32_t align[kPointerArgs] = {16, 16, 16, 16, 16, 16, 16, 16,
+                                       static_cast<int32_t>(beta_bytes(a)),
+                                       16, 16, 16, 8, 8, 1};
+  for (int i = 0; i < kPointerArgs; ++i) {
+    if (spans[i] < 0)
+      return std::string(kPointerNames[i]) + " strides reach beyond the address space";
+    f.bytes[i] = spans[i];
+    f.align[i] = align[i];
   }
   return "";
 }
 
 }  // namespace
+
+// Each pointer's alignment, and that no output (out, final_state, checkpoints, workspace)
+// overlaps a later argument of the list (docs/api.md), except final_state at initial_state
+// itself (in place).
+std::string check_pointers(const flash_kda_fwd_args &a, const PointerFacts &f) {
+  const void *const ptrs[kPointerArgs] = {
+      a.out, a.final_state, a.checkpoints, a.workspace, a.q, a.k, a.v, a.g, a.beta,
+      a.A_log, a.dt_bias, a.initial_state, a.cu_seqlens, a.state_indices, a.has_initial_state};
+  uintptr_t base[kPointerArgs];
+  int64_t span[kPointerArgs];
+  for (int i = 0; i < kPointerArgs; ++i) {
+    base[i] = reinterpret_cast<uintptr_t>(ptrs[i]);
+    if (base[i] & static_cast<uintptr_t>(f.align[i] - 1))
+      return std::string(kPointerNames[i]) + " must be " + str(f.align[i]) + "-byte aligned";
+    span[i] = f.bytes[i];
+  }
+  span[kWorkspaceArg] = a.workspace == nullptr ? 0 : std::max<int64_t>(a.workspace_bytes, 0);
+  for (int w = 0; w < kWriters; ++w) {
+    if (span[w] == 0) continue;
+    for (int o = w + 1; o < kPointerArgs; ++o) {
+      if (span[o] == 0 || base[w] >= base[o] + span[o] || base[o] >= base[w] + span[w]) continue;
+      const bool in_place = w == 1 && o == kInitialArg && base[w] == base[o];
+      if (!in_place)
+        return std::string(kPointerNames[w]) + " must not overlap " + kPointerNames[o] +
+               " in memory";
+    }
+  }
+  return "";
+}
 
 std::string read_args(const flash_kda_fwd_args *in, flash_kda_fwd_args &a) {
   std::memset(&a, 0, sizeof(a));
@@ -296,11 +304,10 @@ TestSwitches switches_of(const flash_kda_testing_overrides &o) {
   return t;
 }
 
-std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p) {
+std::string check_tensors(const flash_kda_fwd_args &a, PointerFacts &facts) {
   const std::string forms = check_forms(a);
   if (!forms.empty()) return forms;
-  if (!aligned(a.workspace, 16)) return "workspace must be 16-byte aligned";
-  std::string err = check_activations(a, p);
+  std::string err = check_activations(a, facts);
   const int64_t slots = a.state_indices != nullptr ? a.state_pool_size : a.num_seqs;
   const int64_t state = a.heads * kHeadDim * kHeadDim;
   if (err.empty())
@@ -316,13 +323,11 @@ std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p) {
     return "initial_state and final_state must have the same dtype";
   if (a.cu_seqlens != nullptr) {
     err = check_index_dtype("cu_seqlens", a.cu_seqlens_dtype, true);
-    if (err.empty() && !aligned(a.cu_seqlens, 8)) err = "cu_seqlens must be 8-byte aligned";
     if (!err.empty()) return err;
   }
   if (a.state_indices != nullptr) {
     err = check_index_dtype("state_indices", a.state_indices_dtype, false);
     if (!err.empty()) return err;
-    if (!aligned(a.state_indices, 8)) return "state_indices must be 8-byte aligned";
     if (a.state_pool_size < 1 || a.state_pool_size > kMaxSeqs)
       return "state_pool_size must be in [1, 2^30] with state_indices, got " +
              str(a.state_pool_size);
@@ -337,7 +342,7 @@ std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p) {
   if (!std::isfinite(a.scale) || !std::isfinite(scale) ||
       ((bf16_bits(scale) >> 7) & 0xffu) == 0xffu)
     return "scale must be finite in bfloat16 (|scale| < 3.39e38), got " + std::to_string(a.scale);
-  return check_overlap(a, p);
+  return derive_spans(a, facts);
 }
 
 std::string check_workspace(const flash_kda_fwd_args &a, const Plan &plan) {
@@ -356,7 +361,14 @@ Dtype dtype_or(int32_t d, Dtype none) {
 
 }  // namespace
 
-void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p) {
+void fill_params(const flash_kda_fwd_args &a, const Plan &plan, const PointerFacts &facts,
+                 FwdParams &p) {
+  p.q_strides = facts.q_strides;
+  p.k_strides = facts.k_strides;
+  p.v_strides = facts.v_strides;
+  p.g_strides = facts.g_strides;
+  p.beta_strides = facts.beta_strides;
+  p.out_strides = facts.out_strides;
   p.q = static_cast<const uint16_t *>(a.q);
   p.k = static_cast<const uint16_t *>(a.k);
   p.v = static_cast<const uint16_t *>(a.v);

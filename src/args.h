@@ -34,15 +34,32 @@ std::string check_plan(const flash_kda_fwd_args &a, const flash_kda_testing_over
 // The test switches of the overrides (params.h TestSwitches; all zero without overrides).
 TestSwitches switches_of(const flash_kda_testing_overrides &o);
 
-// Pointers, strides, states, pool, checkpoints, values and that no output overlaps another
-// argument; fills the strides of p.
-std::string check_tensors(const flash_kda_fwd_args &a, FwdParams &p);
+// What the checks of a call's pointers read (check_pointers), derived by check_tensors from
+// everything but the pointers' values: each argument's span in bytes (0: nothing; the
+// workspace's is the call's workspace_bytes) and the alignment its pointer needs, in the order
+// out, final_state, checkpoints, workspace, q, k, v, g, beta, A_log, dt_bias, initial_state,
+// cu_seqlens, state_indices, has_initial_state; and the activations' strides as FwdParams
+// takes them. A known call (call_cache.h) keeps them for its signature.
+constexpr int kPointerArgs = 15;
+struct PointerFacts {
+  int64_t bytes[kPointerArgs];
+  int32_t align[kPointerArgs];
+  Strides q_strides, k_strides, v_strides, g_strides, beta_strides, out_strides;
+};
+
+// Everything about the tensors but their pointers' values (whether each is NULL is part of the
+// signature): the forms, strides, states, pool, checkpoints and scale; derives `facts`.
+std::string check_tensors(const flash_kda_fwd_args &a, PointerFacts &facts);
+
+// The pointers: each one's alignment, and that no output overlaps another argument.
+std::string check_pointers(const flash_kda_fwd_args &a, const PointerFacts &facts);
 
 // The workspace against the plan's size.
 std::string check_workspace(const flash_kda_fwd_args &a, const Plan &plan);
 
-// The rest of p for a checked call, laid out by its plan.
-void fill_params(const flash_kda_fwd_args &a, const Plan &plan, FwdParams &p);
+// p for a checked call, laid out by its plan.
+void fill_params(const flash_kda_fwd_args &a, const Plan &plan, const PointerFacts &facts,
+                 FwdParams &p);
 
 // Whether the call takes the default gate and beta forms (LOWER_BOUND gate, bf16 g, bf16 beta
 // logits): what every arch table runs; the others need FLASH_KDA_FEATURE_GATE_FORMS.

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT
 // call_cache.h: the signatures flash_kda_fwd has run before, with what their checks found
 // that reads no pointer: the arch table, the stable-inverse choice and the plan on a device.
-// A repeated call of one skips check_call, the feature and driver checks, the device's facts
-// and the plan, and replays its launches as one graph (replay.h); the checks of its pointers
-// (check_tensors, check_workspace) run every call.
+// A repeated call of one skips check_call, check_tensors, the feature and driver checks, the
+// device's facts and the plan, and replays its launches as one graph (replay.h); the checks of
+// its pointers (check_pointers, check_workspace) run every call.
 // Thread-safe; host-only.
 #pragma once
 
@@ -12,6 +12,7 @@
 #include <flash_kda/flash_kda.h>
 
 #include "arch/table.h"
+#include "args.h"
 #include "plan.h"
 
 namespace flash_kda {
@@ -20,7 +21,8 @@ struct KnownCall {
   const ArchTable *table;
   int32_t stable_inverse;  // FwdParams::stable_inverse
   Plan plan;
-  uint64_t id;  // set by remember_call: distinct for each signature remembered (replay.h)
+  PointerFacts facts;  // what the checks of its pointers read
+  uint64_t id;         // set by remember_call: distinct for each signature remembered (replay.h)
 };
 
 // A call's signature: every field of `a` but the workspace, each pointer as whether it is

@@ -17,7 +17,9 @@ class LaunchSink {
   virtual ~LaunchSink() = default;
 
   // Zeroes `bytes` bytes at `ptr` (device memory), ordered after the stream's earlier work.
-  virtual cudaError_t zero(void *ptr, size_t bytes) { return cudaMemsetAsync(ptr, 0, bytes, stream_); }
+  virtual cudaError_t zero(void *ptr, size_t bytes) {
+    return cudaMemsetAsync(ptr, 0, bytes, stream_);
+  }
 
   // Launches `kernel` with `args` (its parameters' addresses). `programmatic`: it may start
   // once every CTA of the kernel before it has executed griddepcontrol.launch_dependents

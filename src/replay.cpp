@@ -208,7 +208,8 @@ LaunchStatus launch_known(uint64_t call, const ArchTable &table, const FwdParams
   if (g.usable && g.exec != nullptr) {
     Replayer replay(stream, g);
     const LaunchStatus st = table.fwd(params, replay);
-    if (st.error == cudaSuccess && replay.complete() && cudaGraphLaunch(g.exec, stream) == cudaSuccess) {
+    if (st.error == cudaSuccess && replay.complete() &&
+        cudaGraphLaunch(g.exec, stream) == cudaSuccess) {
       g_replayed.fetch_add(1, std::memory_order_relaxed);
       return st;
     }

@@ -23,9 +23,6 @@ from . import _args, _native, _validate
 _has_torch_function, _grad_enabled, _inference_enabled = (
     torch._C._has_torch_function, torch.is_grad_enabled, torch.is_inference_mode_enabled
 )  # fmt: skip
-# () -> whether the current stream of the current device captures a graph (torch's C function
-# where this torch has it, ~1 us less than the public one)
-capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 _ENVIRON, _OFF = _validate.ENVIRON, b"0"
 _SWITCH_KEY = _native.SWITCH_ENV.encode()
 
@@ -136,10 +133,11 @@ def attach(lib: "_native.NativeLibrary") -> Optional[ctypes.CDLL]:
 def launched(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
              ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate,
              beta_is_logit) -> bool:  # fmt: skip
-    """Whether an eager call of flash_kda.fwd ran from C: a learned signature outside graph
-    capture (whose workspace is the graph's), of plain tensors none of which needs grad or is
-    an inference tensor written outside inference mode, with the native path on. False for
-    anything else (including an argument the op cannot take): the Python path runs it."""
+    """Whether an eager call of flash_kda.fwd ran from C: a learned signature of plain tensors
+    none of which needs grad or is an inference tensor written outside inference mode, with
+    the native path on, on a stream that is not capturing a graph (the C side asks: a
+    captured call takes the graph's workspace). False for anything else (including an
+    argument the op cannot take): the Python path runs it."""
     mode = _validate.cached_mode(scale, lower_bound, checkpoint_every, exact, max_seqlen, gate, beta_is_logit)
     if mode is None or _native.overrides is not None or _ENVIRON is None or _ENVIRON.get(_SWITCH_KEY) == _OFF:
         return False
@@ -168,7 +166,6 @@ def launched(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_
                     or (checkpoints is not None and checkpoints.is_inference())
                 )
             )
-            or capturing()
         ):
             return False
         code = forms(gate, beta_is_logit, mode, lower_bound, checkpoint_every, max_seqlen)

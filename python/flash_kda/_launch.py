@@ -34,7 +34,8 @@ _STRIDED = ("q", "k", "v", "g", "out", "beta")  # FwdCall.strides' order
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _exchange_device = getattr(torch.cuda, "_exchange_device", None)
 _maybe_exchange_device = getattr(torch.cuda, "_maybe_exchange_device", None)
-_capturing = _eager.capturing
+# () -> whether the current stream of the current device captures a graph
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 
 
 def current_stream(index: int) -> int:

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
-// launch.cuh: the launch sequence of one forward (design §4.1, §4.2, §6.2) and the probe launches,
-// all on the caller's stream, no allocation, no synchronisation. Included once per arch
-// TU, inside that arch's namespace; FLASH_KDA_DEFINE_ARCH_TABLE then exports the table.
+// launch.cuh: the launch sequence of one forward (design §4.1, §4.2, §6.2), issued through a
+// LaunchSink (launches.h: the caller's stream, or a graph replay), and the probe launches; no
+// allocation, no synchronisation. Included once per arch TU, inside that arch's namespace;
+// FLASH_KDA_DEFINE_ARCH_TABLE then exports the table.
 #pragma once
 #ifndef FLASH_KDA_ARCH
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"

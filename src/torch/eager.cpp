@@ -92,6 +92,8 @@ struct Torch {
   int32_t (*current_device)(int32_t *);
   int32_t (*create_guard)(int32_t, void **);
   int32_t (*delete_guard)(void *);
+  // libcuda (cuda.h): CUresult cuStreamIsCapturing(CUstream, CUstreamCaptureStatus *)
+  int32_t (*is_capturing)(void *, int32_t *);
 };
 
 Torch torch_fns{};
@@ -112,7 +114,6 @@ struct Learned {
 struct Record {
   bool used = false;
   bool has_family = false;  // batch 1: calls of other token and sequence counts may follow it
-  uint64_t hash = 0, family_hash = 0;
   int64_t key[kKeyWords];
   int64_t family[kKeyWords];  // family_of(key)
   flash_kda_fwd_args args;
@@ -128,6 +129,9 @@ struct Workspace {
 
 std::mutex lock;
 Record records[kRecords];
+// Each record's hash and its family's, apart, so that a lookup reads eight cache lines
+// rather than one of every record.
+uint64_t hashes[kRecords], family_hashes[kRecords];
 int next_victim = 0;
 std::vector<Workspace> workspaces;
 std::atomic<int64_t> launches{0};  // calls this library launched (for the tests)
@@ -201,10 +205,16 @@ bool key_of(const Args &a, int64_t *key) {
   return w - key == kKeyWords;
 }
 
+// FNV-1a over the key's words in four interleaved lanes (independent multiply chains).
 uint64_t hash_of(const int64_t *key) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (int i = 0; i < kKeyWords; ++i) h = (h ^ static_cast<uint64_t>(key[i])) * 0x100000001b3ULL;
-  return h;
+  constexpr uint64_t kPrime = 0x100000001b3ULL;
+  uint64_t h[4] = {0xcbf29ce484222325ULL, 0x84222325cbf29ce4ULL, 0x9e3779b97f4a7c15ULL,
+                   0xc2b2ae3d27d4eb4fULL};
+  int i = 0;
+  for (; i + 4 <= kKeyWords; i += 4)
+    for (int j = 0; j < 4; ++j) h[j] = (h[j] ^ static_cast<uint64_t>(key[i + j])) * kPrime;
+  for (; i < kKeyWords; ++i) h[0] = (h[0] ^ static_cast<uint64_t>(key[i])) * kPrime;
+  return ((h[0] * kPrime ^ h[1]) * kPrime ^ h[2]) * kPrime ^ h[3];
 }
 
 // ---- families: a learned signature's calls of other sizes
@@ -312,53 +322,65 @@ bool family_args(const int64_t *key, flash_kda_fwd_args &args) {
 
 // ---- the records
 
+void copy_out(const Record &base, Record &out) {
+  out.args = base.args;
+  out.compute_capability = base.compute_capability;
+  out.device = base.device;
+  out.workspace_bytes = base.workspace_bytes;
+}
+
 // The learned record of a key (copied out under the lock), else a record of its family as
-// the base of the call (`member` true); false for neither.
+// the base of the call (`member` true; the family is computed only after no record matched);
+// false for neither.
 bool find(uint64_t hash, const int64_t *key, Record &out, bool &member) {
-  int64_t family[kKeyWords];
-  const bool has_family = family_of(key, family);
-  const uint64_t family_hash = has_family ? hash_of(family) : 0;
-  std::lock_guard<std::mutex> guard(lock);
-  const Record *base = nullptr;
-  for (const Record &r : records) {
-    if (!r.used) continue;
-    if (r.hash == hash && std::memcmp(r.key, key, sizeof(r.key)) == 0) {
-      base = &r;
-      member = false;
-      break;
-    }
-    if (base == nullptr && has_family && r.has_family && r.family_hash == family_hash &&
-        std::memcmp(r.family, family, sizeof(r.family)) == 0) {
-      base = &r;
-      member = true;
+  {
+    std::lock_guard<std::mutex> guard(lock);
+    for (int i = 0; i < kRecords; ++i) {
+      const Record &r = records[i];
+      if (hashes[i] == hash && r.used && std::memcmp(r.key, key, sizeof(r.key)) == 0) {
+        copy_out(r, out);
+        member = false;
+        return true;
+      }
     }
   }
-  if (base == nullptr) return false;
-  out.args = base->args;
-  out.compute_capability = base->compute_capability;
-  out.device = base->device;
-  out.workspace_bytes = base->workspace_bytes;
-  return true;
+  int64_t family[kKeyWords];
+  if (!family_of(key, family)) return false;
+  const uint64_t family_hash = hash_of(family);
+  std::lock_guard<std::mutex> guard(lock);
+  for (int i = 0; i < kRecords; ++i) {
+    const Record &r = records[i];
+    if (family_hashes[i] == family_hash && r.used && r.has_family &&
+        std::memcmp(r.family, family, sizeof(r.family)) == 0) {
+      copy_out(r, out);
+      member = true;
+      return true;
+    }
+  }
+  return false;
 }
 
 void learn(uint64_t hash, const int64_t *key, const Learned &l) {
   std::lock_guard<std::mutex> guard(lock);
-  Record *slot = nullptr;
-  for (Record &r : records)
-    if (r.used && r.hash == hash && std::memcmp(r.key, key, sizeof(r.key)) == 0) slot = &r;
-  if (slot == nullptr) {
-    slot = &records[next_victim];
+  int slot = -1;
+  for (int i = 0; i < kRecords; ++i)
+    if (hashes[i] == hash && records[i].used &&
+        std::memcmp(records[i].key, key, sizeof(records[i].key)) == 0)
+      slot = i;
+  if (slot < 0) {
+    slot = next_victim;
     next_victim = (next_victim + 1) % kRecords;
   }
-  slot->used = true;
-  slot->hash = hash;
-  std::memcpy(slot->key, key, sizeof(slot->key));
-  slot->has_family = family_of(key, slot->family);
-  slot->family_hash = slot->has_family ? hash_of(slot->family) : 0;
-  slot->args = *l.args;
-  slot->compute_capability = l.compute_capability;
-  slot->device = l.device;
-  slot->workspace_bytes = l.workspace_bytes;
+  Record &r = records[slot];
+  r.used = true;
+  std::memcpy(r.key, key, sizeof(r.key));
+  r.has_family = family_of(key, r.family);
+  hashes[slot] = hash;
+  family_hashes[slot] = r.has_family ? hash_of(r.family) : 0;
+  r.args = *l.args;
+  r.compute_capability = l.compute_capability;
+  r.device = l.device;
+  r.workspace_bytes = l.workspace_bytes;
 }
 
 bool workspace_for(int32_t device, void *stream, int64_t bytes, void *&ptr, int64_t &have) {
@@ -398,7 +420,10 @@ int64_t launch(const Args &a, const uint64_t hash, const int64_t *key, Record &r
   if (member)
     r.workspace_bytes =
         plan_fn(r.compute_capability, &args, &plan) == 0 ? plan.workspace_bytes : -1;
+  // a stream capturing a graph: the Python path gives the call the graph's workspace
+  int32_t capture = 1;
   if (r.workspace_bytes >= 0 && torch_fns.current_stream(r.device, &stream) == 0 &&
+      torch_fns.is_capturing(stream, &capture) == 0 && capture == 0 &&
       workspace_for(r.device, stream, r.workspace_bytes, ws, ws_bytes)) {
     args.q = a.ptr(kQ);
     args.k = a.ptr(kK);
@@ -502,11 +527,13 @@ FLASH_KDA_TORCH_API int32_t flash_kda_torch_attach(const void *flash_kda_fwd,
     return 1;
   // a torch without CUDA: registered all the same, every call a miss
   void *cuda = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+  void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   const bool has_cuda =
       cuda != nullptr && resolve(cuda, "aoti_torch_get_current_cuda_stream", t.current_stream) &&
       resolve(cuda, "aoti_torch_get_current_device_index", t.current_device) &&
       resolve(cuda, "aoti_torch_create_cuda_guard", t.create_guard) &&
-      resolve(cuda, "aoti_torch_delete_cuda_guard", t.delete_guard);
+      resolve(cuda, "aoti_torch_delete_cuda_guard", t.delete_guard) && driver != nullptr &&
+      resolve(driver, "cuStreamIsCapturing", t.is_capturing);
   torch_fns = t;
   cuda_type = has_cuda ? t.device_type_cuda() : -1;
   // the libraries stay registered for the process's life, as a TORCH_LIBRARY_IMPL's do. The
@@ -547,5 +574,7 @@ FLASH_KDA_TORCH_API int64_t flash_kda_torch_launches() { return launches.load();
 FLASH_KDA_TORCH_API void flash_kda_torch_forget() {
   std::lock_guard<std::mutex> guard(lock);
   for (Record &r : records) r.used = false;
+  for (uint64_t &h : hashes) h = 0;
+  for (uint64_t &h : family_hashes) h = 0;
   workspaces.clear();
 }
