@@ -19,6 +19,10 @@ launch queue never fills and the numbers are host time, not GPU time.
 - ``new_signature_us``: the tiny call with every call a new token count (more than the
   signature records and the library's plans hold), the case of a varlen serving step: after
   the repeated call taught the eager launch in C its signature, members of its family;
+- ``serving_step_us``: the mean host time a call of varlen serving steps, each of new lengths
+  (two sequences, T=256 + the step, H=4) and ``LAYERS`` calls, one per layer with that layer's
+  gate parameters and outputs: a step's first call is a family member, its second records the
+  graph that the others replay;
 - ``flashkda_us``: upstream FlashKDA's ``flash_kda_C.fwd`` on the same call with its workspace
   allocated per call as its Python wrapper does (null where ``flash_kda_C`` is not importable);
 - ``fla_routed_us``: fla's ``chunk_kda`` with FlashKDA's flags, which fla's backend routes to
@@ -49,6 +53,7 @@ TINY = ([256], 4)  # the issue's tiny call: T=256, H=4
 TINY_VARLEN = ([100, 156], 4)
 COPIES = 4  # input copies the repeated call rotates through (new pointers, one signature)
 DISTINCT = 320  # token counts of the new-signature run: more than the records (64) and plans (256) hold
+LAYERS, STEPS = 69, 20  # serving steps: Kimi-K3's KDA layers a step
 
 
 def host_us(fn, bursts, burst, cuda):
@@ -93,6 +98,29 @@ def new_signatures(lens, heads, device, count=DISTINCT):
         short = [x[:, : x.shape[1] - cut] for x in args[:5]]
         sliced.append((*short, args[5], args[6][:, : args[6].shape[1] - cut], *args[7:]))
     return sliced
+
+
+def serving_step_us(heads, device, steps=STEPS, layers=LAYERS):
+    """The mean host µs a call of ``steps`` serving steps (``serving_step_us`` above), the
+    device synchronised before each step."""
+    import flash_kda
+
+    ((args, _),) = calls_of([128, 128 + steps], heads, device, copies=1)
+    weights = [(torch.rand_like(args[7]), torch.rand_like(args[8])) for _ in range(layers)]
+    outs = [(torch.empty_like(args[6]), torch.empty_like(args[11])) for _ in range(layers)]
+    times = []
+    for step in range(steps):
+        T = 256 + step
+        cu = torch.tensor([0, 128, T], dtype=torch.int32, device=device)
+        step_args = [x[:, :T] for x in args[:5]]
+        for (A_log, dt_bias), (out, final) in zip(weights, outs):
+            call = (*step_args, args[5], out[:, :T], A_log, dt_bias, args[9], args[10], final, cu)
+            start = time.perf_counter()
+            flash_kda.fwd(*call, max_seqlen=T - 128)
+            times.append(time.perf_counter() - start)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    return statistics.mean(times) * 1e6, sorted(times)[int(0.9 * (len(times) - 1))] * 1e6
 
 
 def rotating(fn, calls):
@@ -268,6 +296,7 @@ def main():
             ("repeat_signature_inference_us", rotating(lambda *a: fwd(*a), batched)),  # timed in inference_mode
             ("varlen_repeat_us", rotating(lambda a, longest: fwd(*a, max_seqlen=longest), varlen)),
             ("new_signature_us", rotating(lambda *a: fwd(*a), new_signatures(*TINY, device))),
+            ("serving_step_us", "steps"),
             ("flashkda_us", flashkda_call(*TINY, device) if cuda else None),
             ("fla_routed_us", fla_call(*TINY, device) if cuda else None),
         ]
@@ -277,7 +306,10 @@ def main():
             # the inference row enters inference_mode once around its bursts, as an engine does
             mode = torch.inference_mode() if "inference" in name else contextlib.nullcontext()
             with mode:
-                timed = None if fn is None else host_us(fn, args.bursts, args.burst, cuda)
+                if fn == "steps":
+                    timed = serving_step_us(TINY[1], device)
+                else:
+                    timed = None if fn is None else host_us(fn, args.bursts, args.burst, cuda)
             print(f"  {name:30s} " + ("n/a" if timed is None else f"{timed[0]:8.1f} {timed[1]:8.1f}"), flush=True)
             result[name] = None if timed is None else round(timed[0], 2)
             result[name.replace("_us", "_p90_us")] = None if timed is None else round(timed[1], 2)
