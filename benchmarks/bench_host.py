@@ -172,7 +172,8 @@ def back_to_back_ms(variants, reps, target_ms=20.0):
     """For each ``(fn, stream)`` of ``variants``, the median ms a call of ``fn`` run back to back
     on ``stream`` (None: the current one; CUDA events there around ``n`` calls, ``n`` chosen for
     ``target_ms`` a run), over ``reps`` rounds that run each variant once in turn, so that the
-    board's clock and power drift reach every variant alike."""
+    board's clock and power drift reach every variant alike; each round starts one variant
+    later, so that every variant runs first, second, ... equally often."""
 
     def run(fn, stream, n):
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
@@ -187,9 +188,10 @@ def back_to_back_ms(variants, reps, target_ms=20.0):
 
     counts = [max(5, min(2000, int(target_ms / max(run(fn, stream, 1), 1e-3)))) for fn, stream in variants]
     times = [[] for _ in variants]
-    for _ in range(reps):
-        for (fn, stream), n, got in zip(variants, counts, times):
-            got.append(run(fn, stream, n))
+    for r in range(reps):
+        for i in range(len(variants)):
+            k = (i + r) % len(variants)
+            times[k].append(run(*variants[k], counts[k]))
     return [statistics.median(t) for t in times]
 
 
