@@ -170,11 +170,10 @@ def launched(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_
             return False
         code = forms(gate, beta_is_logit, mode, lower_bound, checkpoint_every, max_seqlen)
         bound, longest = 0.0 if lower_bound is None else lower_bound, 0 if max_seqlen is None else max_seqlen
-        if ssm_state_indices is None and has_initial_state is None and checkpoints is None:
-            if checkpoint_every is None:
-                status = OP_SHORT(q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens,
-                                  scale, bound, longest, code)  # fmt: skip
-                return status == 0
+        if ssm_state_indices is None and has_initial_state is None and checkpoints is None and checkpoint_every is None:
+            status = OP_SHORT(q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens,
+                              scale, bound, longest, code)  # fmt: skip
+            return status == 0
         status = OP(q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
                     has_initial_state, checkpoints, scale, bound, 0 if checkpoint_every is None else checkpoint_every,
                     longest, code)  # fmt: skip
