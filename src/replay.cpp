@@ -5,6 +5,9 @@
 // node parameters to a later call's.
 #include "replay.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <atomic>
 #include <mutex>
 
@@ -21,7 +24,35 @@ struct Step {
   const void *kernel;  // nullptr: the memset
   bool programmatic;
   cudaGraphNode_t node;
+  CUfunction function;  // the kernel's, for the driver's update (nullptr: the runtime's)
 };
+
+// The driver's node update and graph launch, which the runtime's wrap: the runtime's update
+// looks the kernel's function up on every call, the driver's takes it from the step. Both
+// nullptr where the runtime cannot give them (the runtime's calls then).
+struct Driver {
+  PFN_cuGraphExecKernelNodeSetParams_v12000 set_kernel = nullptr;
+  PFN_cuGraphLaunch_v10000 launch = nullptr;
+};
+
+const Driver &driver() {
+  static const Driver d = [] {
+    Driver r;
+    void *set = nullptr, *launch = nullptr;
+    cudaDriverEntryPointQueryResult found_set, found_launch;
+    if (cudaGetDriverEntryPointByVersion("cuGraphExecKernelNodeSetParams", &set, 12000,
+                                         cudaEnableDefault, &found_set) == cudaSuccess &&
+        cudaGetDriverEntryPointByVersion("cuGraphLaunch", &launch, 10000, cudaEnableDefault,
+                                         &found_launch) == cudaSuccess &&
+        found_set == cudaDriverEntryPointSuccess && found_launch == cudaDriverEntryPointSuccess) {
+      r.set_kernel = reinterpret_cast<PFN_cuGraphExecKernelNodeSetParams_v12000>(set);
+      r.launch = reinterpret_cast<PFN_cuGraphLaunch_v10000>(launch);
+    }
+    cudaGetLastError();
+    return r;
+  }();
+  return d;
+}
 
 struct Graph {
   uint64_t call;  // KnownCall::id; 0: a free slot
@@ -129,7 +160,13 @@ class Recorder : public LaunchSink {
       failed_ = true;
       return err;
     }
-    g_.step[g_.steps++] = {kernel, programmatic, deps[0]};
+    cudaFunction_t function = nullptr;
+    if (kernel != nullptr && driver().set_kernel != nullptr &&
+        cudaGetFuncBySymbol(&function, kernel) != cudaSuccess) {
+      cudaGetLastError();
+      function = nullptr;
+    }
+    g_.step[g_.steps++] = {kernel, programmatic, deps[0], reinterpret_cast<CUfunction>(function)};
     return cudaSuccess;
   }
 
@@ -158,6 +195,20 @@ class Replayer : public LaunchSink {
                      bool programmatic) override {
     const Step *s = next(kernel, programmatic);
     if (s == nullptr) return cudaErrorInvalidValue;
+    if (s->function != nullptr) {
+      CUDA_KERNEL_NODE_PARAMS k = {};
+      k.func = s->function;
+      k.gridDimX = grid.x;
+      k.gridDimY = grid.y;
+      k.gridDimZ = grid.z;
+      k.blockDimX = block.x;
+      k.blockDimY = block.y;
+      k.blockDimZ = block.z;
+      k.sharedMemBytes = static_cast<unsigned>(smem);
+      k.kernelParams = args;  // copied by the call
+      const CUresult err = driver().set_kernel(reinterpret_cast<CUgraphExec>(g_.exec), s->node, &k);
+      return done(err == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue);
+    }
     cudaKernelNodeParams k = {};
     k.func = const_cast<void *>(kernel);
     k.gridDim = grid;
@@ -208,8 +259,10 @@ LaunchStatus launch_known(uint64_t call, const ArchTable &table, const FwdParams
   if (g.usable && g.exec != nullptr) {
     Replayer replay(stream, g);
     const LaunchStatus st = table.fwd(params, replay);
+    const Driver &d = driver();
     if (st.error == cudaSuccess && replay.complete() &&
-        cudaGraphLaunch(g.exec, stream) == cudaSuccess) {
+        (d.launch != nullptr ? d.launch(reinterpret_cast<CUgraphExec>(g.exec), stream) == CUDA_SUCCESS
+                             : cudaGraphLaunch(g.exec, stream) == cudaSuccess)) {
       g_replayed.fetch_add(1, std::memory_order_relaxed);
       return st;
     }
