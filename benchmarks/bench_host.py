@@ -239,19 +239,20 @@ def layers(lens, heads, device):
     call = testing.validated(*calls[0])
     rows.append(("validated call -> library", lambda: testing.run_native(call)))
     rows.append(("flash_kda_fwd alone (a packed call)", testing.library_call(call)))
-    short = testing.eager_op(short=True)
-    if short is not None:  # the eager launch's op: a learned call, one it lacks (dispatch and key), CPU tensors
+    launch = testing.eager_op()
+    if launch is not None:  # the eager launch in C: a learned call, one it lacks (its read and key), CPU tensors
         q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial, final, cu = calls[0]
         cpu = [x.cpu() for x in (q, k, v, g, beta, out)]
-        forms = testing.eager_forms(exact=False)
-        rows.append(("eager op, learned signature (op + library)",
-                     lambda: short(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, scale, lower_bound, 0,
-                                   forms)))  # fmt: skip
-        rows.append(("eager op, unknown signature (dispatch + key)",
-                     lambda: short(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, 0.5, lower_bound, 0,
-                                   forms)))  # fmt: skip
-        rows.append(("eager op, CPU tensors (dispatch alone)",
-                     lambda: short(*cpu, None, None, None, None, None, 0.5, lower_bound, 0, forms)))  # fmt: skip
+        forms, rest = testing.eager_forms(exact=False), (None, None, None)
+        rows.append(("eager launch, learned signature (C + library)",
+                     lambda: launch(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, *rest, scale,
+                                    lower_bound, 0, 0, forms, False)))  # fmt: skip
+        rows.append(("eager launch, unknown signature (read + key)",
+                     lambda: launch(q, k, v, g, beta, out, A_log, dt_bias, initial, final, cu, *rest, 0.5,
+                                    lower_bound, 0, 0, forms, False)))  # fmt: skip
+        rows.append(("eager launch, CPU tensors (read alone)",
+                     lambda: launch(*cpu, None, None, None, None, None, *rest, 0.5, lower_bound, 0, 0, forms,
+                                    False)))  # fmt: skip
     return rows
 
 
@@ -266,7 +267,7 @@ def main():
     parser.add_argument("--json", help="write the results here (benchmarks/results/host.json)")
     parser.add_argument("--bursts", type=int, default=100)
     parser.add_argument("--burst", type=int, default=20, help="calls timed between two synchronisations")
-    parser.add_argument("--reps", type=int, default=9, help="back-to-back rounds per table row")
+    parser.add_argument("--reps", type=int, default=25, help="back-to-back rounds per table row")
     parser.add_argument("--mock-library", action="store_true", help="CPU only: see the module docstring")
     parser.add_argument("--layers", action="store_true", help="also time each layer of the native path")
     parser.add_argument("--no-table", action="store_true", help="skip the eager-against-graph table")

@@ -1,9 +1,12 @@
 # SPDX-License-Identifier: MIT
-"""The eager launch in C (``_eager``, libflash_kda_torch.so) on any machine: its schemas come
-from the argument table in the order the library reads them, it attaches on torch >= 2.10,
-and it leaves every call it cannot launch to the Python path (CPU tensors, unknown
-signatures). The launches themselves are tests/test_host_gpu.py's."""
+"""The eager launch in C (``_eager``, libflash_kda_torch.so) on any machine: its argument
+slots come from the argument table in the order the library reads them, it attaches on
+torch >= 2.10 once its reading of a probe tensor agrees with torch's, and it leaves every call
+it cannot launch to the Python path (CPU tensors, other objects, a wrong count) without
+writing. The launches themselves, and the refusals that need a learned signature, are
+tests/test_host_gpu.py's."""
 
+import ctypes
 import os
 
 import pytest
@@ -18,23 +21,11 @@ needs_library = pytest.mark.skipif(
 )
 
 
-def test_the_schemas_follow_the_argument_table():
-    launch, short, learn = (torch._C.parse_schema(f"flash_kda::{schema}") for schema in _eager.SCHEMAS)
-    public = torch._C.parse_schema(f"flash_kda::{_args.schema()}")
-    assert [a.name for a in launch.arguments] == list(_eager.SLOTS)
-    assert [a.name for a in launch.arguments][: len(_args.TENSORS)] == list(_args.TENSORS)
-    assert set(_eager.SLOTS[len(_args.TENSORS) : -1]) <= set(_args.NAMES)
-    def kind(a):
-        return str(a.type), None if a.alias_info is None else a.alias_info.is_write
-
-    public_types = {a.name: kind(a) for a in public.arguments}
-    for a in launch.arguments[: len(_args.TENSORS)]:  # the tensors' types and aliasing as the public op's
-        assert kind(a) == public_types[a.name], a.name
-    assert [a.name for a in learn.arguments] == [*_eager.SLOTS, "learned"]
-    # the short op: the tensors up to cu_seqlens, then the scalars without checkpoint_every
-    assert [a.name for a in short.arguments] == [n for n in _eager.SLOTS[: _eager.SLOTS.index("ssm_state_indices")]] + [
-        n for n in _eager.SLOTS[len(_args.TENSORS) :] if n != "checkpoint_every"
-    ]
+def test_the_slots_follow_the_argument_table():
+    assert _eager.SLOTS[: len(_args.TENSORS)] == tuple(_args.TENSORS)
+    scalars = _eager.SLOTS[len(_args.TENSORS) : -1]
+    assert set(scalars) <= set(_args.NAMES) and _eager.SLOTS[-1] == "forms"
+    assert list(scalars) == [n for n in _args.NAMES if n in scalars]  # the table's order
 
 
 @pytest.mark.parametrize(
@@ -54,15 +45,35 @@ def test_the_library_attaches_and_leaves_cpu_calls_to_python():
     so = _eager.attach(_native.load())
     assert so is not None, _eager.attach_error()
     assert so.flash_kda_torch_slots().decode() == ",".join(_eager.SLOTS)
+    assert _eager._probe_agrees(so)
     q = torch.randn(1, 32, 2, 128, dtype=torch.bfloat16)
     beta, out = torch.randn(1, 32, 2, dtype=torch.bfloat16), torch.full_like(q, float("nan"))
     A_log, dt_bias = torch.zeros(2), torch.zeros(2, 128)
     launched, forms = _eager.launches(), _eager.forms("lower_bound", True, False, -5.0, None, None)
-    status = _eager.OP(q, q, q, q, beta, out, A_log, dt_bias, None, None, None, None, None, None, 0.1, -5.0, 0, 0,
-                       forms)  # fmt: skip
-    short = _eager.OP_SHORT(q, q, q, q, beta, out, A_log, dt_bias, None, None, None, 0.1, -5.0, 0, forms)
-    assert status == short == _eager.MISS
+    args = [q, q, q, q, beta, out, A_log, dt_bias, None, None, None, None, None, None, 0.1, -5.0, 0, 0, forms, False]
+    assert _eager.OP(*args) == _eager.MISS
+    # an object that is not a tensor in a tensor's slot, a wrong scalar type, a wrong count
+    for i, bad in ((0, object()), (6, [1.0]), (14, "0.1"), (16, 1.5)):
+        assert _eager.OP(*args[:i], bad, *args[i + 1 :]) == _eager.MISS
+    assert _eager.OP(*args[:-1]) == _eager.MISS and _eager.OP() == _eager.MISS
     assert torch.isnan(out).all() and _eager.launches() == launched
+
+
+@needs_library
+def test_the_probe_reads_what_torch_gives():
+    so = _eager.attach(_native.load())
+    assert so is not None, _eager.attach_error()
+    words = (ctypes.c_int64 * 11)()
+    for t in (torch.zeros(2, 3), torch.zeros(4, 5, 6)[1:, ::2].transpose(0, 2), torch.nn.Parameter(torch.ones(7))):
+        assert so.flash_kda_torch_probe(t, words) == 0
+        assert list(words[: 2 + t.dim()]) == [t.data_ptr(), t.dim(), *t.shape]
+        assert list(words[6 : 6 + t.dim()]) == list(t.stride())
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert so.flash_kda_torch_probe(torch.zeros(2).as_subclass(Sub), words) == 1  # subclasses: the Python path
+    assert so.flash_kda_torch_probe(torch.zeros(1, 1, 1, 1, 1), words) == 1  # more than four dimensions
 
 
 def test_a_stand_in_library_never_attaches():

@@ -5,6 +5,8 @@ token and sequence counts), give the validated path's bits and still refuse data
 the cached workspace is safe across streams and next to CUDA-graph replays; calls without
 tokens give the start states without a host synchronisation (so they can be captured)."""
 
+import contextlib
+
 import flash_kda
 import pytest
 import torch
@@ -117,6 +119,59 @@ def test_a_prepacked_signature_refuses_data_faults_before_writing(fault):
         assert testing.eager_launches() == (None if launched is None else launched + 1)
         return
     assert_refused(bad, message, launched)
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass (the Python path must give it torch's dispatch)."""
+
+
+@pytest.mark.parametrize("case", ["requires-grad", "requires-grad-out", "requires-grad-no-grad", "inference-out",
+                                  "inference-mode", "subclass", "parameter"])  # fmt: skip
+def test_the_launch_from_c_refuses_what_the_python_path_must_see(case):
+    """After a signature is learned, C leaves to the Python path a tensor that requires grad
+    in grad mode (its RuntimeError), an inference tensor to write outside inference mode (its
+    ValueError) and a tensor subclass; under no_grad, in inference mode and for a Parameter it
+    launches the call itself, with the validated path's bits."""
+    if not EAGER_IN_C:
+        pytest.skip("the eager launch in C needs torch >= 2.10")
+    testing.clear_caches()
+    p = make_problem(1, 256, 4, initial=bf16, final=bf16, device=DEV, seed=11)
+    learned(p)
+    through_c(p)
+    expected = fresh(p)
+    call(flash_kda.fwd, expected)
+    launched, q = testing.eager_launches(), fresh(p)
+    context, error, from_c = contextlib.nullcontext(), None, False
+    if case == "requires-grad":
+        q["k"], error = p["k"].clone().requires_grad_(), (RuntimeError, "requires grad")
+    elif case == "requires-grad-out":
+        q["out"], error = nan_like(p["out"]).requires_grad_(), (RuntimeError, "requires grad")
+    elif case == "requires-grad-no-grad":
+        q["A_log"], context, from_c = p["A_log"].clone().requires_grad_(), torch.no_grad(), True
+    elif case == "inference-out":
+        with torch.inference_mode():
+            q["out"] = nan_like(p["out"])
+        error = (ValueError, "inference")
+    elif case == "inference-mode":
+        with torch.inference_mode():
+            q["out"] = nan_like(p["out"])
+        context, from_c = torch.inference_mode(), True
+    elif case == "subclass":
+        q["v"] = p["v"].as_subclass(_Marked)
+    else:
+        q["dt_bias"], from_c = torch.nn.Parameter(p["dt_bias"].clone(), requires_grad=False), True
+    with context:
+        if error is not None:
+            with pytest.raises(error[0], match=error[1]):
+                call(flash_kda.fwd, q)
+        else:
+            call(flash_kda.fwd, q)
+    torch.cuda.synchronize()
+    assert testing.eager_launches() == launched + from_c, f"{case}: launched from C {not from_c}"
+    if error is None:
+        assert_bitwise(q["out"], expected["out"], f"out ({case})")
+    else:
+        assert torch.isnan(q["out"]).all(), f"a refused call wrote out ({case})"
 
 
 def with_checkpoints(p, every):

@@ -1,14 +1,15 @@
 # SPDX-License-Identifier: MIT
 """The eager launch in C (``libflash_kda_torch.so``, src/torch/eager.cpp; docs/dispatch.md):
 an eager call of a signature that the Python path validated before reads its tensors and
-launches from C, through the internal op ``flash_kda::eager_launch`` (torch's stable C ABI,
-torch >= 2.10).
+launches from C, through one Python function the library makes (:data:`OP`), which reads
+each tensor through torch's C functions (torch >= 2.10): no torch op, no dispatcher.
 
 Nothing is loaded until the Python path has made a prepacked launch (:func:`learn`): then the
-library is attached once, :data:`OP` becomes the op's callable, and each later call of a
-learned signature (handed over by ``flash_kda::eager_learn``) is one op call. Where torch is
-older than 2.10 or the library is missing, :data:`OP` stays None and the Python path runs
-every call (with a torch without CUDA, every op call is a miss).
+library is attached once, its reading of tensors is checked against a probe's metadata, and
+:data:`OP` becomes its launch function; each later call of a learned signature (handed over
+by the library's learn function) is one call of it. Where torch is older than 2.10, the
+library is missing or the probe disagrees, :data:`OP` stays None and the Python path runs
+every call (with a torch without CUDA, every call is a miss).
 """
 
 import ctypes
@@ -20,34 +21,19 @@ import torch
 
 from . import _args, _native, _validate
 
-_has_torch_function, _grad_enabled, _inference_enabled = (
-    torch._C._has_torch_function, torch.is_grad_enabled, torch.is_inference_mode_enabled
-)  # fmt: skip
+_inference_enabled = torch.is_inference_mode_enabled
 _ENVIRON, _OFF = _validate.ENVIRON, b"0"
 _SWITCH_KEY = _native.SWITCH_ENV.encode()
 
 LIBRARY_NAME = "libflash_kda_torch.so"
-MISS = -1  # the op's result for a call it leaves to the Python path (0: launched)
+MISS = -1  # the launch's result for a call it leaves to the Python path (0: launched)
 
-# The ops' scalars: those of flash_kda.fwd that vary with the call's sizes (None passed as 0),
-# then `forms` (:func:`forms`: the rest, one int, as the op parses each argument at a cost).
-_SCALARS = dict(scale="float", lower_bound="float", checkpoint_every="int", max_seqlen="int")
+# The arguments of the library's functions: the tensors of flash_kda.fwd (None or a tensor),
+# its scalars that vary with the call's sizes (None passed as 0; floats, then ints), then
+# `forms` (:func:`forms`: the rest, one int); then the launch's inference-mode flag or the
+# learn's address of a Learned.
+_SCALARS = ("scale", "lower_bound", "checkpoint_every", "max_seqlen")
 SLOTS = (*_args.TENSORS, *(a.name for a in _args.ARGS if a.name in _SCALARS), "forms")
-_TYPES = {a.name: a.schema for a in _args.ARGS if a.name in _args.TENSORS} | _SCALARS | dict(forms="int")
-# eager_launch_short: a call without a pool or checkpoints, four arguments fewer to parse
-SHORT_SLOTS = tuple(n for n in SLOTS if n not in ("ssm_state_indices", "has_initial_state", "checkpoints",
-                                                  "checkpoint_every"))  # fmt: skip
-
-
-def _parameters(slots) -> str:
-    return ", ".join(f"{_TYPES[name]} {name}" for name in slots)
-
-
-SCHEMAS = (
-    f"eager_launch({_parameters(SLOTS)}) -> int",
-    f"eager_launch_short({_parameters(SHORT_SLOTS)}) -> int",
-    f"eager_learn({_parameters(SLOTS)}, int learned) -> int",
-)
 _GATE_FORMS = {gate: code << 5 for gate, code in _native.GATE_CODES.items()}  # gate name -> its bits of forms
 
 
@@ -72,10 +58,11 @@ class _Learned(ctypes.Structure):
                 ("workspace_bytes", ctypes.c_int64)]  # fmt: skip
 
 
-OP = None  # eager_launch's callable once attached
-OP_SHORT = None  # eager_launch_short's
-_LEARN = None  # eager_learn's
-_state = dict(tried=False, library=None, error=None, definition=None, native=None)
+OP = None  # the library's launch function once attached
+_LEARN = None  # its learn function
+_state = dict(tried=False, library=None, error=None, native=None)
+# What the library keeps (borrowed): the plain tensor types and the attribute names it reads.
+_OBJECTS = (torch.Tensor, torch.nn.Parameter, None, True, "_cdata", "requires_grad", "is_inference")
 _lock = threading.Lock()
 
 
@@ -87,10 +74,20 @@ def _torch_at_least_2_10() -> bool:
     return (major, minor) >= (2, 10)
 
 
+def _probe_agrees(so: ctypes.CDLL) -> bool:
+    """Whether the library reads a strided, offset probe tensor's metadata as torch gives it."""
+    probe = torch.empty(3, 4, 5, 6).permute(2, 0, 3, 1)[1:, :, 2:]
+    words = (ctypes.c_int64 * 11)()
+    if so.flash_kda_torch_probe(probe, words) != 0:
+        return False
+    expect = [probe.data_ptr(), probe.dim(), *probe.shape, *probe.stride()]
+    return list(words[:10]) == expect and so.flash_kda_torch_probe(object(), words) != 0
+
+
 def attach(lib: "_native.NativeLibrary") -> Optional[ctypes.CDLL]:
-    """The attached library (loaded and its kernel registered once, calling ``lib``'s
+    """The attached library (loaded, checked and its functions made once, calling ``lib``'s
     flash_kda_fwd), or None where it cannot be (:func:`attach_error` says why)."""
-    global OP, OP_SHORT, _LEARN
+    global OP, _LEARN
     if not isinstance(lib, _native.NativeLibrary):  # a stand-in (flash_kda.testing): the Python path only
         return None
     with _lock:
@@ -98,34 +95,33 @@ def attach(lib: "_native.NativeLibrary") -> Optional[ctypes.CDLL]:
             _state["tried"] = True
             path = os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY_NAME)
             if not _torch_at_least_2_10():
-                _state["error"] = f"torch {torch.__version__}: the eager op needs torch >= 2.10"
+                _state["error"] = f"torch {torch.__version__}: the eager launch needs torch >= 2.10"
             elif not os.path.exists(path):
                 _state["error"] = f"{path} is not installed"
             else:
                 try:
-                    so = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+                    so = ctypes.PyDLL(path, mode=ctypes.RTLD_LOCAL)  # its functions use the interpreter's
                     so.flash_kda_torch_attach.restype = ctypes.c_int32
-                    so.flash_kda_torch_attach.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+                    so.flash_kda_torch_attach.argtypes = [ctypes.c_void_p] * 2 + [ctypes.py_object] * len(_OBJECTS)
+                    so.flash_kda_torch_function.restype = ctypes.py_object
+                    so.flash_kda_torch_function.argtypes = [ctypes.c_int32]
+                    so.flash_kda_torch_probe.restype = ctypes.c_int32
+                    so.flash_kda_torch_probe.argtypes = [ctypes.py_object, ctypes.c_void_p]
                     so.flash_kda_torch_set_workspace.argtypes = [ctypes.c_int32, ctypes.c_void_p,
                                                                  ctypes.c_void_p, ctypes.c_int64]  # fmt: skip
                     so.flash_kda_torch_slots.restype = ctypes.c_char_p
                     so.flash_kda_torch_launches.restype = ctypes.c_int64
                     if so.flash_kda_torch_slots().decode() != ",".join(SLOTS):
-                        raise RuntimeError("its argument slots differ from this package's schema")
-                    definition = torch.library.Library("flash_kda", "FRAGMENT")
-                    for schema in SCHEMAS:
-                        definition.define(schema)
-                    status = so.flash_kda_torch_attach(lib.fwd_address, lib.plan_address)
+                        raise RuntimeError("its argument slots differ from this package's")
+                    status = so.flash_kda_torch_attach(lib.fwd_address, lib.plan_address, *_OBJECTS)
                     if status:
                         raise RuntimeError(f"flash_kda_torch_attach failed at step {status}")
-                    _state.update(library=so, definition=definition, native=lib)
-                    ops = torch.ops.flash_kda
-                    # the C++ callables, without a Python frame
-                    _LEARN, OP_SHORT, OP = (
-                        getattr(op, "_op", op)
-                        for op in (ops.eager_learn.default, ops.eager_launch_short.default, ops.eager_launch.default)
-                    )
-                except (OSError, AttributeError, RuntimeError) as err:
+                    if not _probe_agrees(so):
+                        raise RuntimeError("it reads torch's tensors otherwise than torch gives them")
+                    OP, _LEARN = so.flash_kda_torch_function(0), so.flash_kda_torch_function(1)
+                    _state.update(library=so, native=lib)
+                except (OSError, AttributeError, RuntimeError, ValueError) as err:
+                    OP = _LEARN = None
                     _state["error"] = f"cannot attach {path}: {err}"
         return _state["library"]
 
@@ -133,51 +129,22 @@ def attach(lib: "_native.NativeLibrary") -> Optional[ctypes.CDLL]:
 def launched(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
              ssm_state_indices, has_initial_state, checkpoint_every, checkpoints, exact, max_seqlen, gate,
              beta_is_logit) -> bool:  # fmt: skip
-    """Whether an eager call of flash_kda.fwd ran from C: a learned signature of plain tensors
-    none of which needs grad or is an inference tensor written outside inference mode, with
-    the native path on, on a stream that is not capturing a graph (the C side asks: a
-    captured call takes the graph's workspace). False for anything else (including an
-    argument the op cannot take): the Python path runs it."""
+    """Whether an eager call of flash_kda.fwd ran from C: a learned signature with the native
+    path on. C leaves to the Python path (False) any call of a tensor that is not exactly a
+    torch.Tensor, an input that requires grad in grad mode, an inference tensor to write
+    outside inference mode, or a stream capturing a graph (a captured call takes the graph's
+    workspace); so does any argument it cannot take."""
     mode = _validate.cached_mode(scale, lower_bound, checkpoint_every, exact, max_seqlen, gate, beta_is_logit)
     if mode is None or _native.overrides is not None or _ENVIRON is None or _ENVIRON.get(_SWITCH_KEY) == _OFF:
         return False
     try:
-        if (
-            _has_torch_function((q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens,
-                                 ssm_state_indices, has_initial_state, checkpoints))  # fmt: skip
-            or (
-                _grad_enabled()
-                and (
-                    q.requires_grad
-                    or k.requires_grad
-                    or v.requires_grad
-                    or g.requires_grad
-                    or beta.requires_grad
-                    or (A_log is not None and A_log.requires_grad)
-                    or (dt_bias is not None and dt_bias.requires_grad)
-                    or (initial_state is not None and initial_state.requires_grad)
-                )
-            )
-            or (
-                not _inference_enabled()
-                and (
-                    out.is_inference()
-                    or (final_state is not None and final_state.is_inference())
-                    or (checkpoints is not None and checkpoints.is_inference())
-                )
-            )
-        ):
-            return False
-        code = forms(gate, beta_is_logit, mode, lower_bound, checkpoint_every, max_seqlen)
-        bound, longest = 0.0 if lower_bound is None else lower_bound, 0 if max_seqlen is None else max_seqlen
-        if ssm_state_indices is None and has_initial_state is None and checkpoints is None and checkpoint_every is None:
-            status = OP_SHORT(q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens,
-                              scale, bound, longest, code)  # fmt: skip
-            return status == 0
-        status = OP(q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
-                    has_initial_state, checkpoints, scale, bound, 0 if checkpoint_every is None else checkpoint_every,
-                    longest, code)  # fmt: skip
-        return status == 0
+        return (
+            OP(q, k, v, g, beta, out, A_log, dt_bias, initial_state, final_state, cu_seqlens, ssm_state_indices,
+               has_initial_state, checkpoints, scale, 0.0 if lower_bound is None else lower_bound,
+               0 if checkpoint_every is None else checkpoint_every, 0 if max_seqlen is None else max_seqlen,
+               forms(gate, beta_is_logit, mode, lower_bound, checkpoint_every, max_seqlen), _inference_enabled())
+            == 0
+        )  # fmt: skip
     except Exception:
         return False
 
@@ -186,6 +153,11 @@ def learns() -> bool:
     """Whether the native path's launches teach the eager launch in C their signatures: it is
     attached to the library that runs them (not to a stand-in's calls, flash_kda.testing)."""
     return OP is not None and _native.load() is _state["native"]
+
+
+def tried() -> bool:
+    """Whether :func:`attach` has run (it attaches at most once)."""
+    return _state["tried"]
 
 
 def attach_error() -> Optional[str]:

@@ -182,7 +182,7 @@ def run(call: _validate.FwdCall, index: int, facts: tuple, switch: str, *, works
     go through the test entry point; by default the process-wide ones, if any. True once
     launched; the eager launch in C is attached at the first launch (``_eager``)."""
     lib = _native.load()
-    if _eager.OP is None and _eager.attach(lib) is not None:
+    if _eager.OP is None and not _eager.tried() and _eager.attach(lib) is not None:
         for (device_index, stream), tensor in list(_workspaces.items()):  # those cached before it attached
             _eager.set_workspace(device_index, stream, tensor)
     cc, num_sms = facts

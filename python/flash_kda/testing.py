@@ -260,15 +260,15 @@ def library_call(call: FwdCall):
     return run
 
 
-def eager_op(short: bool = False):
-    """The eager launch's op once attached (``flash_kda::eager_launch``, or with ``short``
-    ``eager_launch_short``), else None."""
-    return _eager.OP_SHORT if short else _eager.OP
+def eager_op():
+    """The eager launch's function once attached (its arguments: ``_eager.SLOTS``, then
+    whether inference mode is on), else None."""
+    return _eager.OP
 
 
 def eager_forms(gate="lower_bound", beta_is_logit=True, exact=False, lower_bound=-5.0, checkpoint_every=None,
                 max_seqlen=None) -> int:  # fmt: skip
-    """The eager op's ``forms`` argument of a call of these arguments."""
+    """The eager launch's ``forms`` argument of a call of these arguments."""
     return _eager.forms(gate, beta_is_logit, exact, lower_bound, checkpoint_every, max_seqlen)
 
 

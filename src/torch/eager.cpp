@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // libflash_kda_torch: the eager call of a known signature in C (docs/dispatch.md, "The eager
-// launch"). It implements the internal op flash_kda::eager_launch, whose schema the package
-// defines (python/flash_kda/_eager.py), for torch's CUDA and CPU dispatch keys through
-// torch's stable C ABI (torch >= 2.10).
+// launch"). It makes two Python functions (METH_FASTCALL), launch and learn, that take
+// flash_kda.fwd's tensors and scalars in slot order (python/flash_kda/_eager.py) and read each
+// tensor through torch's C functions (torch/csrc/inductor/aoti_torch/c/shim.h): no torch op,
+// no dispatcher, no argument boxing between Python and the launch.
 //
 // The package validates a call of a new signature completely in Python and then hands this
 // library the call's flash_kda_fwd_args (a learn call, the same tensors). A later call of the
@@ -16,10 +17,16 @@
 // that the Python path would copy to align it, no workspace for the stream) returns kMiss
 // and the Python path runs the call.
 //
-// No link dependency: torch's C functions are looked up once in the loaded libtorch
-// (dlopen RTLD_NOLOAD), and flash_kda_fwd is passed in by address, so this library loads in
-// any process and does nothing until flash_kda_torch_attach succeeds. flash_kda_fwd_plan is
-// passed the same way.
+// A tensor's handle for torch's C functions is the address of an at::Tensor, which is one
+// pointer to its TensorImpl; Tensor._cdata gives that pointer, so a handle here is the address
+// of a word holding it (the tensor stays alive: the caller holds it, and the GIL is held
+// throughout). The package checks this reading once against a probe tensor's metadata
+// (flash_kda_torch_probe) before it uses the functions.
+//
+// No link dependency: torch's and the interpreter's C functions are looked up once in the
+// process (dlopen RTLD_NOLOAD, dlsym), and flash_kda_fwd and flash_kda_fwd_plan are passed in
+// by address, so this library loads in any process and does nothing until
+// flash_kda_torch_attach succeeds.
 #include <dlfcn.h>
 
 #include <atomic>
@@ -35,16 +42,16 @@
 
 namespace {
 
-using Value = uint64_t;  // torch's StableIValue: one 64-bit word per argument
-using Handle = void *;   // torch's AtenTensorHandle
-using BoxedFn = void (*)(Value *, uint64_t, uint64_t);
+using Value = uint64_t;  // a scalar's 64 bits (a double's bit pattern, an int64)
+using Handle = void *;   // torch's AtenTensorHandle: an at::Tensor's address
+using PyObj = void;      // the interpreter's PyObject
+using FastFn = PyObj *(*)(PyObj *, PyObj *const *, intptr_t);  // a METH_FASTCALL function
 using FwdFn = flash_kda_status (*)(int32_t, const flash_kda_fwd_args *, void *);
 using PlanFn = flash_kda_status (*)(int32_t, const flash_kda_fwd_args *, flash_kda_fwd_plan_info *);
 
-// The arguments of eager_launch in schema order (_eager.SCHEMAS): the tensors of flash_kda.fwd
-// in its order, then its scalars; eager_learn takes one more, kLearned. eager_launch_short
-// (a call without a pool or checkpoints: four arguments less to parse) takes the tensors up to
-// cu_seqlens, then the scalars but checkpoint_every.
+// The arguments of launch and learn in order (_eager.SLOTS): the tensors of flash_kda.fwd in
+// its order (None or a torch.Tensor), then its scalars; then launch's kInference (whether
+// inference mode is on) or learn's kLearned.
 enum Slot : int {
   kQ, kK, kV, kG, kBeta, kOut,  // tensors
   kALog, kDtBias, kInitial, kFinal, kCuSeqlens, kIndices, kHasInitial, kCheckpoints,  // Tensor?
@@ -54,12 +61,15 @@ enum Slot : int {
   kMaxSeqlen,        // int: 0 for None
   kForms,            // int: _eager.forms() (gate, beta, mode, which of the three above are None)
   kSlots,
-  kLearned = kSlots,  // eager_learn: the address of a Learned
+  kInference = kSlots,  // launch: True where torch.is_inference_mode_enabled()
+  kLearned = kSlots,    // learn: the address of a Learned
 };
 constexpr int kTensors = kScale;
-constexpr int kFirstOptional = kALog;
-constexpr int kShortTensors = kIndices;  // eager_launch_short: q .. cu_seqlens
-constexpr int kShortSlots = kShortTensors + 4;
+// the floating-point tensors, none of which may require grad in grad mode, and the outputs,
+// which must not be inference tensors outside inference mode (the Python path raises for
+// either; an index tensor cannot require grad)
+constexpr Slot kFloats[] = {kQ, kK, kV, kG, kBeta, kOut, kALog, kDtBias, kInitial, kFinal, kCheckpoints};
+constexpr Slot kOutputs[] = {kOut, kFinal, kCheckpoints};
 constexpr const char *kSlotNames =
     "q,k,v,g,beta,out,A_log,dt_bias,initial_state,final_state,cu_seqlens,ssm_state_indices,"
     "has_initial_state,checkpoints,scale,lower_bound,checkpoint_every,max_seqlen,forms";
@@ -72,7 +82,7 @@ constexpr int kTensorWords = 5 + 2 * kMaxDims;
 constexpr int kSizeWord = 5, kStrideWord = 5 + kMaxDims;  // a tensor's sizes[0], strides[0]
 constexpr int kKeyWords = kTensors * kTensorWords + (kSlots - kScale) + 1;
 constexpr int kRecords = 64;  // signatures kept (the Python records' bound)
-constexpr uint64_t kAbi210 = (2ULL << 56) | (10ULL << 48);  // the stable ABI this file follows
+constexpr int kMethFastcall = 0x0080;  // Python's METH_FASTCALL
 
 // torch's C functions (torch/csrc/inductor/aoti_torch/c/shim.h, stable/c/shim.h).
 struct Torch {
@@ -83,10 +93,8 @@ struct Torch {
   int32_t (*dtype)(Handle, int32_t *);
   int32_t (*device_type)(Handle, int32_t *);
   int32_t (*device_index)(Handle, int32_t *);
-  int32_t (*release)(Handle);
-  int32_t (*library_init_impl)(const char *, const char *, const char *, uint32_t, void **);
-  int32_t (*library_impl)(void *, const char *, BoxedFn, uint64_t);
   int32_t (*device_type_cuda)();
+  bool (*grad_mode)();
   // libtorch_cuda
   int32_t (*current_stream)(int32_t, void **);
   int32_t (*current_device)(int32_t *);
@@ -96,7 +104,34 @@ struct Torch {
   int32_t (*is_capturing)(void *, int32_t *);
 };
 
+// The interpreter's C functions (Python's stable ABI) and the objects the package passes
+// (borrowed: the package keeps them alive).
+struct Python {
+  PyObj *(*get_attr)(PyObj *, PyObj *);                   // PyObject_GetAttr
+  PyObj *(*call_method)(PyObj *, PyObj *, ...);           // PyObject_CallMethodObjArgs
+  PyObj *(*type_of)(PyObj *);                             // PyObject_Type
+  void *(*as_pointer)(PyObj *);                           // PyLong_AsVoidPtr
+  long long (*as_int)(PyObj *);                           // PyLong_AsLongLong
+  double (*as_double)(PyObj *);                           // PyFloat_AsDouble
+  PyObj *(*from_int)(long long);                          // PyLong_FromLongLong
+  PyObj *(*error)();                                      // PyErr_Occurred
+  void (*clear_error)();                                  // PyErr_Clear
+  void (*decref)(PyObj *);                                // Py_DecRef
+  PyObj *(*new_function)(void *, PyObj *, PyObj *);       // PyCFunction_NewEx
+  PyObj *none, *true_, *tensor, *parameter;               // None, True, torch.Tensor, torch.nn.Parameter
+  PyObj *cdata, *requires_grad, *is_inference;            // the attribute names
+};
+
+// Python's PyMethodDef.
+struct MethodDef {
+  const char *name;
+  FastFn fn;
+  int flags;
+  const char *doc;
+};
+
 Torch torch_fns{};
+Python py{};
 FwdFn fwd_fn = nullptr;
 PlanFn plan_fn = nullptr;
 int32_t cuda_type = -1;
@@ -136,34 +171,61 @@ int next_victim = 0;
 std::vector<Workspace> workspaces;
 std::atomic<int64_t> launches{0};  // calls this library launched (for the tests)
 
-// A call's arguments in slot order, whichever op passed them: each tensor (owned, released
-// by Args) or nullptr for None, and the scalars (checkpoint_every 0 for the short op).
+// One argument's torch.Tensor (exactly: a subclass must see torch's dispatch, so the Python
+// path takes it) as its TensorImpl; false for anything else. Clears any error it raised.
+bool tensor_of(PyObj *obj, void *&impl) {
+  PyObj *type = py.type_of(obj);
+  const bool plain = type == py.tensor || type == py.parameter;
+  py.decref(type);
+  if (!plain) return false;
+  PyObj *cdata = py.get_attr(obj, py.cdata);
+  impl = cdata != nullptr ? py.as_pointer(cdata) : nullptr;
+  if (cdata != nullptr) py.decref(cdata);
+  if (py.error() != nullptr) py.clear_error();
+  return impl != nullptr;
+}
+
+// Whether obj.<name> (an attribute, or with `call` a method without arguments) is True.
+bool is_true(PyObj *obj, PyObj *name, bool call) {
+  PyObj *v = call ? py.call_method(obj, name, static_cast<PyObj *>(nullptr)) : py.get_attr(obj, name);
+  const bool yes = v == py.true_;
+  if (v != nullptr) py.decref(v);
+  if (py.error() != nullptr) py.clear_error();
+  return yes;
+}
+
+// A call's arguments in slot order: each tensor's handle (nullptr for None) and the scalars.
+// `ok` false for an argument the Python path must take: not a plain tensor, a tensor that
+// requires grad in grad mode, an inference tensor to write outside inference mode, or a
+// scalar of another type.
 struct Args {
-  Handle tensors[kTensors] = {};
+  void *impl[kTensors] = {};     // the tensors' TensorImpls
+  Handle tensors[kTensors] = {};  // &impl[i]: an at::Tensor's address, or nullptr for None
   Value scalars[kSlots - kScale] = {};
-  Args(const Value *s, bool short_layout) {
-    const int count = short_layout ? kShortTensors : kTensors;
-    for (int i = 0; i < count; ++i) {
-      if (i < kFirstOptional) {
-        tensors[i] = reinterpret_cast<Handle>(s[i]);
-      } else if (Value *boxed = reinterpret_cast<Value *>(s[i])) {  // T?: a heap box or NULL
-        tensors[i] = reinterpret_cast<Handle>(*boxed);
-        delete boxed;
+  bool ok = false;
+  Args(PyObj *const *a, bool inference_mode) {
+    for (int i = 0; i < kTensors; ++i) {
+      if (a[i] == py.none) continue;
+      if (!tensor_of(a[i], impl[i])) return;
+      tensors[i] = &impl[i];
+    }
+    if (torch_fns.grad_mode())
+      for (Slot i : kFloats)
+        if (tensors[i] != nullptr && is_true(a[i], py.requires_grad, false)) return;
+    if (!inference_mode)
+      for (Slot i : kOutputs)
+        if (tensors[i] != nullptr && is_true(a[i], py.is_inference, true)) return;
+    for (int i = kScale; i < kSlots; ++i) {
+      if (i == kScale || i == kLowerBound) {
+        const double d = py.as_double(a[i]);
+        std::memcpy(&scalars[i - kScale], &d, sizeof(d));
+      } else {
+        const long long n = py.as_int(a[i]);
+        std::memcpy(&scalars[i - kScale], &n, sizeof(n));
       }
     }
-    if (short_layout) {
-      const Value *rest = s + kShortTensors;  // scale, lower_bound, max_seqlen, forms
-      scalars[kScale - kScale] = rest[0];
-      scalars[kLowerBound - kScale] = rest[1];
-      scalars[kMaxSeqlen - kScale] = rest[2];
-      scalars[kForms - kScale] = rest[3];
-    } else {
-      std::memcpy(scalars, s + kScale, sizeof(scalars));
-    }
-  }
-  ~Args() {
-    for (Handle t : tensors)
-      if (t != nullptr) torch_fns.release(t);
+    ok = py.error() == nullptr;
+    if (!ok) py.clear_error();
   }
   void *ptr(int slot) const {
     void *p = nullptr;
@@ -450,19 +512,21 @@ int64_t launch(const Args &a, const uint64_t hash, const int64_t *key, Record &r
   return status;
 }
 
-// The read of a call's tensors and key, then `then(args, hash, key)`; the op's result (kMiss
-// without a CUDA q or a key) into stack[0].
+// The read of a call's arguments and key, then `then(args, hash, key)`; kMiss without a
+// CUDA q or a key, or where Args refused an argument.
 template <typename Then>
-void with_key(Value *stack, uint64_t num_args, uint64_t expected, bool short_layout, Then then) {
+PyObj *with_key(PyObj *const *a, intptr_t nargs, bool inference_mode, Then then) {
   int64_t result = kMiss;
-  if (num_args == expected) {
-    Args a(stack, short_layout);
+  if (nargs == kSlots + 1) {
+    Args args(a, inference_mode);
     int64_t key[kKeyWords];
     int32_t type = -1;
-    torch_fns.device_type(a.tensors[kQ], &type);
-    if (type == cuda_type && key_of(a, key)) result = then(a, hash_of(key), key);
+    if (args.ok && args.tensors[kQ] != nullptr &&
+        torch_fns.device_type(args.tensors[kQ], &type) == 0 && type == cuda_type &&
+        key_of(args, key))
+      result = then(args, hash_of(key), key);
   }
-  std::memcpy(&stack[0], &result, sizeof(result));
+  return py.from_int(result);
 }
 
 int64_t find_and_launch(const Args &a, uint64_t hash, const int64_t *key) {
@@ -471,25 +535,31 @@ int64_t find_and_launch(const Args &a, uint64_t hash, const int64_t *key) {
   return find(hash, key, r, member) ? launch(a, hash, key, r, member) : kMiss;
 }
 
-// eager_launch and eager_launch_short: 0 (launched), kMiss, or flash_kda_fwd's refusal (> 0,
-// nothing launched; the Python path reports it).
-void eager_launch(Value *stack, uint64_t num_args, uint64_t) {
-  with_key(stack, num_args, kSlots, false, find_and_launch);
+// launch(q, ..., forms, inference_mode): 0 (launched), kMiss, or flash_kda_fwd's refusal
+// (> 0, nothing launched; the Python path reports it).
+PyObj *eager_launch(PyObj *, PyObj *const *a, intptr_t nargs) {
+  return with_key(a, nargs, nargs == kSlots + 1 && a[kInference] == py.true_, find_and_launch);
 }
 
-void eager_launch_short(Value *stack, uint64_t num_args, uint64_t) {
-  with_key(stack, num_args, kShortSlots, true, find_and_launch);
-}
-
-// eager_learn: remember the call's key with the Learned at stack[kLearned]; 0, or kMiss.
-void eager_learn(Value *stack, uint64_t num_args, uint64_t) {
-  const Learned *learned = num_args == kSlots + 1 ? reinterpret_cast<const Learned *>(stack[kLearned]) : nullptr;
-  with_key(stack, num_args, kSlots + 1, false, [learned](const Args &, uint64_t hash, const int64_t *key) {
+// learn(q, ..., forms, learned): remember the call's key with the Learned at the address
+// `learned`; 0, or kMiss. The package calls it right after validating and launching the call.
+PyObj *eager_learn(PyObj *, PyObj *const *a, intptr_t nargs) {
+  const Learned *learned = nullptr;
+  if (nargs == kSlots + 1) {
+    learned = static_cast<const Learned *>(py.as_pointer(a[kLearned]));
+    if (py.error() != nullptr) py.clear_error(), learned = nullptr;
+  }
+  return with_key(a, nargs, true, [learned](const Args &, uint64_t hash, const int64_t *key) {
     if (learned == nullptr) return kMiss;
     learn(hash, key, *learned);
     return int64_t{0};
   });
 }
+
+MethodDef launch_def{"eager_launch", &eager_launch, kMethFastcall,
+                     "The eager launch in C of a learned signature (flash_kda._eager)."};
+MethodDef learn_def{"eager_learn", &eager_learn, kMethFastcall,
+                    "Teach the eager launch in C a validated call (flash_kda._eager)."};
 
 template <typename F>
 bool resolve(void *lib, const char *name, F &fn) {
@@ -499,19 +569,28 @@ bool resolve(void *lib, const char *name, F &fn) {
 
 }  // namespace
 
-// eager_launch's argument names in slot order (the package compares them with its schema).
+// The argument names of launch and learn in slot order (the package compares them with its own).
 FLASH_KDA_TORCH_API const char *flash_kda_torch_slots() { return kSlotNames; }
 
-// Find torch's C functions in the loaded libtorch and register the kernels of
-// flash_kda::eager_launch, eager_launch_short and eager_learn (defined by the package first);
-// the library's flash_kda_fwd and flash_kda_fwd_plan by address. 0 on success; else the
-// step that failed: 1 libtorch not loaded or too old (no torch_library_impl: torch < 2.10),
-// 2 a NULL function, 3 registration refused. With a torch without CUDA every call is a miss.
+// Find torch's and the interpreter's C functions in the process and keep the package's
+// objects (torch.Tensor, torch.nn.Parameter, None, True and the attribute names "_cdata",
+// "requires_grad", "is_inference"; the package keeps them alive); the library's
+// flash_kda_fwd and flash_kda_fwd_plan by address. 0 on success; else the step that failed:
+// 1 libtorch not loaded or a function missing, 2 a NULL argument, 3 an interpreter function
+// missing. With a torch without CUDA every call is a miss. Called with the GIL held.
 FLASH_KDA_TORCH_API int32_t flash_kda_torch_attach(const void *flash_kda_fwd,
-                                                   const void *flash_kda_fwd_plan) {
+                                                   const void *flash_kda_fwd_plan, PyObj *tensor,
+                                                   PyObj *parameter, PyObj *none, PyObj *true_,
+                                                   PyObj *cdata, PyObj *requires_grad,
+                                                   PyObj *is_inference) {
   std::lock_guard<std::mutex> guard(lock);
   if (fwd_fn != nullptr) return 0;
-  if (flash_kda_fwd == nullptr || flash_kda_fwd_plan == nullptr) return 2;
+  for (const void *p : {flash_kda_fwd, flash_kda_fwd_plan, static_cast<const void *>(tensor),
+                        static_cast<const void *>(parameter), static_cast<const void *>(none),
+                        static_cast<const void *>(true_), static_cast<const void *>(cdata),
+                        static_cast<const void *>(requires_grad),
+                        static_cast<const void *>(is_inference)})
+    if (p == nullptr) return 2;
   void *cpu = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);
   Torch t{};
   if (cpu == nullptr || !resolve(cpu, "aoti_torch_get_data_ptr", t.data_ptr) ||
@@ -520,12 +599,30 @@ FLASH_KDA_TORCH_API int32_t flash_kda_torch_attach(const void *flash_kda_fwd,
       !resolve(cpu, "aoti_torch_get_dtype", t.dtype) ||
       !resolve(cpu, "aoti_torch_get_device_type", t.device_type) ||
       !resolve(cpu, "aoti_torch_get_device_index", t.device_index) ||
-      !resolve(cpu, "aoti_torch_delete_tensor_object", t.release) ||
-      !resolve(cpu, "aoti_torch_library_init_impl", t.library_init_impl) ||
-      !resolve(cpu, "torch_library_impl", t.library_impl) ||
-      !resolve(cpu, "aoti_torch_device_type_cuda", t.device_type_cuda))
+      !resolve(cpu, "aoti_torch_device_type_cuda", t.device_type_cuda) ||
+      !resolve(cpu, "aoti_torch_grad_mode_is_enabled", t.grad_mode))
     return 1;
-  // a torch without CUDA: registered all the same, every call a miss
+  Python p{};
+  if (!resolve(RTLD_DEFAULT, "PyObject_GetAttr", p.get_attr) ||
+      !resolve(RTLD_DEFAULT, "PyObject_CallMethodObjArgs", p.call_method) ||
+      !resolve(RTLD_DEFAULT, "PyObject_Type", p.type_of) ||
+      !resolve(RTLD_DEFAULT, "PyLong_AsVoidPtr", p.as_pointer) ||
+      !resolve(RTLD_DEFAULT, "PyLong_AsLongLong", p.as_int) ||
+      !resolve(RTLD_DEFAULT, "PyFloat_AsDouble", p.as_double) ||
+      !resolve(RTLD_DEFAULT, "PyLong_FromLongLong", p.from_int) ||
+      !resolve(RTLD_DEFAULT, "PyErr_Occurred", p.error) ||
+      !resolve(RTLD_DEFAULT, "PyErr_Clear", p.clear_error) ||
+      !resolve(RTLD_DEFAULT, "Py_DecRef", p.decref) ||
+      !resolve(RTLD_DEFAULT, "PyCFunction_NewEx", p.new_function))
+    return 3;
+  p.tensor = tensor;
+  p.parameter = parameter;
+  p.none = none;
+  p.true_ = true_;
+  p.cdata = cdata;
+  p.requires_grad = requires_grad;
+  p.is_inference = is_inference;
+  // a torch without CUDA: attached all the same, every call a miss
   void *cuda = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
   void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   const bool has_cuda =
@@ -535,21 +632,40 @@ FLASH_KDA_TORCH_API int32_t flash_kda_torch_attach(const void *flash_kda_fwd,
       resolve(cuda, "aoti_torch_delete_cuda_guard", t.delete_guard) && driver != nullptr &&
       resolve(driver, "cuStreamIsCapturing", t.is_capturing);
   torch_fns = t;
+  py = p;
   cuda_type = has_cuda ? t.device_type_cuda() : -1;
-  // the libraries stay registered for the process's life, as a TORCH_LIBRARY_IMPL's do. The
-  // autograd keys too: the ops are not differentiable (the package calls them only where no
-  // input requires grad), so a call in grad mode skips the autograd fallback's walk of its
-  // arguments.
-  for (const char *key : {"CUDA", "CPU", "AutogradCUDA", "AutogradCPU"}) {
-    void *library = nullptr;
-    if (t.library_init_impl("flash_kda", key, __FILE__, __LINE__, &library) != 0 ||
-        t.library_impl(library, "eager_launch", &eager_launch, kAbi210) != 0 ||
-        t.library_impl(library, "eager_launch_short", &eager_launch_short, kAbi210) != 0 ||
-        t.library_impl(library, "eager_learn", &eager_learn, kAbi210) != 0)
-      return 3;
-  }
   fwd_fn = reinterpret_cast<FwdFn>(flash_kda_fwd);
   plan_fn = reinterpret_cast<PlanFn>(flash_kda_fwd_plan);
+  return 0;
+}
+
+// A new Python function: 0 launch, 1 learn (above); nullptr before attach. GIL held.
+FLASH_KDA_TORCH_API PyObj *flash_kda_torch_function(int32_t which) {
+  if (fwd_fn == nullptr || (which != 0 && which != 1)) return nullptr;
+  return py.new_function(which == 0 ? &launch_def : &learn_def, nullptr, nullptr);
+}
+
+// A tensor's metadata as this library reads it, for the package's check of the handles:
+// data pointer, dim, sizes[4], strides[4], device type (11 words). 0, or 1 where `obj` is
+// not a plain tensor or has more than four dimensions. GIL held.
+FLASH_KDA_TORCH_API int32_t flash_kda_torch_probe(PyObj *obj, int64_t *words) {
+  void *impl = nullptr;
+  if (fwd_fn == nullptr || !tensor_of(obj, impl)) return 1;
+  Handle h = &impl;
+  void *data = nullptr;
+  int64_t dim = 0, *sizes = nullptr, *strides = nullptr;
+  int32_t type = -1;
+  if (torch_fns.data_ptr(h, &data) != 0 || torch_fns.dim(h, &dim) != 0 || dim > kMaxDims ||
+      torch_fns.sizes(h, &sizes) != 0 || torch_fns.strides(h, &strides) != 0 ||
+      torch_fns.device_type(h, &type) != 0)
+    return 1;
+  words[0] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(data));
+  words[1] = dim;
+  for (int d = 0; d < kMaxDims; ++d) {
+    words[2 + d] = d < dim ? sizes[d] : 0;
+    words[6 + d] = d < dim ? strides[d] : 0;
+  }
+  words[10] = type;
   return 0;
 }
 
