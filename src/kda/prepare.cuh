@@ -926,6 +926,7 @@ struct PrepareSmem32 {
   alignas(16) float decay[kHeadDim];       // e = EX2(G_31)
   float beta_h[2 * kChunk];
   alignas(16) uint16_t beta_bf[2 * kChunk];
+  int diagonal_sound[2];  // the stable inverse: N00's and N11's residual tests
 };
 enum OwnTile { kKi0 = 0, kB0 = 1, kQd1 = 2, kKd1 = 3, kKi1 = 4 };
 enum Handoff { kG7 = 0, kG15 = 1, kG23 = 2, kOwn23 = 3 };
@@ -1090,11 +1091,18 @@ static_assert(Record32::kPairs * (kTileBytes / 16) + 32 +
 
 // §3.2 step 9 on 32 rows, warps 0 and 1: the diagonal blocks' Neumann products (kept in fp16 for
 // the cross block) and their INV.
+// With `checked` (the stable inverse), also the block's residual test (design §2.6) into
+// sm.diagonal_sound, beside the other warps' operand stores rather than on warp 0's tail.
+template <bool kChecked>
 __device__ __forceinline__ void neumann_diagonal32(PrepareSmem32 &sm) {
   const int warp = threadIdx.x / 32, pair = block_pair(warp, warp);
   const Tile16 n = neumann_product(load_tile16(sm.lmat[pair]));
   store_tile16(n, sm.nprod[warp]);
   store_bf16_frag(n, false, sm.inv[pair]);
+  if constexpr (kChecked) {
+    const bool sound = neumann_sound(sm.lmat[pair], n);
+    if (threadIdx.x % 32 == 0) sm.diagonal_sound[warp] = sound;
+  }
 }
 
 // The INV plane's three tiles to the record (warp 0).
@@ -1114,21 +1122,23 @@ __device__ __forceinline__ void cross_inverse32(uint4 *rec, PrepareSmem32 &sm) {
   store_inv_plane32(rec, sm);
 }
 
-// AUTO mode, warp 0 once the INV plane is stored: the 32-token record's residual test (design
-// §2.6) from the blocks' fp16 L and N in shared memory. Sound where both diagonal blocks are and
-// the cross block's residual, block 10 of (I + L) N = L10 N00 + (I + L11) N10 with N10 = -y,
-// taken as (f(x) - f(y)) - f(MMA16(L11, y)) with x = MMA16(L10, N00), y = MMA16(N11, x), is
+// cross_inverse32 in AUTO mode: then the 32-token record's residual test (design §2.6). Sound
+// where both diagonal blocks are (sm.diagonal_sound, neumann_diagonal32) and the cross block's
+// residual, block 10 of (I + L) N = L10 N00 + (I + L11) N10 with N10 = -y, taken as
+// (f(x) - f(y)) - f(MMA16(L11, y)) with the x = MMA16(L10, N00), y = MMA16(N11, x) of INV10, is
 // within tolerance; else the INV plane is stored again from the fp32 forward substitution of
 // the 32 rows, with the blocks' own tiles (no longer read) as scratch. A stage of its own:
 // inside §3.2 step 9, or inlined, its registers made the 80-register K1 spill more on sm_100
 // and later.
-__device__ __noinline__ void stable_inverse32(uint4 *rec, PrepareSmem32 &sm) {
-  const bool diagonal = neumann_sound(sm.lmat[block_pair(0, 0)], load_tile16(sm.nprod[0])) &&
-                        neumann_sound(sm.lmat[block_pair(1, 1)], load_tile16(sm.nprod[1]));
+__device__ __noinline__ void cross_inverse32_checked(uint4 *rec, PrepareSmem32 &sm) {
   const Tile16 x = mma16(load_tile16(sm.lmat[block_pair(1, 0)]), load_tile16(sm.nprod[0]));
   const Tile16 y = mma16(load_tile16(sm.nprod[1]), x);
+  store_bf16_frag(y, true, sm.inv[block_pair(1, 0)]);
+  __syncwarp();
+  store_inv_plane32(rec, sm);
   const Tile16 e = mma16(load_tile16(sm.lmat[block_pair(1, 1)]), y);
-  if (diagonal && cross_sound(x, y, e)) return;  // warp-uniform
+  const bool cross = cross_sound(x, y, e);  // warp-uniform, as are the flags
+  if (cross && sm.diagonal_sound[0] && sm.diagonal_sound[1]) return;
   fp32_inverse<2>(sm.lmat, reinterpret_cast<float *>(sm.own), sm.inv);
   store_inv_plane32(rec, sm);
 }
@@ -1162,15 +1172,19 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   __syncthreads();
   chunk_scores32(sm);
   __syncthreads();
-  if (threadIdx.x < 64)
-    neumann_diagonal32(sm);
-  else
+  const bool checked = kForms && p.stable_inverse;  // CTA-uniform
+  if (threadIdx.x >= 64)
     store_operands32(rec, sm);
+  else if (checked)
+    neumann_diagonal32<true>(sm);
+  else
+    neumann_diagonal32<false>(sm);
   __syncthreads();
   if (threadIdx.x < 32) {
-    cross_inverse32(rec, sm);
-    if constexpr (kForms)
-      if (p.stable_inverse) stable_inverse32(rec, sm);
+    if (checked)
+      cross_inverse32_checked(rec, sm);
+    else
+      cross_inverse32(rec, sm);
   }
 }
 
