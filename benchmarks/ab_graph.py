@@ -45,10 +45,11 @@ def parse_shape(shape):
 def measure(shapes, exact, hint, gates):
     """One JSON line per shape and gate for the library this process loaded: its plan and graph
     ms; the gates take turns on each shape's inputs."""
-    import torch
     from bench_fwd import graphed, make_inputs, plan_of, runner, time_ms, with_gate
     from report import describe_plan
     from triton.testing import do_bench
+
+    import torch
 
     for shape in shapes:
         lens, heads = parse_shape(shape)
@@ -129,8 +130,16 @@ def main():
     if args.json:
         data = {lib: {g: {s: [r[(s, g)][1] for r in results[lib]] for s in args.shapes} for g in gates_of(lib)}
                 for lib in args.libs}  # fmt: skip
+        import datetime
+
+        from bench_host import git_commit
+
+        import torch
+
+        facts = dict(gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None, commit=git_commit(),
+                     date=datetime.date.today().isoformat(), command=" ".join(["python", *sys.argv]))  # fmt: skip
         with open(args.json, "w") as f:
-            json.dump(dict(shapes=args.shapes, exact=args.exact, results=data), f, indent=1)
+            json.dump(dict(facts, shapes=args.shapes, exact=args.exact, results=data), f, indent=1)
 
 
 if __name__ == "__main__":
