@@ -38,7 +38,7 @@ _GATE_FORMS = {gate: code << 5 for gate, code in _native.GATE_CODES.items()}  # 
 
 
 def forms(gate: str, beta_is_logit: bool, exact: bool, lower_bound, checkpoint_every, max_seqlen) -> int:
-    """The op's ``forms``: the gate's code, beta_is_logit, the resolved mode, and which of
+    """The library functions' ``forms``: the gate's code, beta_is_logit, the resolved mode, and which of
     lower_bound, checkpoint_every and max_seqlen are None (each a bit, so that None and 0 are
     distinct signatures)."""
     return (
