@@ -477,10 +477,6 @@ std::string check_request(const ProblemSizes &z, const PlanRequest &r) {
     return "segment_chunks needs 16-token chunks (chunk_tokens 0 or 16), got chunk_tokens 32";
   if (r.gate < FLASH_KDA_GATE_LOWER_BOUND || r.gate > FLASH_KDA_GATE_LOG_DECAY)
     return "gate must be LOWER_BOUND (0), SOFTPLUS (1) or LOG_DECAY (2), got " + str(r.gate);
-  // The 32-token K1 is built for the bounded gate only; the unbounded gates (design §2.5)
-  // keep 16-token chunks.
-  if (r.chunk_tokens == 32 && r.gate != FLASH_KDA_GATE_LOWER_BOUND)
-    return "chunk_tokens 32 needs gate LOWER_BOUND, got gate " + str(r.gate);
   return "";
 }
 
@@ -500,7 +496,7 @@ std::string choose_chunks(const ProblemSizes &z, const PlanRequest &r, const Pla
   // 16 tokens, as flash_kda.h says), among widths built for 32-token chunks.
   const double t16 = plan_chunks(model_of(d, 16), z, r, plan);
   if (r.mode != FLASH_KDA_MODE_AUTO || r.segment_chunks != 0 || d.sms < 1 ||
-      z.checkpoint_every % 32 != 0 || r.gate != FLASH_KDA_GATE_LOWER_BOUND)
+      z.checkpoint_every % 32 != 0)
     return "";
   Plan p32{};
   const Model m32 = model_of(d, 32);

@@ -56,7 +56,7 @@ struct PlanRequest {
   int32_t segment_chunks;  // 0 = pick (AUTO mode)
   int32_t overlap;         // 0 = pick, 1 = wherever it can run, 2 = K1 leaving, -1 = never
   int32_t chunk_tokens;    // 0 = pick, 16 or 32 (32: AUTO mode only)
-  int32_t gate;            // flash_kda_gate: 32-token records take the lower-bound gate only
+  int32_t gate;            // flash_kda_gate
 };
 
 // What the plan knows of the device: the facts its choices depend on, as the launch code

@@ -16,6 +16,10 @@ library's probes on a GPU that has them. Every rounding follows the ledger (desi
   with N the blocks' fp16 Neumann products before their rounding to bf16;
 - one link per chunk (reference.recurrence_step by 16-row blocks): U and the output rows of
   block 1 accumulate block 0's term first;
+- the unbounded gates (design §2.5, "32-token chunks"): each 8-row quarter sums its gamma
+  forward and backward from zero, and the chunk's sums add the quarters' totals in order;
+  the diagonal blocks score the 16-token operands, the cross block block 1's own Kd / Qd
+  (its sums from row 16) against B = k̂_0 ⊛ bf(EX2(sum to row 15)), so no factor exceeds 1;
 - ``stable`` (AUTO mode, design §2.6): a chunk whose diagonal blocks' residuals or the cross
   block's, (f(x) - f(y)) - f(MMA16(L11, y)) with x = MMA16(L10, N00) and y = MMA16(N11, x), are
   out of tolerance takes all three INV blocks from the fp32 forward substitution of its 32 rows.
@@ -26,12 +30,65 @@ arithmetic), which tests/test_chunk_model.py checks bit for bit: the plumbing is
 
 import torch
 from flash_kda import reference
-from flash_kda._numerics import Ops, add_ftz, bf, bmul, hf, mul_ftz
+from flash_kda._numerics import Ops, add_ftz, bf, bmul, hf, max_num, mul_ftz
 
 BLOCK = reference.C  # rows of the ledger's chunk: the model's blocks
+QUARTER = BLOCK // 2  # rows a thread of the 32-token unbounded K1 sums
 
 
-def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr=False, stable=False) -> dict:
+def unbounded_decays32(ops: Ops, q_hat, k_hat, gamma, scale: float):
+    """The 32-token unbounded K1's decays (prepare.cuh unbounded_decays32): e, Qd, Kd, Kr,
+    each block's score operands (A_q, A, B) and the cross block's (Qd^1, Kd^1, B0)."""
+    clamped = max_num(gamma, -reference.CLAMP_LOG2)
+    zero = torch.zeros_like(gamma[:, :, 0])
+    F, Fc, R, Rc, Sf, Sb = [], [], [], [], [], []
+    for q in range(4):
+        rows = range(QUARTER * q, QUARTER * (q + 1))
+        F.append(reference._chain(gamma, rows))
+        Fc.append(reference._chain(clamped, rows))
+        back, back_c = reference._chain(gamma, rows[::-1]), reference._chain(clamped, rows[::-1])
+        R.append([zero] + back[:-1])  # R[q][i]: the sum after row 8 q + 7 - i, i.e. R_{7-i}
+        Rc.append([zero] + back_c[:-1])
+        Sf.append(F[q][-1])
+        Sb.append(back[-1])
+    P = [zero, Sf[0], add_ftz(Sf[0], Sf[1]), add_ftz(add_ftz(Sf[0], Sf[1]), Sf[2])]
+    Q = [add_ftz(add_ftz(Sb[3], Sb[2]), Sb[1]), add_ftz(Sb[3], Sb[2]), Sb[3], zero]
+    G, D, a, own = [], [], [], []
+    for q in range(4):
+        for j in range(QUARTER):
+            r = R[q][QUARTER - 1 - j]
+            G.append(add_ftz(P[q], F[q][j]))
+            D.append(add_ftz(r, Q[q]))
+            a.append(Fc[q][j] if q % 2 else -Rc[q][QUARTER - 1 - j])
+            own.append({0: add_ftz(r, Sb[1]), 1: r, 2: F[q][j], 3: add_ftz(Sf[2], F[q][j])}[q])
+    stack = lambda xs: torch.stack(xs, dim=2)  # noqa: E731
+    G, D, a, own = stack(G), stack(D), stack(a), stack(own)
+    e = ops.ex2(add_ftz(P[3], Sf[3]))
+    sb = bf(torch.tensor(scale, dtype=torch.float32, device=G.device)).expand_as(G)
+    e_plus, up, down, o = bf(ops.ex2(G)), bf(ops.ex2(a)), bf(ops.ex2(-a)), bf(ops.ex2(own))
+    Qd, Kd = bmul(bmul(q_hat, e_plus), sb), bmul(k_hat, e_plus)
+    Kr = bmul(k_hat, bf(ops.ex2(D)))
+    scores = [
+        (
+            bmul(bmul(q_hat[:, :, r], up[:, :, r]), sb[:, :, r]),
+            bmul(k_hat[:, :, r], up[:, :, r]),
+            bmul(k_hat[:, :, r], down[:, :, r]),
+        )
+        for r in (slice(0, BLOCK), slice(BLOCK, 2 * BLOCK))
+    ]
+    r0, r1 = slice(0, BLOCK), slice(BLOCK, 2 * BLOCK)
+    cross = (
+        bmul(bmul(q_hat[:, :, r1], o[:, :, r1]), sb[:, :, r1]),
+        bmul(k_hat[:, :, r1], o[:, :, r1]),
+        bmul(k_hat[:, :, r0], o[:, :, r0]),
+    )
+    return e, Qd, Kd, Kr, scores, cross
+
+
+def prepare(
+    ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr=False, stable=False,
+    gate="lower_bound", beta_is_logit=True,
+) -> dict:  # fmt: skip
     """The record of every chunk and head (C = 16 or 32 rows): tensors [chunks, H, ...]."""
     C = chunks.valid.shape[1]
     if C not in (16, 32) or (ledger_kr and C != 16):
@@ -39,25 +96,37 @@ def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks,
     blocks = C // BLOCK
     q_hat = reference.l2_normalize(ops, reference.gather_chunks(q, chunks))
     k_hat = reference.l2_normalize(ops, reference.gather_chunks(k, chunks))
-    gamma = reference.gate_values(ops, reference.gather_chunks(g, chunks), chunks.valid, A_log, dt_bias, lower_bound)
-    G, G_own = reference.cumulative_gates(gamma, C), reference.cumulative_gates(gamma, BLOCK)
-    b = ops.sigmoid(reference.gather_chunks(beta, chunks).float())
-    sb = bf(torch.tensor(scale, dtype=torch.float32, device=G.device))
-    e_plus = bf(ops.ex2(G))
-    Qd = bmul(bmul(q_hat, e_plus), sb.expand_as(e_plus))
-    Kd = bmul(k_hat, e_plus)
-    e = ops.ex2(G[:, :, C - 1])
-    Kr = bmul(k_hat, bf(ops.ex2(add_ftz(G[:, :, C - 1 :].expand_as(G), -G))))
-    INV = torch.zeros(*G.shape[:2], C, C, dtype=torch.bfloat16, device=G.device)
+    b = reference.write_strength(ops, reference.gather_chunks(beta, chunks), beta_is_logit)
+    unbounded = gate != "lower_bound"
+    if unbounded and C != 2 * BLOCK:
+        raise ValueError(f"chunk: the unbounded gates' model is of 32-row chunks, got {C}")
+    if unbounded:
+        gamma = reference.unbounded_gamma(ops, reference.gather_chunks(g, chunks), chunks.valid, A_log, dt_bias, gate)
+        e, Qd, Kd, Kr, scores, cross_ops = unbounded_decays32(ops, q_hat, k_hat, gamma, scale)
+    else:
+        gamma = reference.gate_values(
+            ops, reference.gather_chunks(g, chunks), chunks.valid, A_log, dt_bias, lower_bound
+        )
+        G, G_own = reference.cumulative_gates(gamma, C), reference.cumulative_gates(gamma, BLOCK)
+        sb = bf(torch.tensor(scale, dtype=torch.float32, device=G.device))
+        e_plus = bf(ops.ex2(G))
+        Qd = bmul(bmul(q_hat, e_plus), sb.expand_as(e_plus))
+        Kd = bmul(k_hat, e_plus)
+        e = ops.ex2(G[:, :, C - 1])
+        Kr = bmul(k_hat, bf(ops.ex2(add_ftz(G[:, :, C - 1 :].expand_as(G), -G))))
+    INV = torch.zeros(*Kd.shape[:2], C, C, dtype=torch.bfloat16, device=Kd.device)
     Mqk = torch.zeros_like(INV)
     own, N, Ls, sound = [], [], [], None
     for i in range(blocks):  # diagonal blocks: the ledger on the block's own G
         rows = slice(BLOCK * i, BLOCK * (i + 1))
-        _, Qd_i, Kd_i, Ki_i, Kr_i = reference.apply_decays(
-            ops, q_hat[:, :, rows], k_hat[:, :, rows], G_own[:, :, rows], scale
-        )
-        if ledger_kr:  # the ledger's Kr = Ki (*) bf(e) (one block: C = 16)
-            Kr = Kr_i
+        if unbounded:
+            Qd_i, Kd_i, Ki_i = scores[i]
+        else:
+            _, Qd_i, Kd_i, Ki_i, Kr_i = reference.apply_decays(
+                ops, q_hat[:, :, rows], k_hat[:, :, rows], G_own[:, :, rows], scale
+            )
+            if ledger_kr:  # the ledger's Kr = Ki (*) bf(e) (one block: C = 16)
+                Kr = Kr_i
         L_i, Mqk_i = reference.chunk_scores(ops, Qd_i, Kd_i, Ki_i, b[:, :, rows])
         N.append(reference.neumann_product(ops, L_i))
         Ls.append(L_i)
@@ -68,8 +137,13 @@ def prepare(ops: Ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks,
         own.append((Qd_i, Kd_i))
     if blocks == 2:  # the cross block, against the end of block 0
         r0, r1 = slice(0, BLOCK), slice(BLOCK, C)
-        B = bmul(k_hat[:, :, r0], bf(ops.ex2(add_ftz(G[:, :, BLOCK - 1 : BLOCK].expand_as(G[:, :, r0]), -G[:, :, r0]))))
-        Qd_1, Kd_1 = own[1]
+        if unbounded:
+            Qd_1, Kd_1, B = cross_ops
+        else:
+            B = bmul(
+                k_hat[:, :, r0], bf(ops.ex2(add_ftz(G[:, :, BLOCK - 1 : BLOCK].expand_as(G[:, :, r0]), -G[:, :, r0])))
+            )
+            Qd_1, Kd_1 = own[1]
         l_raw = hf(ops.mma32(Kd_1, B)).float()
         L10 = hf(mul_ftz(l_raw, hf(b[:, :, r1]).float()[..., :, None].expand_as(l_raw)))
         Mqk[:, :, r1, r0] = bf(ops.mma32(Qd_1, B))
@@ -103,6 +177,8 @@ def fwd(
     ledger_kr=False,
     ops=None,
     stable=None,
+    gate="lower_bound",
+    beta_is_logit=True,
 ):
     """(out [B, T, H, 128] bf16, final state [N, H, 128 (v), 128 (k)] bf16) with ``chunk``-row
     chunks; the initial state, if any, is rounded to bf16 (design §1.4). ``stable`` (default:
@@ -114,7 +190,9 @@ def fwd(
     bounds = None if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
     with torch.no_grad():
         chunks = reference.chunk_table(B, T, bounds, q.device, size=chunk)
-        rec = prepare(ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr, stable)
+        rec = prepare(
+            ops, q, k, g, beta, A_log, dt_bias, scale, lower_bound, chunks, ledger_kr, stable, gate, beta_is_logit
+        )
         V = reference.gather_chunks(v, chunks)
         N = len(chunks.seq_chunks)
         S = torch.zeros(N, H, D, D, dtype=torch.bfloat16, device=q.device)

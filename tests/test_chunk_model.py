@@ -2,11 +2,15 @@
 """The 32-token chunk model (tests/chunk_model.py, design §4.8):
 with 16-token chunks and the ledger's Kr it is the exact ledger bit for bit; its 32-token
 records hold the inverse and the scores they claim to; and its forward stays within the
-issue's accuracy bound of 1.1x the exact path's error. CPU, exact math."""
+issue's accuracy bound of 1.1x the exact path's error, for the unbounded gates too. CPU,
+exact math."""
+
+import math
 
 import chunk_model
 import pytest
 import torch
+from conftest import forms, make_problem, with_forms
 from flash_kda import reference
 from flash_kda.testing import Ops
 
@@ -97,3 +101,35 @@ def test_other_chunk_lengths_are_refused(chunk, ledger_kr):
     p = problem("batched-none")
     with pytest.raises(ValueError, match="chunk"):
         chunk_model.fwd(*[p[n] for n in reference.GOLD_ARGS], chunk=chunk, ledger_kr=ledger_kr)
+
+
+@pytest.mark.parametrize("gate", ["softplus", "log_decay"])
+@pytest.mark.parametrize("extreme", [False, True], ids=["kimi", "extreme"])
+def test_unbounded_32_token_chunks_stay_within_the_accuracy_bound(gate, extreme):
+    """The unbounded gates' 32-token model (design section 2.5): finite, and its errors against
+    the fp64 gold no worse than 1.1x those of the 16-token reference on Kimi-Linear-like gates,
+    and with decays of -200 and -inf (log decay) or gate inputs of +-inf and 1000 (softplus)."""
+    p = with_forms(make_problem(2, 96, 2, initial=torch.float32, final=torch.float32, seed=5), gate)
+    if extreme and gate == "log_decay":
+        p["g"][0, 5:9] = -200.0
+        p["g"][0, 20, :, ::3] = -math.inf
+        p["g"][1, 40:60, 1] = -math.inf
+    elif extreme:
+        p["g"][0, 3] = math.inf
+        p["g"][0, 10, 0] = -math.inf
+        p["g"][1, 30:34, 1] = 1000.0
+        p["g"][1, 50:70] = -1000.0
+    args = [p[n] for n in reference.GOLD_ARGS]
+    gold_out, gold_state = reference.gold(*args, **forms(p))
+    q = dict(p, out=torch.empty_like(p["v"]), final_state=torch.empty_like(p["final_state"]))
+    reference.fwd(*[q[n] for n in reference.FWD_ARGS], exact=False, **forms(q))
+    out, state = chunk_model.fwd(*args, chunk=32, **forms(p))
+    assert torch.isfinite(out).all() and torch.isfinite(state.float()).all()
+    assert reference.rel_err(out, gold_out) <= 1.1 * reference.rel_err(q["out"], gold_out)
+    assert reference.rel_err(state, gold_state) <= 1.1 * reference.rel_err(q["final_state"], gold_state)
+
+
+def test_the_unbounded_model_is_of_32_row_chunks():
+    p = with_forms(make_problem(1, 32, 1, seed=5), "softplus")
+    with pytest.raises(ValueError, match="32-row chunks"):
+        chunk_model.fwd(*[p[n] for n in reference.GOLD_ARGS], chunk=16, **forms(p))

@@ -178,8 +178,8 @@ def test_records_equal_the_reference_k1(form, exact):
 @pytest.mark.parametrize("gate", ["softplus", "log_decay"])
 def test_extreme_decays(gate):
     """Decays of -200 and -inf (log_decay), gate inputs of +-inf and 1000 (softplus), positive
-    and NaN log decays (taken as 0): finite, bitwise the reference in both modes, and within
-    1% of the fp64 recurrence."""
+    and NaN log decays (taken as 0): finite, bitwise the reference in both modes (the chunk
+    model with 32-token chunks), and within 1% of the fp64 recurrence."""
     p = with_forms(make_problem(2, 300, 3, initial=torch.float32, final=torch.float32, device=DEV, seed=51), gate)
     g = p["g"]
     if gate == "log_decay":
@@ -197,19 +197,44 @@ def test_extreme_decays(gate):
     for exact in (True, False):
         ref = reference_outputs(p, exact)
         q = clone_outputs(p)
-        native(q, exact=exact)
+        native(q, exact=exact, chunk_tokens=16)
         assert torch.isfinite(q["out"]).all() and torch.isfinite(q["final_state"]).all()
         assert_bitwise(q["out"], ref["out"], "out")
         assert_bitwise(q["final_state"], ref["final_state"], "final_state")
         assert rel_err(q["out"], gold_out) < 0.01 and rel_err(q["final_state"], gold_state) < 0.01
+    out, state = chunk_model.fwd(*[p[n] for n in GOLD_ARGS], chunk=32, ops=Ops(torch.device(DEV)), **forms(p))
+    q = clone_outputs(p)
+    native(q, exact=False, chunk_tokens=32, block_v=32)
+    assert torch.isfinite(q["out"]).all() and torch.isfinite(q["final_state"]).all()
+    assert_bitwise(q["out"], out, "out (32-token chunks)")
+    assert_bitwise(q["final_state"], state.to(q["final_state"].dtype), "final_state (32-token chunks)")
+    assert rel_err(q["out"], gold_out) < 0.01 and rel_err(q["final_state"], gold_state) < 0.01
 
 
+@pytest.mark.parametrize("form", FORMS[2:], ids=FORM_IDS[2:])
+@pytest.mark.parametrize("shape", [s[1] for s in SHAPES], ids=[s[0] for s in SHAPES])
+def test_32_token_unbounded_records_equal_the_chunk_model(form, shape):
+    """32-token chunks of the unbounded gates (design section 2.5), every beta and g form, batched
+    and varlen with empty and one-token sequences, states in and out: out and final state
+    bitwise the chunk model's, at both 32-token widths and with K1 before, beside and leaving
+    the pass."""
+    p = form_problem(form, 31, initial=torch.float32, final=torch.float32, **shape)
+    out, state = chunk_model.fwd(*[p[n] for n in GOLD_ARGS], chunk=32, ops=Ops(torch.device(DEV)), **forms(p))
+    for block_v, overlap in [(32, -1), (64, -1), (32, 1), (32, 2)]:
+        q = clone_outputs(p)
+        native(q, exact=False, block_v=block_v, chunk_tokens=32, overlap=overlap)
+        where = f"block_v={block_v} overlap={overlap}"
+        assert_bitwise(q["out"], out, f"out {where}")
+        assert_bitwise(q["final_state"], state.to(q["final_state"].dtype), f"final_state {where}")
+
+
+@pytest.mark.parametrize("gate", reference.GATES)
 @pytest.mark.parametrize("kind,beta", [("repeated", 20.0), ("alternating", 3.0), ("few", 5.0)])
-def test_32_token_records_take_the_stable_inverse(kind, beta):
-    """32-token chunks (the bounded gate, AUTO mode) on degenerate keys: bitwise the chunk model,
-    whose unsound chunks take the fp32 forward substitution of their 32 rows."""
-    p = degenerate_problem(kind, "lower_bound", beta, batch=4, seqlen=200, heads=4, device=DEV)
-    out, state = chunk_model.fwd(*[p[n] for n in GOLD_ARGS], chunk=32, ops=Ops(torch.device(DEV)))
+def test_32_token_records_take_the_stable_inverse(kind, beta, gate):
+    """32-token chunks (AUTO mode), every gate, on degenerate keys: bitwise the chunk model, whose
+    unsound chunks take the fp32 forward substitution of their 32 rows."""
+    p = degenerate_problem(kind, gate, beta, batch=4, seqlen=200, heads=4, device=DEV)
+    out, state = chunk_model.fwd(*[p[n] for n in GOLD_ARGS], chunk=32, ops=Ops(torch.device(DEV)), **forms(p))
     for block_v in (32, 64):
         q = clone_outputs(p)
         native(q, exact=False, block_v=block_v, chunk_tokens=32)

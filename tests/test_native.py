@@ -598,18 +598,15 @@ def test_chunk_length_rules(lib):
             plan_for(lib, args)
 
 
-def test_unbounded_gates_keep_16_token_chunks(lib):
-    """The 32-token K1 is built for the bounded gate only (design section 2.5): AUTO mode picks
-    16-token chunks for the unbounded gates where it picks 32 for the bounded one, and refuses
-    to be forced to 32; the plan otherwise is the bounded gate's."""
+def test_every_gate_plans_alike(lib):
+    """The unbounded gates have 32-token records too (design section 2.5): each gate's plan is
+    the bounded gate's, 32-token chunks where AUTO mode picks them and where they are forced."""
     sizes = dict(mode=1, batch=1, seqlen=8192, heads=24, num_seqs=1)
     assert plan_for(lib, valid_args(**sizes)).chunk_tokens == 32
     for gate in (1, 2):
-        assert plan_for(lib, valid_args(gate=gate, **sizes)).chunk_tokens == 16
-        with pytest.raises(RuntimeError, match=re.escape(f"chunk_tokens 32 needs gate LOWER_BOUND, got gate {gate}")):
-            plan_for(lib, valid_args(gate=gate, chunk_tokens=32, **sizes))
-    forced = dict(sizes, chunk_tokens=16)
-    assert plan_values(plan_for(lib, valid_args(gate=1, **forced))) == plan_values(plan_for(lib, valid_args(**forced)))
+        for extra in ({}, dict(chunk_tokens=16), dict(chunk_tokens=32)):
+            got = plan_for(lib, valid_args(gate=gate, **sizes, **extra))
+            assert plan_values(got) == plan_values(plan_for(lib, valid_args(**sizes, **extra)))
 
 
 def test_32_token_workspace_holds_its_records(lib):

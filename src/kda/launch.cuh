@@ -160,15 +160,16 @@ struct DeviceLimits {
 };
 
 // The K1 kernels a call can run (prepare.cuh K1Variant): 16- and 32-token records of FlashKDA's
-// contract, the same with the beta forms or the stable inverse, and 16-token records of the
-// unbounded gates (design §2.5).
+// contract, the same with the beta forms or the stable inverse, and those of the unbounded gates
+// (design §2.5).
 enum K1Kind {
   kK1Bounded16 = 0,
   kK1Bounded32 = 1,
   kK1Forms16 = 2,
   kK1Forms32 = 3,
   kK1Unbounded16 = 4,
-  kK1Kinds = 5
+  kK1Unbounded32 = 5,
+  kK1Kinds = 6
 };
 
 struct DeviceFacts {
@@ -234,6 +235,8 @@ inline K1Launch k1_launch(int kind, RecordOrder order = RecordOrder::kFragments)
       return k1_kernels16<K1Variant::kBoundedForms>(order);
     case kK1Unbounded16:
       return k1_kernels16<K1Variant::kUnbounded>(order);
+    case kK1Unbounded32:
+      return k1_kernels<2, kFrags, K1Variant::kUnbounded>();
     default:
       return k1_kernels16<K1Variant::kBounded>(order);
   }
@@ -248,8 +251,9 @@ inline int chunk_blocks(const FwdParams &p) {
 // log-decay gate only).
 inline int k1_kind(const FwdParams &p) {
   const bool forms = p.beta_prob || p.beta_fp32 || p.stable_inverse;
-  if (chunk_blocks(p) == 2) return forms ? kK1Forms32 : kK1Bounded32;
-  if (p.gate != Gate::kLowerBound) return kK1Unbounded16;
+  const bool unbounded = p.gate != Gate::kLowerBound;
+  if (chunk_blocks(p) == 2) return unbounded ? kK1Unbounded32 : forms ? kK1Forms32 : kK1Bounded32;
+  if (unbounded) return kK1Unbounded16;
   return forms ? kK1Forms16 : kK1Bounded16;
 }
 

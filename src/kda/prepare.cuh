@@ -24,6 +24,8 @@
 #error "define FLASH_KDA_ARCH (the arch namespace, e.g. sm90a) before including kda headers"
 #endif
 
+#include <type_traits>
+
 #include "kda/numerics.cuh"
 #include "kda/sequences.cuh"
 
@@ -1188,6 +1190,205 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   }
 }
 
+// ---------------------------------------------------------------- 32-token unbounded records
+// (design §2.5, "32-token chunks"). Thread = (channel pair cp, quarter th: rows 8 th .. 8 th +
+// 7); quarters 2I and 2I + 1 are halves H0, H1 of block I. Each quarter sums its gamma from
+// zero: F_j forward (rows 8 th .. 8 th + j), R_j backward (rows 8 th + 7 .. 8 th + j + 1), the
+// totals S^f = F_7 and S^b = R_-1 handed over once. Every factor is EX2 of a sum that never
+// subtracts:
+//   Kd, Qd   G = P + F_j, P = 0, S^f_0, S^f_0 + S^f_1, (S^f_0 + S^f_1) + S^f_2 by quarter
+//   Kr       D = R_j + Q, Q = (S^b_3 + S^b_2) + S^b_1, S^b_3 + S^b_2, S^b_3, 0 by quarter
+//   e        EX2(P_3 + S^f_3)
+// Each diagonal block's L and Mqk come from the 16-token operands (A, A_q, B of
+// unbounded_decays, a_t from the quarter's clamped chains). The cross block scores block 1's
+// own Kd^1 = k^ (*) bf(EX2(O1)), Qd^1, O1 = F_j (quarter 2), S^f_2 + F_j (quarter 3), against
+// block 0's B0 = k^ (*) bf(EX2(O0)), O0 = R_j + S^b_1 (quarter 0), R_j (quarter 1): O1_i + O0_j
+// is the decay from token j + 1 to i, and both factors are <= 1. INV10 is the bounded 32-token
+// record's (cross_inverse32). tests/chunk_model.py is the same arithmetic.
+enum UnboundedTile32 { kKrU = 0 /* own[0..1]: 32 rows */, kB0U = kKi1 };
+
+// Kd and Qd words of row t (0..31), channel pair cp, in a 32-token record (fragment order).
+__device__ __forceinline__ uint32_t *record32_word(uint4 *rec, bool qd, int t, int cp) {
+  const int blk = t / kChunk, kb = cp / 8, c = cp % 8, r = t % kChunk;
+  const int tile = qd ? Record32::qd(blk, kb) : Record32::kd(blk, kb);
+  return reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(rec) + tile) +
+         ((r % 8) * 4 + c % 4) * 4 + r / 8 + 2 * (c / 4);
+}
+
+// §3.2 steps U2, U3 on 32 rows: Kd, Qd to the record, Kr into own[kKrU], the diagonal score
+// operands A_q, A, B in place of q^, k^ and g, the cross operands into own[kQd1], own[kKd1]
+// and own[kB0U], e into sm.decay. Quarter totals go through sm.handoff (S^f_0..2, S^b_1) and
+// sm.nprod (S^b_2, S^b_3), both free until later steps. Quarters are warp-uniform.
+__device__ __forceinline__ void unbounded_decays32(const FwdParams &p, int64_t h,
+                                                   const ChunkRef &ch, uint4 *rec,
+                                                   PrepareSmem32 &sm) {
+  const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
+  const uint32_t sb = p.scale_bf16 | (p.scale_bf16 << 16);
+  float2 gamma[8];
+  gate_values_unbounded(p, h, ch, sm.x[kG], cp, th, gamma);
+  const float2 zero = make_float2(0.f, 0.f);
+  float2 *const nprod = reinterpret_cast<float2 *>(sm.nprod);
+  auto sf = [&](int q) { return reinterpret_cast<float2 *>(sm.handoff[q]) + cp; };  // q = 0..2
+  auto sb_slot = [&](int q) { return q == 1 ? reinterpret_cast<float2 *>(sm.handoff[3]) + cp
+                                            : nprod + (q - 2) * kPairs + cp; };  // q = 1..3
+  {
+    float2 F = zero, R = zero;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) F = add_pair(F, gamma[j]);
+#pragma unroll
+    for (int j = 7; j >= 0; --j) R = add_pair(R, gamma[j]);
+    if (th < 3) *sf(th) = F;
+    if (th > 0) *sb_slot(th) = R;
+  }
+  __syncthreads();  // every quarter's totals; every g row read (gamma)
+  float2 P = zero, Q = zero, own = zero;  // own: O1's offset (quarter 3), O0's (quarter 0)
+  if (th >= 1) P = *sf(0);
+  if (th >= 2) P = add_pair(P, *sf(1));
+  if (th == 3) P = add_pair(P, own = *sf(2));
+  if (th <= 2) Q = *sb_slot(3);
+  if (th <= 1) Q = add_pair(Q, *sb_slot(2));
+  if (th == 0) Q = add_pair(Q, own = *sb_slot(1));
+  const int base = 8 * th;
+  auto operands = [&](int t, float2 a) {  // A_q, A, B of row t, in place (unbounded_decays)
+    uint32_t *const q = pair_word(sm.x[kQ], t, cp);
+    uint32_t *const k = pair_word(sm.x[kK], t, cp);
+    const uint32_t up = ex2_pair(a.x, a.y), down = ex2_pair(-a.x, -a.y);
+    const uint32_t q_hat = *q, k_hat = *k;
+    *q = bf16x2_mul(bf16x2_mul(q_hat, up), sb);
+    *k = bf16x2_mul(k_hat, up);
+    *pair_word(sm.x[kG], t, cp) = bf16x2_mul(k_hat, down);
+  };
+  // Forward: Kd, Qd; block 1's cross operands; H1's operands (odd quarters).
+  auto forward = [&]() {
+    float2 F = zero, Fc = zero;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int t = base + j;
+      F = add_pair(F, gamma[j]);
+      Fc = add_pair(Fc, clamp_pair(gamma[j]));
+      const uint32_t q_hat = *pair_word(sm.x[kQ], t, cp), k_hat = *pair_word(sm.x[kK], t, cp);
+      const float2 G = add_pair(P, F);
+      const uint32_t e = ex2_pair(G.x, G.y);
+      *record32_word(rec, false, t, cp) = bf16x2_mul(k_hat, e);
+      *record32_word(rec, true, t, cp) = bf16x2_mul(bf16x2_mul(q_hat, e), sb);
+      if (th >= 2) {
+        const float2 o = th == 3 ? add_pair(own, F) : F;
+        const uint32_t f = ex2_pair(o.x, o.y);
+        *pair_word(sm.own[kKd1], t - kChunk, cp) = bf16x2_mul(k_hat, f);
+        *pair_word(sm.own[kQd1], t - kChunk, cp) = bf16x2_mul(bf16x2_mul(q_hat, f), sb);
+      }
+      if (th % 2 == 1) operands(t, Fc);
+    }
+    if (th == 3) {
+      const float2 g31 = add_pair(P, F);
+      reinterpret_cast<float2 *>(sm.decay)[cp] =
+          make_float2(ex2_approx(g31.x), ex2_approx(g31.y));
+    }
+  };
+  // Backward: Kr; block 0's cross operand; H0's operands (even quarters).
+  auto backward = [&]() {
+    float2 R = zero, Rc = zero;
+#pragma unroll
+    for (int j = 7; j >= 0; --j) {
+      const int t = base + j;
+      const uint32_t k_hat = *pair_word(sm.x[kK], t, cp);
+      const float2 D = add_pair(R, Q);
+      *pair_word(sm.own[kKrU], t, cp) = bf16x2_mul(k_hat, ex2_pair(D.x, D.y));
+      if (th <= 1) {
+        const float2 o = th == 0 ? add_pair(R, own) : R;
+        *pair_word(sm.own[kB0U], t, cp) = bf16x2_mul(k_hat, ex2_pair(o.x, o.y));
+      }
+      if (th % 2 == 0) operands(t, make_float2(-Rc.x, -Rc.y));
+      R = add_pair(R, gamma[j]);
+      Rc = add_pair(Rc, clamp_pair(gamma[j]));
+    }
+  };
+  // The pass that overwrites q^ and k^ with the operands goes second.
+  if (th % 2 == 0) {
+    forward();
+    backward();
+  } else {
+    backward();
+    forward();
+  }
+}
+
+// §3.2 steps 7, 8 of a 32-token unbounded record: warp w < 6 computes block pair w / 2 (00, 11,
+// 10) of L (w even) or Mqk (w odd). The diagonal pairs score the block's A (A_q) against its B;
+// the cross pair block 1's own Kd^1 (Qd^1) against B0, in full.
+__device__ __forceinline__ void chunk_scores32_unbounded(PrepareSmem32 &sm) {
+  const int warp = threadIdx.x / 32, which = warp / 2;
+  if (which > 2) return;  // warp-uniform
+  const bool is_l = warp % 2 == 0, cross = which == 2;
+  const int blk = which == 0 ? 0 : 1, pair = cross ? block_pair(1, 0) : block_pair(blk, blk);
+  const uint16_t (*a)[kRow] = cross ? sm.own[is_l ? kKd1 : kQd1] : sm.x[is_l ? kK : kQ] + kChunk * blk;
+  const uint16_t (*b)[kRow] = cross ? sm.own[kB0U] : sm.x[kG] + kChunk * blk;
+#pragma unroll
+  for (int nb = 0; nb < 2; ++nb) {
+    float acc[4];
+    score_columns(a, b, nb, acc);
+    if (is_l)
+      store_l(acc, nb, sm.beta_h + kChunk * blk, cross, sm.lmat[pair]);
+    else
+      store_mqk(acc, nb, cross, sm.mqk[pair]);
+  }
+}
+
+// Warps 2-7 of a 32-token unbounded record: Kr^T (16 tiles from own[kKrU]), Mqk, the decay
+// plane and beta (Kd and Qd went to the record with the decays).
+__device__ __forceinline__ void store_planes32_unbounded(uint4 *rec, const PrepareSmem32 &sm) {
+  using R = Record32;
+  const uint32_t tid = threadIdx.x - 64, warp = tid / 32, lane = tid % 32;
+  for (uint32_t j = warp; j < 2 * kKBlocks; j += kStoreWarps32)  // k-block j / 2, block j % 2
+    rec[R::krt(j / 2, j % 2) / 16 + lane] = t_frag(sm.own[kKrU] + kChunk * (j % 2), j / 2);
+  constexpr uint32_t kPairVecs = R::kPairs * (kTileBytes / 16);
+  if (tid < kPairVecs) {
+    rec[R::kOffMqk / 16 + tid] = reinterpret_cast<const uint4 *>(sm.mqk)[tid];
+  } else if (tid < kPairVecs + 32) {
+    rec[R::kOffDecay / 16 + tid - kPairVecs] =
+        decay_vec<RecordOrder::kFragments>(sm.decay, tid - kPairVecs);
+  } else if (tid < kPairVecs + 32 + (R::kBytes - R::kOffBeta) / 16) {
+    const uint32_t i = tid - kPairVecs - 32;  // beta (64 B), then zero padding
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (i < 4) v = reinterpret_cast<const uint4 *>(sm.beta_bf)[i];
+    rec[R::kOffBeta / 16 + i] = v;
+  }
+}
+
+// One 32-token record of an unbounded gate: chunk `ch` of head h (fragment order).
+__device__ __forceinline__ void prepare_chunk_unbounded32(const FwdParams &p, int64_t h,
+                                                          const ChunkRef &ch, PrepareSmem32 &sm) {
+  uint4 *rec =
+      reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * Record32::kBytes);
+  {
+    uint16_t (*const x[3])[kRow] = {sm.x[0], sm.x[1], sm.x[2]};
+    load_rows<2 * kChunk, kPrepare32Threads, true>(p, h, ch, x, sm.beta_bf, sm.beta_h);
+  }
+  __syncthreads();
+  {
+    uint16_t (*const x[2])[kRow] = {sm.x[kQ], sm.x[kK]};
+    l2_normalize_rows<2 * kChunk, kPrepare32Threads>(x);
+  }
+  __syncthreads();
+  unbounded_decays32(p, h, ch, rec, sm);
+  __syncthreads();
+  chunk_scores32_unbounded(sm);
+  __syncthreads();
+  if (threadIdx.x >= 64)
+    store_planes32_unbounded(rec, sm);
+  else if (p.stable_inverse)
+    neumann_diagonal32<true>(sm);
+  else
+    neumann_diagonal32<false>(sm);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    if (p.stable_inverse)
+      cross_inverse32_checked(rec, sm);
+    else
+      cross_inverse32(rec, sm);
+  }
+}
+
 // ---------------------------------------------------------------- the K1 kernels
 
 // The two record shapes: 16-token chunks (exact mode, and AUTO's default) with 15.5 KB of
@@ -1220,11 +1421,13 @@ struct K1Shape<2> {
   }
 };
 
-// One record of variant kVariant (unbounded gates: 16-token records only).
+// One record of variant kVariant.
 template <K1Variant kVariant, RecordOrder kOrder, class Smem>
 __device__ __forceinline__ void prepare_record(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                                Smem &sm) {
-  if constexpr (kVariant == K1Variant::kUnbounded)
+  if constexpr (kVariant == K1Variant::kUnbounded && std::is_same_v<Smem, PrepareSmem32>)
+    prepare_chunk_unbounded32(p, h, ch, sm);
+  else if constexpr (kVariant == K1Variant::kUnbounded)
     prepare_chunk_unbounded<kOrder>(p, h, ch, sm);
   else
     prepare_chunk<kOrder, kVariant>(p, h, ch, sm);
@@ -1235,8 +1438,6 @@ __device__ __forceinline__ void prepare_record(const FwdParams &p, int64_t h, co
 template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments,
           K1Variant kVariant = K1Variant::kBounded>
 __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(const FwdParams p) {
-  static_assert(kBlocks == 1 || kVariant != K1Variant::kUnbounded,
-                "unbounded gates take 16-token records");
   auto &sm = K1Shape<kBlocks>::smem();
   allow_dependents();  // the first pass launches early and waits for K1's end (design §4.1)
   ChunkRef ch;
@@ -1261,13 +1462,13 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(con
 // they leave: it runs beside no K1 CTA while the other SMs write its records.
 constexpr uint32_t kNoItem = 0xffffffffu;  // above any item count (prepare_items < 2^31)
 
-// CTAs an SM the overlap kernel is bounded to. The unbounded gates' K1 (design §2.5) holds more
-// per thread: eight (64 registers; bounded to 40 its decays spilled ~110 bytes). The 16-token
+// CTAs an SM the overlap kernel is bounded to. The unbounded gates' 16-token K1 (design §2.5)
+// holds more per thread: eight (64 registers; bounded to 40 its decays spilled ~110 bytes). The 16-token
 // kBoundedForms K1 keeps twelve (40 registers) but on sm_120 and sm_121, where its residual test
 // spilled 16 bytes at 40: ten there (48).
 template <int kBlocks, K1Variant kVariant>
 constexpr int overlap_ctas() {
-  if (kVariant == K1Variant::kUnbounded) return 8;
+  if (kVariant == K1Variant::kUnbounded && kBlocks == 1) return 8;
   if (kVariant == K1Variant::kBoundedForms && kBlocks == 1 && FLASH_KDA_CC >= 120) return 10;
   return K1Shape<kBlocks>::kOverlapCtas;
 }
@@ -1276,8 +1477,6 @@ template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments,
           K1Variant kVariant = K1Variant::kBounded>
 __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, overlap_ctas<kBlocks, kVariant>())
     prepare_overlap_kernel(const FwdParams p) {
-  static_assert(kBlocks == 1 || kVariant != K1Variant::kUnbounded,
-                "unbounded gates take 16-token records");
   auto &sm = K1Shape<kBlocks>::smem();
   __shared__ uint32_t next;
   allow_dependents();
