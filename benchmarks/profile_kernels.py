@@ -7,6 +7,7 @@ not a table:
     python benchmarks/profile_kernels.py --segments 16,32 T8192-N1-H6   (forced segment lengths)
     python benchmarks/profile_kernels.py --segments 64 --block-v 64,128 T32768-N1-H6   (and widths)
     python benchmarks/profile_kernels.py --serial T8192-N1-H96   (K1 before the pass, never beside it)
+    python benchmarks/profile_kernels.py --gate lower_bound,softplus T8192-N1-H96   (gate forms in turn)
     ncu --clock-control none -k regex:recurrence python benchmarks/profile_kernels.py --once T8192-N1-H6
 
 ``--once`` runs each shape's forward once without the profiler (for ncu).
@@ -21,7 +22,7 @@ import argparse
 import re
 
 import torch
-from bench_fwd import SHAPES, make_inputs, runner
+from bench_fwd import SHAPES, make_inputs, runner, with_gate
 
 PASS_CODES = {"0": "plain", "1": "general", "2": "states", "3": "rerun"}  # config.h PassCode
 
@@ -33,11 +34,12 @@ def kernel_name(key):
     return re.sub(r"\(PassCode\)(\d)", lambda m: PASS_CODES.get(m.group(1), m.group(1)), name)
 
 
-def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0, block_v=0, overlap=0, chunk=0):
+def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0, block_v=0, overlap=0, chunk=0,
+            gate="lower_bound"):  # fmt: skip
     lens, heads = SHAPES[shape_id]
     hook = dict(segment_chunks=segment_chunks, block_v=block_v, overlap=overlap, chunk_tokens=chunk)
     hook = {k: v for k, v in hook.items() if v}
-    run = runner(make_inputs(lens, heads), exact, **hook)
+    run = runner(with_gate(make_inputs(lens, heads), gate), exact, **hook)
     run()
     torch.cuda.synchronize()
     if once:
@@ -54,6 +56,7 @@ def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0, block_v=0
     mode += f" block_v={block_v}" if block_v else ""
     mode += " K1 serial" if overlap < 0 else ""
     mode += f" chunk={chunk}" if chunk else ""
+    mode += f" gate={gate}" if gate != "lower_bound" else ""
     print(f"{shape_id} {mode}: " + ", ".join(f"{n} x{c} {t:.1f} us" for n, t, c in sorted(rows, key=lambda r: -r[1])))
 
 
@@ -66,15 +69,16 @@ def main():
     parser.add_argument("--block-v", default="0", help="forced block_v values, comma-separated (0: the plan's)")
     parser.add_argument("--serial", action="store_true", help="K1 before the pass, never beside it")
     parser.add_argument("--chunk", default="0", help="forced chunk lengths (16, 32; 0: the plan's), comma-separated")
+    parser.add_argument("--gate", default="lower_bound", help="gate forms (bench_fwd.with_gate), comma-separated")
     args = parser.parse_args()
     for shape in args.shapes:
         for L in [0] if args.exact else [int(x) for x in args.segments.split(",")]:
             for bv in [int(x) for x in args.block_v.split(",")]:
                 for chunk in [int(x) for x in args.chunk.split(",")]:
-                    overlap = -1 if args.serial else 0
-                    profile(
-                        shape, args.exact, once=args.once, segment_chunks=L, block_v=bv, overlap=overlap, chunk=chunk
-                    )
+                    for gate in args.gate.split(","):
+                        overlap = -1 if args.serial else 0
+                        profile(shape, args.exact, once=args.once, segment_chunks=L, block_v=bv, overlap=overlap,
+                                chunk=chunk, gate=gate)  # fmt: skip
 
 
 if __name__ == "__main__":

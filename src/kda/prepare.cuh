@@ -786,33 +786,53 @@ __device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, 
   gate_values_unbounded(p, h, ch, sm.x[kG], cp, th, gamma);
   float2 *const head = reinterpret_cast<float2 *>(sm.decay) + cp;  // G_7, then e
   float2 *const tail = reinterpret_cast<float2 *>(sm.lmat) + cp;   // T (lmat is free until L)
-  auto kd_qd = [&](int t, float2 G) {  // Kd, Qd of row t to the record
+  auto hats = [&](int t) {  // q^, k^ of row t
+    return make_uint2(*pair_word(sm.x[kQ], t, cp), *pair_word(sm.x[kK], t, cp));
+  };
+  // Kd, Qd of row t to the record (t ascending). In tile order rows t and t + 1 (t even) of
+  // a pair share a 32-byte sector: a row's words wait for the next row in the thread's slot
+  // of sm.inv and sm.mqk (free until the scores; registers here would spill beside the
+  // pass), the two lanes of a channel-pair couple swap one word each, and each stores 8
+  // bytes, so that every store fills whole sectors (4-byte stores of one row fill half
+  // sectors: twice the L2 writes).
+  uint32_t &held_kd = reinterpret_cast<uint32_t *>(sm.inv)[threadIdx.x];
+  uint32_t &held_qd = reinterpret_cast<uint32_t *>(sm.mqk)[threadIdx.x];
+  static_assert(sizeof(sm.inv) == 4 * kPrepareThreads && sizeof(sm.mqk) == 4 * kPrepareThreads,
+                "one word a thread");
+  auto kd_qd = [&](int t, float2 G, uint2 qk) {
     const uint32_t e = ex2_pair(G.x, G.y);
-    const uint32_t q_hat = *pair_word(sm.x[kQ], t, cp), k_hat = *pair_word(sm.x[kK], t, cp);
-    auto *const kd = reinterpret_cast<uint32_t *>(rec + plane_word_offset(kOrder, false, t, cp));
-    auto *const qd = reinterpret_cast<uint32_t *>(rec + plane_word_offset(kOrder, true, t, cp));
-    *kd = bf16x2_mul(k_hat, e);
-    *qd = bf16x2_mul(bf16x2_mul(q_hat, e), sb);
+    const uint32_t kd = bf16x2_mul(qk.y, e), qd = bf16x2_mul(bf16x2_mul(qk.x, e), sb);
+    if constexpr (kOrder == RecordOrder::kFragments) {
+      *reinterpret_cast<uint32_t *>(rec + plane_word_offset(kOrder, false, t, cp)) = kd;
+      *reinterpret_cast<uint32_t *>(rec + plane_word_offset(kOrder, true, t, cp)) = qd;
+    } else if (t % 2 == 0) {
+      held_kd = kd;
+      held_qd = qd;
+    } else {  // the even lane stores row t - 1 of pairs cp, cp + 1; the odd lane row t of cp - 1, cp
+      const bool odd = cp % 2 != 0;
+      const uint32_t kd_in = __shfl_xor_sync(0xffffffffu, odd ? held_kd : kd, 1);
+      const uint32_t qd_in = __shfl_xor_sync(0xffffffffu, odd ? held_qd : qd, 1);
+      // row t sits 16 bytes after row t - 1 (workspace.h plane_words_consistent)
+      uint8_t *const at = rec + 16 * (cp % 2) + plane_word_offset(kOrder, false, t - 1, cp & ~1);
+      *reinterpret_cast<uint2 *>(at) = odd ? make_uint2(kd_in, kd) : make_uint2(held_kd, kd_in);
+      *reinterpret_cast<uint2 *>(at + RecordTiles::kQdInBlock) =
+          odd ? make_uint2(qd_in, qd) : make_uint2(held_qd, qd_in);
+    }
   };
-  auto operands = [&](int t, float2 a) {  // A_q, A, B of row t, in place
-    uint32_t *const q = pair_word(sm.x[kQ], t, cp);
-    uint32_t *const k = pair_word(sm.x[kK], t, cp);
+  auto operands = [&](int t, float2 a, uint2 qk) {  // A_q, A, B of row t, in place
     const uint32_t up = ex2_pair(a.x, a.y), down = ex2_pair(-a.x, -a.y);
-    const uint32_t q_hat = *q, k_hat = *k;
-    *q = bf16x2_mul(bf16x2_mul(q_hat, up), sb);
-    *k = bf16x2_mul(k_hat, up);
-    *pair_word(sm.x[kG], t, cp) = bf16x2_mul(k_hat, down);
+    *pair_word(sm.x[kQ], t, cp) = bf16x2_mul(bf16x2_mul(qk.x, up), sb);
+    *pair_word(sm.x[kK], t, cp) = bf16x2_mul(qk.y, up);
+    *pair_word(sm.x[kG], t, cp) = bf16x2_mul(qk.y, down);
   };
-  auto kr_word = [&](int t, float2 D) {
-    return bf16x2_mul(*pair_word(sm.x[kK], t, cp), ex2_pair(D.x, D.y));
-  };
+  auto kr_word = [&](uint32_t k_hat, float2 D) { return bf16x2_mul(k_hat, ex2_pair(D.x, D.y)); };
   const float2 zero = make_float2(0.f, 0.f);
   if (th == 0) {
     float2 G = zero;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       G = add_pair(G, gamma[j]);
-      kd_qd(j, G);
+      kd_qd(j, G, hats(j));
     }
     *head = G;
     cta_barrier(kHandoffBarrier, kPrepareThreads);  // G_7 and T of every channel
@@ -820,8 +840,9 @@ __device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, 
     float2 B = zero, Bc = zero;  // B_t, B~_t
 #pragma unroll
     for (int j = 7; j >= 0; --j) {
-      kr[j] = kr_word(j, add_pair(B, T));
-      operands(j, make_float2(-Bc.x, -Bc.y));
+      const uint2 qk = hats(j);
+      kr[j] = kr_word(qk.y, add_pair(B, T));
+      operands(j, make_float2(-Bc.x, -Bc.y), qk);
       B = add_pair(B, gamma[j]);
       Bc = add_pair(Bc, clamp_pair(gamma[j]));
     }
@@ -829,7 +850,7 @@ __device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, 
     float2 D = zero;
 #pragma unroll
     for (int j = 7; j >= 0; --j) {
-      kr[j] = kr_word(8 + j, D);
+      kr[j] = kr_word(*pair_word(sm.x[kK], 8 + j, cp), D);
       D = add_pair(D, gamma[j]);
     }
     *tail = D;
@@ -841,8 +862,9 @@ __device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, 
     for (int j = 0; j < 8; ++j) {
       F = add_pair(F, gamma[j]);
       Fc = add_pair(Fc, clamp_pair(gamma[j]));
-      kd_qd(8 + j, add_pair(G7, F));
-      operands(8 + j, Fc);
+      const uint2 qk = hats(8 + j);
+      kd_qd(8 + j, add_pair(G7, F), qk);
+      operands(8 + j, Fc, qk);
     }
   }
 }
