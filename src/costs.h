@@ -54,6 +54,8 @@ struct K1Costs {
   double record_us;         // K1 alone, at the device's CTAs an SM (PlanDevice k1_alone)
   double beside_record_us;  // each of several K1 CTAs beside a pass CTA
   double lead_record_us;    // K1 alone as measured now (faster): the leave's lead only
+  double lone_scale = 1.0;   // a lone K1 CTA beside a pass CTA: WidthCosts::k1_lone_record_us times this
+  double leave_scale = 1.0;  // K1 leaving the pass's SMs: its record times (both) times this
 };
 
 // One arch family's costs and the plan's knobs. The knobs' values were fitted on the H200
@@ -70,6 +72,15 @@ struct ArchCosts {
   // threads): 9.4 (9.0 for the lead) alone, ~14 beside the pass.
   K1Costs k1_16;
   K1Costs k1_32;
+  // The unbounded gates' 16-token records (design §2.5; softplus and log decay alike), at
+  // the bounded ones' CTA counts: alone 1.085x their time (T=8192 H=96, K1 first: 349
+  // against 322 us), which the several-beside and lead rates take too; leaving the pass's
+  // SMs 1.15x more (the overlap kernel holds eight CTAs an SM, not twelve: T=8192 H=96
+  // 0.79 ms against 0.70, H=48 at block_v 64 0.456); a lone CTA beside a pass CTA 1.9x
+  // (T=8192 H=48, one beside each block_v 64 pass CTA and the free SMs: 0.499 against
+  // 0.382 ms), so that the plan takes the wider pass with K1 on the SMs it leaves free
+  // there (0.41). H200, 2026-12-02. Their 32-token records take k1_32.
+  K1Costs k1_16_unbounded;
 
   // ---- fixed costs, microseconds
   double launch_us = 5.0;  // one more kernel launch on the stream
@@ -170,6 +181,12 @@ constexpr ArchCosts kHopperCosts = {
                 .rerun_alone_us = 0.72}},
     .k1_16 = {.record_us = 11.6, .beside_record_us = 6.2, .lead_record_us = 10.3},
     .k1_32 = {.record_us = 9.4, .beside_record_us = 14.0, .lead_record_us = 9.0},
+    .k1_16_unbounded =
+        {.record_us = 12.6,
+         .beside_record_us = 6.7,
+         .lead_record_us = 11.2,
+         .lone_scale = 1.9,
+         .leave_scale = 1.15},
 };
 
 // Every other arch (and sm_90a with checkpoints or 32-token chunks, where its passes are
@@ -196,6 +213,7 @@ constexpr ArchCosts kMmaSyncCosts = {
                 .k1_lone_record_us = 3.0}},
     .k1_16 = kHopperCosts.k1_16,
     .k1_32 = kHopperCosts.k1_32,
+    .k1_16_unbounded = kHopperCosts.k1_16_unbounded,
 };
 
 // The row for a device: sm_90a's where its warpgroup passes run, else the mma.sync row.

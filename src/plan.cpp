@@ -35,15 +35,18 @@ std::string str(int64_t x) {
 // segment lengths, benchmarks/profile_kernels.py), K1 included (prepare_us and the overlap
 // models below).
 
-// The cost model's inputs for one chunk length: the family's costs (costs.h) and the
-// device's facts (plan.h PlanDevice).
+// The cost model's inputs for one chunk length and gate: the family's costs (costs.h) and
+// the device's facts (plan.h PlanDevice).
 struct Model {
   const ArchCosts &costs;
   const PlanDevice &device;
   int32_t tokens;  // 16 or 32 (design §4.8)
+  bool unbounded;  // the softplus or log-decay gate (their own 16-token K1 rates)
 
   int record_index() const { return tokens == 32 ? 1 : 0; }
-  const K1Costs &k1() const { return tokens == 32 ? costs.k1_32 : costs.k1_16; }
+  const K1Costs &k1() const {
+    return tokens == 32 ? costs.k1_32 : unbounded ? costs.k1_16_unbounded : costs.k1_16;
+  }
   int32_t sms() const { return device.sms; }
   int k1_alone() const { return device.k1_alone[record_index()]; }
   int k1_overlap() const { return device.k1_overlap[record_index()]; }
@@ -58,8 +61,8 @@ struct Model {
   }
 };
 
-Model model_of(const PlanDevice &device, int32_t tokens) {
-  return {costs_for(device.cc, device.generic), device, tokens};
+Model model_of(const PlanDevice &device, int32_t tokens, int32_t gate) {
+  return {costs_for(device.cc, device.generic), device, tokens, gate != FLASH_KDA_GATE_LOWER_BOUND};
 }
 
 // Whether the whole-sequence pass of this width is built for 32-token chunks (config.h).
@@ -163,7 +166,7 @@ double k1_and_pass_us(const Model &m, int64_t pairs, int64_t chunks, int32_t blo
   const double records = static_cast<double>(pairs * chunks);
   if (k == 0) return prepare_us(m, pairs * chunks) + pass;
   const int64_t ctas = pairs * (kHeadDim / block_v), free = free_sms(m, pairs, block_v);
-  const double lone_us = m.width(block_v).k1_lone_record_us;
+  const double lone_us = m.width(block_v).k1_lone_record_us * m.k1().lone_scale;
   const double lone = m.tokens == 16 && lone_us > 0 ? 1.0 / lone_us : 0.0;
   const double per_pass_sm = std::max(lone, k / m.k1().beside_record_us);
   const double rate = static_cast<double>(std::min<int64_t>(ctas, m.sms())) * per_pass_sm +
@@ -202,8 +205,8 @@ double k1_leaves_us(const Model &m, int64_t pairs, int64_t chunks, int32_t block
     const double left = static_cast<double>(pairs * chunks) - per_sm * free * pass;
     return left > 0 ? static_cast<int64_t>(left) + 1 : int64_t{0};
   };
-  lead = behind(m.k1_overlap() / m.k1().lead_record_us);
-  const double per_sm = m.k1_overlap() / m.k1().record_us;
+  lead = behind(m.k1_overlap() / (m.k1().lead_record_us * m.k1().leave_scale));
+  const double per_sm = m.k1_overlap() / (m.k1().record_us * m.k1().leave_scale);
   return static_cast<double>(behind(per_sm)) / (per_sm * m.sms()) + pass + m.costs.leave_us;
 }
 
@@ -486,7 +489,7 @@ namespace {
 std::string choose_chunks(const ProblemSizes &z, const PlanRequest &r, const PlanDevice &d,
                           Plan &plan) {
   if (r.chunk_tokens != 0) {
-    plan_chunks(model_of(d, r.chunk_tokens), z, r, plan);
+    plan_chunks(model_of(d, r.chunk_tokens, r.gate), z, r, plan);
     if (plan.chunk_tokens == 32 && !chunk32_built(plan.block_v))
       return "chunk_tokens 32 needs block_v 32 or 64 (no 32-token kernel is built for " +
              str(plan.block_v) + ")";
@@ -494,12 +497,12 @@ std::string choose_chunks(const ProblemSizes &z, const PlanRequest &r, const Pla
   }
   // AUTO mode picks the chunk length the cost model predicts faster (forced segments keep
   // 16 tokens, as flash_kda.h says), among widths built for 32-token chunks.
-  const double t16 = plan_chunks(model_of(d, 16), z, r, plan);
+  const double t16 = plan_chunks(model_of(d, 16, r.gate), z, r, plan);
   if (r.mode != FLASH_KDA_MODE_AUTO || r.segment_chunks != 0 || d.sms < 1 ||
       z.checkpoint_every % 32 != 0)
     return "";
   Plan p32{};
-  const Model m32 = model_of(d, 32);
+  const Model m32 = model_of(d, 32, r.gate);
   const double t32 = plan_chunks(m32, z, r, p32);
   // Segments must beat the 32-token forward by a margin: none for short segments, the
   // smaller one where that forward has K1 leave its pass's SMs (costs.h).
@@ -561,7 +564,7 @@ std::string make_plan(const ProblemSizes &z, const PlanRequest &r, const PlanDev
     err = "the device's SM count must be >= 1 when block_v is 0, got " + str(d.sms);
   if (err.empty()) err = choose_chunks(z, r, d, plan);
   if (!err.empty()) return err;
-  plan_k1(model_of(d, plan.chunk_tokens), z, r, plan);
+  plan_k1(model_of(d, plan.chunk_tokens, r.gate), z, r, plan);
   return size_plan(z, plan);
 }
 

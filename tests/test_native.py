@@ -598,15 +598,28 @@ def test_chunk_length_rules(lib):
             plan_for(lib, args)
 
 
-def test_every_gate_plans_alike(lib):
-    """The unbounded gates have 32-token records too (design section 2.5): each gate's plan is
-    the bounded gate's, 32-token chunks where AUTO mode picks them and where they are forced."""
+def test_every_gate_plans_32_token_chunks_alike(lib):
+    """The unbounded gates have 32-token records too (design section 2.5), at the bounded
+    gate's rates: each gate's plan is the bounded gate's where AUTO mode picks 32-token chunks
+    and where they are forced."""
     sizes = dict(mode=1, batch=1, seqlen=8192, heads=24, num_seqs=1)
     assert plan_for(lib, valid_args(**sizes)).chunk_tokens == 32
     for gate in (1, 2):
-        for extra in ({}, dict(chunk_tokens=16), dict(chunk_tokens=32)):
+        for extra in ({}, dict(chunk_tokens=32)):
             got = plan_for(lib, valid_args(gate=gate, **sizes, **extra))
             assert plan_values(got) == plan_values(plan_for(lib, valid_args(**sizes, **extra)))
+
+
+def test_unbounded_gates_plan_with_their_own_k1_rates(lib):
+    """The unbounded gates' 16-token K1 is slowest as a lone CTA beside a pass CTA (costs.h
+    k1_16_unbounded): at T=8192 H=48 the bounded gate keeps one K1 CTA beside each block_v 64
+    pass CTA, the unbounded gates run the block_v 128 pass with K1 on the SMs it leaves free."""
+    sizes = dict(mode=1, batch=1, seqlen=8192, heads=48, num_seqs=1)
+    bounded = plan_for(lib, valid_args(**sizes))
+    assert (bounded.chunk_tokens, bounded.block_v, bounded.overlap_max_ctas) == (16, 64, 1)
+    for gate in (1, 2):
+        got = plan_for(lib, valid_args(gate=gate, **sizes))
+        assert (got.chunk_tokens, got.block_v, got.overlap_min_ctas, got.overlap_max_ctas) == (16, 128, 1, 0)
 
 
 def test_32_token_workspace_holds_its_records(lib):
