@@ -141,7 +141,7 @@ def runner(p, exact, max_seqlen=None, **hook):
     max_seqlen hint if given. Without hook arguments it is the public flash_kda.fwd; with them
     (flash_kda.testing's overrides: block_v, segment_chunks, overlap, chunk_tokens) the library's
     plan is forced through its test entry point, which also runs the gate forms other than the
-    bounded one (problem key 'gate', with_gate; their kernels are not yet enabled by default)."""
+    bounded one (problem key 'gate', with_gate) on any arch, where its table enables them or not."""
     import flash_kda
     from flash_kda import testing
 

@@ -3,9 +3,10 @@
 # The gate and beta forms and the stable inverse (design sections 2.5, 2.6) on a GPU, in one
 # call, from the repository root with this tree's flash_kda importable (PYTHONPATH=python with
 # its library built beside it, or the installed wheel) and fla for the comparisons. Their
-# kernels are not enabled by default yet (flash_kda.h FLASH_KDA_FEATURE_GATE_FORMS,
-# STABLE_INVERSE): every stage reaches them through flash_kda.testing's overrides
-# unvalidated_forms and stable_inverse (the tests' fixtures, ab_graph's LIB:stable).
+# kernels run by default only where an arch table enables them (flash_kda.h
+# FLASH_KDA_FEATURE_GATE_FORMS, STABLE_INVERSE: sm_90a): every stage reaches them through
+# flash_kda.testing's overrides unvalidated_forms and stable_inverse (the tests' fixtures,
+# ab_graph's LIB:stable), so that it runs them on any arch.
 #   bash ci/gates_gpu.sh [stage ...]   stages: residuals tests fla bits speed sanitize (default: all)
 # BASELINE=DIR (optional): another tree's python/ with its own library (main's, say): the bits
 # stage compares output hashes against it and the speed stage times its bounded gate beside
