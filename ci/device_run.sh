@@ -17,6 +17,10 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
 stages=${*:-info tests slow sanitize bench host}
 limit=${STAGE_TIMEOUT:-540}  # seconds per command: a hung kernel must not eat the lease
+# PYTEST_WORKERS=N runs the test stages on N pytest-xdist workers (8 have run the suite on
+# an H200). Each result has its own line (-v), so a log the limit cuts short still names
+# every test that ran and how it ended.
+xdist=${PYTEST_WORKERS:+-n $PYTEST_WORKERS}
 status=0
 run() { timeout "$limit" "$@" >> "$log" 2>&1 || { status=1; echo "FAILED: $*" >> "$log"; }; }
 for stage in $stages; do
@@ -27,9 +31,9 @@ for stage in $stages; do
       run python3 -m flash_kda info
       run python3 -m flash_kda check ;;
     tests)
-      run python3 -m pytest -m "gpu and not slow" -p no:cacheprovider -q -rfs tests ;;
+      run python3 -m pytest -m "gpu and not slow" -p no:cacheprovider -v -rfs $xdist tests ;;
     slow)
-      run python3 -m pytest -m "gpu and slow" -p no:cacheprovider -q -rfs tests ;;
+      run python3 -m pytest -m "gpu and slow" -p no:cacheprovider -v -rfs $xdist tests ;;
     sanitize)
       for tool in memcheck racecheck; do
         run compute-sanitizer --tool "$tool" --error-exitcode 9 python3 ci/sanitize_cases.py
