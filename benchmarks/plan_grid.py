@@ -9,6 +9,7 @@ device time.
     python benchmarks/plan_grid.py --against old.so --moved moved.txt   (and those shapes for ab_graph.py:
         python benchmarks/ab_graph.py --libs old.so new.so $(cat moved.txt))
     python benchmarks/plan_grid.py --summary --device all --sms 20,48,84,132,148,170,188
+    python benchmarks/plan_grid.py --gate softplus --against-gate lower_bound   (where a gate's plans differ)
 
 --summary prints, for each device and SM count, the plans, the refusals, the plans the launch
 could not honour (K1 beside a pass with more K1 CTAs than the device fits there) and what moved
@@ -23,7 +24,7 @@ import collections
 import os
 
 from bench_fwd import plan_fields
-from flash_kda import testing
+from flash_kda import _native, testing
 from report import describe_plan
 
 TOKENS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 1048576)
@@ -32,14 +33,14 @@ SEQUENCES = (1, 2, 4, 8)
 WIDTHS = (32, 64, 128)  # src/kda/config.h kRecurrenceShapes
 
 
-def plan_of(lib, num_seqs, seqlen, heads, sms, exact, device="h200"):
-    """lib's plan (bench_fwd.plan_of's dict) for a batched call on a reference device; the
-    pointers are never read. None where the library refuses it."""
+def plan_of(lib, num_seqs, seqlen, heads, sms, exact, device="h200", gate="lower_bound"):
+    """lib's plan (bench_fwd.plan_of's dict) for a batched call with that gate form on a
+    reference device; the pointers are never read. None where the library refuses it."""
     pointers = dict(q=0x1000, k=0x2000, v=0x3000, g=0x4000, beta=0x5000, out=0x6000, A_log=0x7000, dt_bias=0x8000)
     args = testing.FwdArgs(
         mode=0 if exact else 1, batch=num_seqs, seqlen=seqlen, heads=heads, head_dim=128,
         num_seqs=num_seqs, scale=0.088, lower_bound=-5.0, workspace=0x9000, workspace_bytes=1 << 40,
-        num_sms=sms, **pointers,
+        num_sms=sms, gate=_native.GATE_CODES[gate], **pointers,
     )  # fmt: skip
     try:
         return plan_fields(testing.plan_on(device, args, sms=sms, library=lib))
@@ -103,9 +104,12 @@ def main():
     parser.add_argument("--summary", action="store_true", help="counts per device and SM count (see above)")
     parser.add_argument("--against", help="another libflash_kda.so: print only the plans that differ")
     parser.add_argument("--moved", help="with --against: write the shapes whose plans differ to this file (NxTxH)")
+    parser.add_argument("--gate", default="lower_bound", choices=_native.GATE_CODES, help="the gate form planned for")
+    parser.add_argument("--against-gate", choices=_native.GATE_CODES,
+                        help="print only the plans that differ from this gate's (the same library)")  # fmt: skip
     args = parser.parse_args()
-    if args.moved and not args.against:
-        parser.error("--moved needs --against")
+    if args.moved and not (args.against or args.against_gate):
+        parser.error("--moved needs --against or --against-gate")
     lib = testing.native_library()
     if lib is None:
         parser.error(testing.native_error())
@@ -116,24 +120,27 @@ def main():
         summary(lib, devices, sms_list, args.exact, shapes)
         return
     other = testing.load_library(os.path.abspath(args.against)) if args.against else None
+    compared = other is not None or args.against_gate is not None
+    other_gate = args.against_gate or args.gate
     moved = []
     for device in devices:
         for sms in sms_list:
             for n, t, h in shapes:
-                plan = plan_of(lib, n, t, h, sms, args.exact, device)
+                plan = plan_of(lib, n, t, h, sms, args.exact, device, args.gate)
                 new = describe_plan(plan) if plan is not None else "refused"
                 label = f"{device} {sms} SMs N{n} T{t} H{h}" if len(devices) * len(sms_list) > 1 else f"N{n} T{t} H{h}"
-                if other is None:
+                if not compared:
                     print(f"{label}: {new}")
                     continue
-                before = plan_of(other, n, t, h, sms, args.exact, device)
+                before = plan_of(other or lib, n, t, h, sms, args.exact, device, other_gate)
                 old = describe_plan(before) if before is not None else "refused"
                 if old != new:
                     moved.append(f"{n}x{t}x{h}")
                     print(f"{label}: {old} -> {new}")
-    if other is not None:
-        print(f"{len(moved)} of {len(shapes) * len(devices) * len(sms_list)} plans differ ({lib.path} against "
-              f"{other.path})")  # fmt: skip
+    if compared:
+        against = f"{(other or lib).path}, gate {other_gate}"
+        print(f"{len(moved)} of {len(shapes) * len(devices) * len(sms_list)} plans differ ({lib.path}, gate "
+              f"{args.gate}, against {against})")  # fmt: skip
     if args.moved:
         with open(args.moved, "w") as f:
             f.write(" ".join(moved) + "\n")
