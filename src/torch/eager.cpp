@@ -391,19 +391,26 @@ void copy_out(const Record &base, Record &out) {
   out.workspace_bytes = base.workspace_bytes;
 }
 
+// The slot of the record learned for a key, else -1. The lock is held.
+int slot_of(uint64_t hash, const int64_t *key) {
+  for (int i = 0; i < kRecords; ++i)
+    if (hashes[i] == hash && records[i].used &&
+        std::memcmp(records[i].key, key, sizeof(records[i].key)) == 0)
+      return i;
+  return -1;
+}
+
 // The learned record of a key (copied out under the lock), else a record of its family as
 // the base of the call (`member` true; the family is computed only after no record matched);
 // false for neither.
 bool find(uint64_t hash, const int64_t *key, Record &out, bool &member) {
   {
     std::lock_guard<std::mutex> guard(lock);
-    for (int i = 0; i < kRecords; ++i) {
-      const Record &r = records[i];
-      if (hashes[i] == hash && r.used && std::memcmp(r.key, key, sizeof(r.key)) == 0) {
-        copy_out(r, out);
-        member = false;
-        return true;
-      }
+    const int slot = slot_of(hash, key);
+    if (slot >= 0) {
+      copy_out(records[slot], out);
+      member = false;
+      return true;
     }
   }
   int64_t family[kKeyWords];
@@ -424,11 +431,7 @@ bool find(uint64_t hash, const int64_t *key, Record &out, bool &member) {
 
 void learn(uint64_t hash, const int64_t *key, const Learned &l) {
   std::lock_guard<std::mutex> guard(lock);
-  int slot = -1;
-  for (int i = 0; i < kRecords; ++i)
-    if (hashes[i] == hash && records[i].used &&
-        std::memcmp(records[i].key, key, sizeof(records[i].key)) == 0)
-      slot = i;
+  int slot = slot_of(hash, key);
   if (slot < 0) {
     slot = next_victim;
     next_victim = (next_victim + 1) % kRecords;
