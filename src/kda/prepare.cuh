@@ -1470,10 +1470,10 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(con
 // K1 beside the first recurrence pass (design §4.7): a grid that the GPU holds at once
 // beside that pass's CTAs (the launch sizes it), which lets the pass launch
 // (allow_dependents) and takes items from a counter in locate_item's order, publishing
-// each record's ready flag once the whole CTA has written it. Bounded to 40 registers
-// (53 unbounded; the loop's state spills 40 bytes, once per record) so that its CTAs
-// stay small beside the pass (the 16-token kernel; the 32-token one runs three an SM, one
-// of them beside a <1, 4> pass CTA: design §4.8).
+// each record's ready flag once the whole CTA has written it. Bounded (overlap_ctas) so
+// that its CTAs stay small beside the pass: 40 registers for the bounded 16-token K1, 64
+// for the unbounded gates'; the 32-token one runs three an SM, one of them beside a <1, 4>
+// pass CTA (design §4.8).
 //
 // K1 leaving the pass's SMs (p.leave_sms > 0; the grid then fills every SM): a CTA on an
 // SM with %smid below leave_sms takes no more items once leave_after items are taken (the
