@@ -771,6 +771,18 @@ __device__ __forceinline__ float2 clamp_pair(float2 g) {
   return make_float2(max_num(g.x, -kClampLog2), max_num(g.y, -kClampLog2));
 }
 
+// The rebased score operands of row t, channel pair cp (§3.2 step U3), in place of q^, k^
+// and g: A_q = (q^ (*) bf(EX2(a))) (*) sb, A = k^ (*) bf(EX2(a)), B = k^ (*) bf(EX2(-a)), from
+// qk = (q^, k^) of the row.
+__device__ __forceinline__ void rebased_operands(uint16_t (*q)[kRow], uint16_t (*k)[kRow],
+                                                 uint16_t (*g)[kRow], int t, int cp, uint2 qk,
+                                                 float2 a, uint32_t sb) {
+  const uint32_t up = ex2_pair(a.x, a.y), down = ex2_pair(-a.x, -a.y);
+  *pair_word(q, t, cp) = bf16x2_mul(bf16x2_mul(qk.x, up), sb);
+  *pair_word(k, t, cp) = bf16x2_mul(qk.y, up);
+  *pair_word(g, t, cp) = bf16x2_mul(qk.y, down);
+}
+
 // §3.2 steps U2, U3 (thread as in gate_cumsum): Kd and Qd to the record, the score operands A_q, A
 // and B in place of q^, k^ and g, e into sm.decay, and the thread's Kr words (row 8 th + j)
 // into kr[j]. H0 sums forward (G), hands G_7 over and takes T, then sums backward (B, B~);
@@ -819,11 +831,8 @@ __device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, 
           odd ? make_uint2(qd_in, qd) : make_uint2(held_qd, qd_in);
     }
   };
-  auto operands = [&](int t, float2 a, uint2 qk) {  // A_q, A, B of row t, in place
-    const uint32_t up = ex2_pair(a.x, a.y), down = ex2_pair(-a.x, -a.y);
-    *pair_word(sm.x[kQ], t, cp) = bf16x2_mul(bf16x2_mul(qk.x, up), sb);
-    *pair_word(sm.x[kK], t, cp) = bf16x2_mul(qk.y, up);
-    *pair_word(sm.x[kG], t, cp) = bf16x2_mul(qk.y, down);
+  auto operands = [&](int t, float2 a, uint2 qk) {
+    rebased_operands(sm.x[kQ], sm.x[kK], sm.x[kG], t, cp, qk, a, sb);
   };
   auto kr_word = [&](uint32_t k_hat, float2 D) { return bf16x2_mul(k_hat, ex2_pair(D.x, D.y)); };
   const float2 zero = make_float2(0.f, 0.f);
@@ -1044,26 +1053,41 @@ __device__ __forceinline__ void apply_decays32(const FwdParams &p, const float2 
   }
 }
 
-// §3.2 steps 7, 8 on 32 rows: warp w < 6 computes block pair w / 2 (00, 11, 10) of L (w even) or
-// Mqk (w odd), both column halves. The diagonal pairs score a block's own operands against
-// its own Ki; the cross pair scores block 1's own Kd^1 / Qd^1 against B, in full.
-__device__ __forceinline__ void chunk_scores32(PrepareSmem32 &sm) {
+// The A and B score tiles of one block pair (chunk_scores32_of).
+struct ScoreTiles32 {
+  const uint16_t (*a)[kRow];
+  const uint16_t (*b)[kRow];
+};
+
+// §3.2 steps 7, 8 on 32 rows: warp w < 6 computes block pair w / 2 (00, 11, 10) of L (w even)
+// or Mqk (w odd), both column halves, from the A and B tiles that tiles(blk, cross, is_l)
+// gives (blk: the pair's row block; cross: the pair is 10).
+template <typename Tiles>
+__device__ __forceinline__ void chunk_scores32_of(PrepareSmem32 &sm, Tiles tiles) {
   const int warp = threadIdx.x / 32, which = warp / 2;
   if (which > 2) return;  // warp-uniform
   const bool is_l = warp % 2 == 0, cross = which == 2;
   const int blk = which == 0 ? 0 : 1, pair = cross ? block_pair(1, 0) : block_pair(blk, blk);
-  const uint16_t (*a)[kRow] =
-      blk == 0 ? (is_l ? sm.x[kKd] : sm.x[kQd]) : (is_l ? sm.own[kKd1] : sm.own[kQd1]);
-  const uint16_t (*b)[kRow] = cross ? sm.own[kB0] : (blk == 0 ? sm.own[kKi0] : sm.own[kKi1]);
+  const ScoreTiles32 t = tiles(blk, cross, is_l);
 #pragma unroll
   for (int nb = 0; nb < 2; ++nb) {
     float acc[4];
-    score_columns(a, b, nb, acc);
+    score_columns(t.a, t.b, nb, acc);
     if (is_l)
       store_l(acc, nb, sm.beta_h + kChunk * blk, cross, sm.lmat[pair]);
     else
       store_mqk(acc, nb, cross, sm.mqk[pair]);
   }
+}
+
+// The bounded gate's: the diagonal pairs score a block's own operands against its own Ki;
+// the cross pair scores block 1's own Kd^1 / Qd^1 against B, in full.
+__device__ __forceinline__ void chunk_scores32(PrepareSmem32 &sm) {
+  chunk_scores32_of(sm, [&](int blk, bool cross, bool is_l) {
+    return ScoreTiles32{
+        blk == 0 ? (is_l ? sm.x[kKd] : sm.x[kQd]) : (is_l ? sm.own[kKd1] : sm.own[kQd1]),
+        cross ? sm.own[kB0] : (blk == 0 ? sm.own[kKi0] : sm.own[kKi1])};
+  });
 }
 
 // The 32-token record (workspace.h RecordLayout<2>) goes straight to global memory in
@@ -1073,6 +1097,25 @@ __device__ __forceinline__ void chunk_scores32(PrepareSmem32 &sm) {
 // barriers around it for ~10% of K1's stall samples); warp 0 then forms INV10 and
 // stores the INV plane itself.
 constexpr int kStoreWarps32 = kPrepare32Threads / 32 - 2;
+
+// A 32-token record's small planes, by store thread tid (warps 2-7, tid = threadIdx.x -
+// 64): Mqk, the decay plane, beta and the zero padding after it.
+__device__ __forceinline__ void store_small_planes32(uint4 *rec, const PrepareSmem32 &sm,
+                                                     uint32_t tid) {
+  using R = Record32;
+  constexpr uint32_t kPairVecs = R::kPairs * (kTileBytes / 16);
+  if (tid < kPairVecs) {
+    rec[R::kOffMqk / 16 + tid] = reinterpret_cast<const uint4 *>(sm.mqk)[tid];
+  } else if (tid < kPairVecs + 32) {
+    rec[R::kOffDecay / 16 + tid - kPairVecs] =
+        decay_vec<RecordOrder::kFragments>(sm.decay, tid - kPairVecs);
+  } else if (tid < kPairVecs + 32 + (R::kBytes - R::kOffBeta) / 16) {
+    const uint32_t i = tid - kPairVecs - 32;  // beta (64 B), then zero padding
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (i < 4) v = reinterpret_cast<const uint4 *>(sm.beta_bf)[i];
+    rec[R::kOffBeta / 16 + i] = v;
+  }
+}
 
 // Warps 2-7: the 48 operand tiles (eight a warp), then Mqk, the decay plane and beta.
 __device__ __forceinline__ void store_operands32(uint4 *rec, const PrepareSmem32 &sm) {
@@ -1095,18 +1138,7 @@ __device__ __forceinline__ void store_operands32(uint4 *rec, const PrepareSmem32
     }
     rec[offset / 16 + lane] = v;
   }
-  constexpr uint32_t kPairVecs = R::kPairs * (kTileBytes / 16);
-  if (tid < kPairVecs) {
-    rec[R::kOffMqk / 16 + tid] = reinterpret_cast<const uint4 *>(sm.mqk)[tid];
-  } else if (tid < kPairVecs + 32) {
-    rec[R::kOffDecay / 16 + tid - kPairVecs] =
-        decay_vec<RecordOrder::kFragments>(sm.decay, tid - kPairVecs);
-  } else if (tid < kPairVecs + 32 + (R::kBytes - R::kOffBeta) / 16) {
-    const uint32_t i = tid - kPairVecs - 32;  // beta (64 B), then zero padding
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (i < 4) v = reinterpret_cast<const uint4 *>(sm.beta_bf)[i];
-    rec[R::kOffBeta / 16 + i] = v;
-  }
+  store_small_planes32(rec, sm, tid);
 }
 static_assert(Record32::kPairs * (kTileBytes / 16) + 32 +
                       (Record32::kBytes - Record32::kOffBeta) / 16 <=
@@ -1167,13 +1199,12 @@ __device__ __noinline__ void cross_inverse32_checked(uint4 *rec, PrepareSmem32 &
   store_inv_plane32(rec, sm);
 }
 
-// One 32-token record of the bounded gate: chunk `ch` of head h (fragment order only).
-template <RecordOrder kOrder, K1Variant kVariant>
-__device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
-                                              PrepareSmem32 &sm) {
-  static_assert(kOrder == RecordOrder::kFragments, "32-token records are in fragment order");
-  constexpr bool kForms = kVariant == K1Variant::kBoundedForms;
-  // The record's address first, so that h and ch need not live through the steps.
+// The opening of every 32-token record: the record's address (first, so that h and ch need
+// not live through the steps), then q, k, g and beta loaded (kForms: the beta forms' read)
+// and q, k normalised, each stage between barriers.
+template <bool kForms>
+__device__ __forceinline__ uint4 *load_normalized32(const FwdParams &p, int64_t h,
+                                                    const ChunkRef &ch, PrepareSmem32 &sm) {
   uint4 *rec =
       reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * Record32::kBytes);
   {
@@ -1186,6 +1217,16 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
     l2_normalize_rows<2 * kChunk, kPrepare32Threads>(x);
   }
   __syncthreads();
+  return rec;
+}
+
+// One 32-token record of the bounded gate: chunk `ch` of head h (fragment order only).
+template <RecordOrder kOrder, K1Variant kVariant>
+__device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, const ChunkRef &ch,
+                                              PrepareSmem32 &sm) {
+  static_assert(kOrder == RecordOrder::kFragments, "32-token records are in fragment order");
+  constexpr bool kForms = kVariant == K1Variant::kBoundedForms;
+  uint4 *rec = load_normalized32<kForms>(p, h, ch, sm);
   {  // each thread owns its (channel pair, quarter) from here to the decays
     float2 G[8];
     gate_cumsum32(p, h, ch.n, sm, G);
@@ -1271,14 +1312,9 @@ __device__ __forceinline__ void unbounded_decays32(const FwdParams &p, int64_t h
   if (th <= 1) Q = add_pair(Q, *sb_slot(2));
   if (th == 0) Q = add_pair(Q, own = *sb_slot(1));
   const int base = 8 * th;
-  auto operands = [&](int t, float2 a) {  // A_q, A, B of row t, in place (unbounded_decays)
-    uint32_t *const q = pair_word(sm.x[kQ], t, cp);
-    uint32_t *const k = pair_word(sm.x[kK], t, cp);
-    const uint32_t up = ex2_pair(a.x, a.y), down = ex2_pair(-a.x, -a.y);
-    const uint32_t q_hat = *q, k_hat = *k;
-    *q = bf16x2_mul(bf16x2_mul(q_hat, up), sb);
-    *k = bf16x2_mul(k_hat, up);
-    *pair_word(sm.x[kG], t, cp) = bf16x2_mul(k_hat, down);
+  auto operands = [&](int t, float2 a) {
+    const uint2 qk = make_uint2(*pair_word(sm.x[kQ], t, cp), *pair_word(sm.x[kK], t, cp));
+    rebased_operands(sm.x[kQ], sm.x[kK], sm.x[kG], t, cp, qk, a, sb);
   };
   // Forward: Kd, Qd; block 1's cross operands; H1's operands (odd quarters).
   auto forward = [&]() {
@@ -1335,25 +1371,14 @@ __device__ __forceinline__ void unbounded_decays32(const FwdParams &p, int64_t h
   }
 }
 
-// §3.2 steps 7, 8 of a 32-token unbounded record: warp w < 6 computes block pair w / 2 (00, 11,
-// 10) of L (w even) or Mqk (w odd). The diagonal pairs score the block's A (A_q) against its B;
-// the cross pair block 1's own Kd^1 (Qd^1) against B0, in full.
+// §3.2 steps 7, 8 of a 32-token unbounded record (chunk_scores32_of): the diagonal pairs
+// score the block's A (A_q) against its B; the cross pair block 1's own Kd^1 (Qd^1) against
+// B0, in full.
 __device__ __forceinline__ void chunk_scores32_unbounded(PrepareSmem32 &sm) {
-  const int warp = threadIdx.x / 32, which = warp / 2;
-  if (which > 2) return;  // warp-uniform
-  const bool is_l = warp % 2 == 0, cross = which == 2;
-  const int blk = which == 0 ? 0 : 1, pair = cross ? block_pair(1, 0) : block_pair(blk, blk);
-  const uint16_t (*a)[kRow] = cross ? sm.own[is_l ? kKd1 : kQd1] : sm.x[is_l ? kK : kQ] + kChunk * blk;
-  const uint16_t (*b)[kRow] = cross ? sm.own[kB0U] : sm.x[kG] + kChunk * blk;
-#pragma unroll
-  for (int nb = 0; nb < 2; ++nb) {
-    float acc[4];
-    score_columns(a, b, nb, acc);
-    if (is_l)
-      store_l(acc, nb, sm.beta_h + kChunk * blk, cross, sm.lmat[pair]);
-    else
-      store_mqk(acc, nb, cross, sm.mqk[pair]);
-  }
+  chunk_scores32_of(sm, [&](int blk, bool cross, bool is_l) {
+    return ScoreTiles32{cross ? sm.own[is_l ? kKd1 : kQd1] : sm.x[is_l ? kK : kQ] + kChunk * blk,
+                        cross ? sm.own[kB0U] : sm.x[kG] + kChunk * blk};
+  });
 }
 
 // Warps 2-7 of a 32-token unbounded record: Kr^T (16 tiles from own[kKrU]), Mqk, the decay
@@ -1363,35 +1388,13 @@ __device__ __forceinline__ void store_planes32_unbounded(uint4 *rec, const Prepa
   const uint32_t tid = threadIdx.x - 64, warp = tid / 32, lane = tid % 32;
   for (uint32_t j = warp; j < 2 * kKBlocks; j += kStoreWarps32)  // k-block j / 2, block j % 2
     rec[R::krt(j / 2, j % 2) / 16 + lane] = t_frag(sm.own[kKrU] + kChunk * (j % 2), j / 2);
-  constexpr uint32_t kPairVecs = R::kPairs * (kTileBytes / 16);
-  if (tid < kPairVecs) {
-    rec[R::kOffMqk / 16 + tid] = reinterpret_cast<const uint4 *>(sm.mqk)[tid];
-  } else if (tid < kPairVecs + 32) {
-    rec[R::kOffDecay / 16 + tid - kPairVecs] =
-        decay_vec<RecordOrder::kFragments>(sm.decay, tid - kPairVecs);
-  } else if (tid < kPairVecs + 32 + (R::kBytes - R::kOffBeta) / 16) {
-    const uint32_t i = tid - kPairVecs - 32;  // beta (64 B), then zero padding
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (i < 4) v = reinterpret_cast<const uint4 *>(sm.beta_bf)[i];
-    rec[R::kOffBeta / 16 + i] = v;
-  }
+  store_small_planes32(rec, sm, tid);
 }
 
 // One 32-token record of an unbounded gate: chunk `ch` of head h (fragment order).
 __device__ __forceinline__ void prepare_chunk_unbounded32(const FwdParams &p, int64_t h,
                                                           const ChunkRef &ch, PrepareSmem32 &sm) {
-  uint4 *rec =
-      reinterpret_cast<uint4 *>(p.records + (h * p.tiles_per_head + ch.tile) * Record32::kBytes);
-  {
-    uint16_t (*const x[3])[kRow] = {sm.x[0], sm.x[1], sm.x[2]};
-    load_rows<2 * kChunk, kPrepare32Threads, true>(p, h, ch, x, sm.beta_bf, sm.beta_h);
-  }
-  __syncthreads();
-  {
-    uint16_t (*const x[2])[kRow] = {sm.x[kQ], sm.x[kK]};
-    l2_normalize_rows<2 * kChunk, kPrepare32Threads>(x);
-  }
-  __syncthreads();
+  uint4 *rec = load_normalized32<true>(p, h, ch, sm);
   unbounded_decays32(p, h, ch, rec, sm);
   __syncthreads();
   chunk_scores32_unbounded(sm);
