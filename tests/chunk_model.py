@@ -68,21 +68,17 @@ def unbounded_decays32(ops: Ops, q_hat, k_hat, gamma, scale: float):
     e_plus, up, down, o = bf(ops.ex2(G)), bf(ops.ex2(a)), bf(ops.ex2(-a)), bf(ops.ex2(own))
     Qd, Kd = bmul(bmul(q_hat, e_plus), sb), bmul(k_hat, e_plus)
     Kr = bmul(k_hat, bf(ops.ex2(D)))
-    scores = [
-        (
-            bmul(bmul(q_hat[:, :, r], up[:, :, r]), sb[:, :, r]),
-            bmul(k_hat[:, :, r], up[:, :, r]),
-            bmul(k_hat[:, :, r], down[:, :, r]),
+
+    def rebased(rows, b_rows, f, f_b):  # (A_q, A, B): q̂, k̂ of rows by f, k̂ of b_rows by f_b
+        return (
+            bmul(bmul(q_hat[:, :, rows], f[:, :, rows]), sb[:, :, rows]),
+            bmul(k_hat[:, :, rows], f[:, :, rows]),
+            bmul(k_hat[:, :, b_rows], f_b[:, :, b_rows]),
         )
-        for r in (slice(0, BLOCK), slice(BLOCK, 2 * BLOCK))
-    ]
+
     r0, r1 = slice(0, BLOCK), slice(BLOCK, 2 * BLOCK)
-    cross = (
-        bmul(bmul(q_hat[:, :, r1], o[:, :, r1]), sb[:, :, r1]),
-        bmul(k_hat[:, :, r1], o[:, :, r1]),
-        bmul(k_hat[:, :, r0], o[:, :, r0]),
-    )
-    return e, Qd, Kd, Kr, scores, cross
+    scores = [rebased(r, r, up, down) for r in (r0, r1)]
+    return e, Qd, Kd, Kr, scores, rebased(r1, r0, o, o)
 
 
 def prepare(
