@@ -87,6 +87,31 @@ from flash_kda.reference import FWD_ARGS, FWD_KEYWORDS, GOLD_ARGS, rel_err  # no
 from flash_kda.reference import random_problem as make_problem  # noqa: E402 (re-exported)
 
 
+@pytest.fixture(autouse=True)
+def one_gpu_memory_test_at_a_time(request):
+    """Tests marked gpu_memory (fp64 golds of tens of GiB) take an exclusive lock on a file of
+    this pytest-xdist run, so that they run one at a time while the workers' other tests run
+    beside them (eight such tests at once exhaust an H200's 140 GiB), and hand their cached
+    blocks back to the driver before the next one starts."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None or request.node.get_closest_marker("gpu_memory") is None:
+        yield
+        return
+    import fcntl
+    import gc
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), f"flash-kda-gpu-memory-{run}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            gc.collect()
+            if HAS_CUDA:
+                torch.cuda.empty_cache()
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="module")
 def native_gpu():
     """For GPU modules (``pytest.mark.usefixtures("native_gpu")``): skips them where the

@@ -297,7 +297,7 @@ def matrix():
             for layout in ("batched", "varlen"):
                 if T == 1048576 and (heads, layout) != (1, "batched"):
                     continue
-                marks = [pytest.mark.slow] if T == 1048576 else []
+                marks = [pytest.mark.slow, pytest.mark.gpu_memory] if T == 1048576 else []
                 name = f"T{T}-H{heads}-{layout}-float32-init-longmemory"
                 cases.append(pytest.param(T, heads, layout, torch.float32, True, "long", id=name, marks=marks))
     for T in (8192, 65536, 1048576):
@@ -306,7 +306,7 @@ def matrix():
                 for state, initial in ((torch.float32, True), (torch.bfloat16, False), (torch.bfloat16, True)):
                     if T == 1048576 and (state, initial) == (torch.bfloat16, True):
                         continue  # the gold takes seconds per case at 1M tokens
-                    marks = [pytest.mark.slow] if T == 1048576 else []
+                    marks = [pytest.mark.slow, pytest.mark.gpu_memory] if T == 1048576 else []
                     name = f"T{T}-H{heads}-{layout}-{str(state)[6:]}-{'init' if initial else 'noinit'}"
                     cases.append(pytest.param(T, heads, layout, state, initial, "short", id=name, marks=marks))
     for T, heads in ((4096, 12), (8192, 14), (32768, 16)):  # segmented on the H200
