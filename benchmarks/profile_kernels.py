@@ -71,12 +71,12 @@ def main():
     parser.add_argument("--chunk", default="0", help="forced chunk lengths (16, 32; 0: the plan's), comma-separated")
     parser.add_argument("--gate", default="lower_bound", help="gate forms (bench_fwd.with_gate), comma-separated")
     args = parser.parse_args()
+    overlap = -1 if args.serial else 0
     for shape in args.shapes:
         for L in [0] if args.exact else [int(x) for x in args.segments.split(",")]:
             for bv in [int(x) for x in args.block_v.split(",")]:
                 for chunk in [int(x) for x in args.chunk.split(",")]:
                     for gate in args.gate.split(","):
-                        overlap = -1 if args.serial else 0
                         profile(shape, args.exact, once=args.once, segment_chunks=L, block_v=bv, overlap=overlap,
                                 chunk=chunk, gate=gate)  # fmt: skip
 

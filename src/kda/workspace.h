@@ -227,10 +227,10 @@ constexpr bool plane_words_consistent() {
           if (tile_vec_row(v) == static_cast<uint32_t>(t) && tile_vec_col(v) == 8u * (col / 8))
             tile = RecordTiles::kKdQd + kb * RecordTiles::kKdQdStride +
                    (qd ? RecordTiles::kQdInBlock : 0) + 16 * static_cast<int>(v) + 2 * (col % 8);
-        if (plane_word_offset(RecordOrder::kTiles, qd, t, cp) != tile) return false;
+        const int at = plane_word_offset(RecordOrder::kTiles, qd, t, cp);
+        if (at != tile) return false;
         // unbounded_decays' 8-byte stores: in tile order, rows 2 r, 2 r + 1 of pairs
         // 4 m .. 4 m + 3 fill one aligned 32-byte sector, row by row, pair by pair.
-        const int at = plane_word_offset(RecordOrder::kTiles, qd, t, cp);
         const int in_sector = 16 * (t % 2) + 4 * (cp % 4);
         if (at % 32 != in_sector ||
             at - in_sector != plane_word_offset(RecordOrder::kTiles, qd, t & ~1, cp & ~3))
