@@ -175,6 +175,31 @@ def test_records_equal_the_reference_k1(form, exact):
         assert_bitwise(got[name], ref[name], f"record plane {name}")
 
 
+@pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
+@pytest.mark.parametrize("block_v", (32, 128))
+def test_k1_placements_give_the_reference_bits(form, block_v):
+    """K1 first (overlap -1), beside the pass (1) and leaving its SMs (2: on sm_90a the unbounded
+    gates' ten-CTA leaving form, K1Placement::kLeaving) give out and final state bitwise
+    reference.fwd's, for every form, with 16-token records in fragment order
+    (block_v 32) and, on sm_90a, tile order (128)."""
+    p = form_problem(form, 52, batch=2, seqlen=333, heads=3, initial=torch.float32, final=torch.float32)
+    ref = reference_outputs(p, exact=False)
+    leaving_form = form[0] != "lower_bound" and torch.cuda.get_device_capability(DEV) == (9, 0)
+    for overlap in (-1, 1, 2):
+        q = clone_outputs(p)
+        plan = dict(block_v=block_v, chunk_tokens=16, overlap=overlap)
+        assert testing.plan_of(validated(q, False), **plan).segment_chunks == 0  # a whole pass
+        names = [k["name"] for k in testing.launched(validated(q, False), **UNVALIDATED, **plan)]
+        where = f"overlap={overlap}"
+        assert_bitwise(q["out"], ref["out"], f"out {where}")
+        assert_bitwise(q["final_state"], ref["final_state"], f"final_state {where}")
+        k1 = [n for n in names if n.startswith("prepare_")]
+        if overlap == -1:
+            assert k1 and all(n.startswith("prepare_kernel<") for n in k1), names
+        if overlap == 2:  # (overlap 1 leaves too where no K1 CTA fits beside the pass)
+            assert k1 and all(("K1Placement::kLeaving" in n) == leaving_form for n in k1), names
+
+
 @pytest.mark.parametrize("gate", ["softplus", "log_decay"])
 def test_extreme_decays(gate):
     """Decays of -200 and -inf (log_decay), gate inputs of +-inf and 1000 (softplus), positive

@@ -175,6 +175,7 @@ enum K1Kind {
 struct DeviceFacts {
   int sms, regs_sm, smem_optin, smem_sm, threads_sm;
   int k1_alone[kK1Kinds];    // prepare_overlap_kernel CTAs per SM by itself, by K1Kind
+  int k1_leaving[kK1Kinds];  // its leaving form's (K1Placement::kLeaving), by itself
   int k1_prepare[kK1Kinds];  // prepare_kernel CTAs per SM by itself
   Footprint k1[kK1Kinds];    // what one prepare_overlap_kernel CTA holds
   DeviceLimits real;
@@ -182,15 +183,18 @@ struct DeviceFacts {
   int plan_sms;  // the plan's SM count: sms, or a simulated count above the device's
 };
 
-// K1 of a kind: its kernels, threads and dynamic shared memory.
+// K1 of a kind: its kernels (one record per CTA; beside the pass; leaving the pass's SMs, the
+// beside form where the kind has no leaving form of its own), threads and dynamic shared
+// memory.
 struct K1Launch {
-  const void *kernel, *overlap;
+  const void *kernel, *overlap, *leaving;
   int threads, smem;
-  const char *name, *overlap_name;
+  const char *name, *overlap_name, *leaving_name;
 };
 
-// The names of K1's two kernels as the source writes the instantiation ("prepare_kernel<1,
-// RecordOrder::kFragments>"; FlashKDA's variant, the default, unnamed), built once.
+// The names of K1's kernels as the source writes the instantiation ("prepare_kernel<1,
+// RecordOrder::kFragments>"; FlashKDA's variant and the beside placement, the defaults,
+// unnamed), built once.
 template <int kBlocks, RecordOrder kOrder, K1Variant kVariant>
 const std::string *k1_names() {
   static const std::string args =
@@ -198,21 +202,33 @@ const std::string *k1_names() {
       (kOrder == RecordOrder::kTiles ? ", RecordOrder::kTiles" : ", RecordOrder::kFragments") +
       (kVariant == K1Variant::kBoundedForms ? ", K1Variant::kBoundedForms"
        : kVariant == K1Variant::kUnbounded  ? ", K1Variant::kUnbounded"
-                                            : "") +
-      ">";
-  static const std::string names[2] = {"prepare_kernel<" + args, "prepare_overlap_kernel<" + args};
+                                            : "");
+  static const std::string names[3] = {
+      "prepare_kernel<" + args + ">", "prepare_overlap_kernel<" + args + ">",
+      "prepare_overlap_kernel<" + args + ", K1Placement::kLeaving>"};
   return names;
 }
 
 template <int kBlocks, RecordOrder kOrder, K1Variant kVariant>
 K1Launch k1_kernels() {
   const std::string *names = k1_names<kBlocks, kOrder, kVariant>();
+  const void *const overlap =
+      reinterpret_cast<const void *>(prepare_overlap_kernel<kBlocks, kOrder, kVariant>);
+  const void *leaving = overlap;
+  const char *leaving_name = names[1].c_str();
+  if constexpr (has_leaving_form<kBlocks, kVariant>()) {
+    leaving = reinterpret_cast<const void *>(
+        prepare_overlap_kernel<kBlocks, kOrder, kVariant, K1Placement::kLeaving>);
+    leaving_name = names[2].c_str();
+  }
   return {reinterpret_cast<const void *>(prepare_kernel<kBlocks, kOrder, kVariant>),
-          reinterpret_cast<const void *>(prepare_overlap_kernel<kBlocks, kOrder, kVariant>),
+          overlap,
+          leaving,
           K1Shape<kBlocks>::kThreads,
           K1Shape<kBlocks>::kDynamicSmem,
           names[0].c_str(),
-          names[1].c_str()};
+          names[1].c_str(),
+          leaving_name};
 }
 
 // The 16-token K1 of a variant in `order`.
@@ -271,13 +287,16 @@ inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
   }
   for (int kind = 0; kind < kK1Kinds; ++kind) {
     const K1Launch k1 = k1_launch(kind);
-    for (const void *kernel : {k1.kernel, k1.overlap}) {
+    for (const void *kernel : {k1.kernel, k1.overlap, k1.leaving}) {
       if (k1.smem == 0) continue;
       const cudaError_t err = allow_smem(kernel, k1.smem);
       if (err != cudaSuccess) return err;
     }
     cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.k1_alone[kind], k1.overlap,
                                                                     k1.threads, k1.smem);
+    if (err == cudaSuccess)
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.k1_leaving[kind], k1.leaving,
+                                                          k1.threads, k1.smem);
     if (err == cudaSuccess)
       err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.k1_prepare[kind], k1.kernel,
                                                           k1.threads, k1.smem);
@@ -312,11 +331,11 @@ inline void simulate(const TestSwitches &t, DeviceFacts &d) {
   clamp(d.smem_optin, t.smem_optin);
   clamp(d.smem_sm, t.smem_sm);
   clamp(d.threads_sm, t.threads_sm);
-  for (int b = 0; b < kK1Kinds; ++b) {  // both K1 kernels: the same threads and shared memory
-    d.k1_alone[b] = resident_on(d, d.k1[b], d.k1_alone[b]);
-    d.k1_prepare[b] = resident_on(d, d.k1[b], d.k1_prepare[b]);
-    clamp(d.k1_alone[b], t.k1_ctas_sm);
-    clamp(d.k1_prepare[b], t.k1_ctas_sm);
+  for (int b = 0; b < kK1Kinds; ++b) {  // every K1 kernel: the same threads and shared memory
+    for (int *ctas : {&d.k1_alone[b], &d.k1_leaving[b], &d.k1_prepare[b]}) {
+      *ctas = resident_on(d, d.k1[b], *ctas);
+      clamp(*ctas, t.k1_ctas_sm);
+    }
   }
 }
 
@@ -745,8 +764,9 @@ inline LaunchStatus launch_combine(const FwdParams &p, CombineLaunch &c, LaunchS
 // the surplus on its SMs exit while the pass could still share those SMs with K1, was
 // tried: on the H200 the pass then waited for K1's end.) Where the plan has K1 leave the
 // pass's SMs (overlap_max_ctas 0) and the pass leaves SMs free, K1 starts on every SM
-// (keep = alone) and `leave_sms` is the pass's CTA count; the pass asks for all of an SM's
-// shared memory, so that it starts only on SMs K1 has left (prepare_overlap_kernel).
+// (keep = as many CTAs of its leaving form as an SM holds) and `leave_sms` is the pass's CTA
+// count; the pass asks for all of an SM's shared memory, so that it starts only on SMs K1
+// has left (prepare_overlap_kernel).
 inline LaunchStatus plan_overlap(const FwdParams &p, const DeviceFacts &d, PassLaunch &first,
                                  int &keep, int &leave_sms) {
   keep = leave_sms = 0;
@@ -756,7 +776,7 @@ inline LaunchStatus plan_overlap(const FwdParams &p, const DeviceFacts &d, PassL
   const LaunchStatus st = k1_fit_beside(first, d, kind, beside);
   if (st.error != cudaSuccess) return st;
   if (p.overlap_max_ctas == 0 && first.ctas < d.sms) {
-    keep = d.k1_alone[kind];
+    keep = d.k1_leaving[kind];
     leave_sms = static_cast<int>(first.ctas);
     first.smem = d.smem_optin;
     const cudaError_t err = allow_smem(first.kernel, first.smem);
@@ -794,15 +814,16 @@ inline LaunchStatus configure_k1(const FwdParams &p, PassLaunch &first, K1Config
   k1.params.leave_sms = leave_sms;
   if (!overlap) k1.params.ready = first.params.ready = nullptr;
   const K1Launch shape = k1_launch(kind, first.records);
-  k1.kernel = overlap ? shape.overlap : shape.kernel;
-  k1.name = overlap ? shape.overlap_name : shape.name;
+  const bool leaving = leave_sms > 0;
+  k1.kernel = leaving ? shape.leaving : overlap ? shape.overlap : shape.kernel;
+  k1.name = leaving ? shape.leaving_name : overlap ? shape.overlap_name : shape.name;
   k1.threads = shape.threads;
   k1.grid = overlap ? dim3(static_cast<unsigned>(k1.keep * d.sms))
                     : dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads));
   k1.smem = padded_smem(d, k1.kernel, shape.threads, shape.smem);
   // More K1 CTAs, launched once every pass CTA is resident, fill the SMs the pass leaves
   // free (on its own SMs `keep` CTAs already leave no room) and share K1's counter.
-  k1.extra = overlap && first.ctas < d.sms && alone > k1.keep
+  k1.extra = overlap && !leaving && first.ctas < d.sms && alone > k1.keep
                  ? int64_t{alone - k1.keep} * (d.sms - first.ctas)
                  : 0;
   k1.extra_smem = k1.smem;

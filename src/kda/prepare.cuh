@@ -67,7 +67,10 @@ enum Tile { kQ = 0, kK = 1, kG = 2, kQd = 0, kKd = 1, kKi = 2 };
 // (one row base per tensor, then one multiply-add per row: K1 is issue-bound, ncu H200)
 // straight into shared memory (cp.async: no registers held, no store), and computes beta
 // while the copies fly. An fp32 g (the log-decay gate, kForms) is not copied:
-// gate_values_unbounded reads it. kRows = 16 or 32 (a 32-token chunk, K1 of 256 threads).
+// gate_values_unbounded reads it after the normalisation, from L2: its lines are prefetched
+// here (thread t: line t % 8 of row t / 8; five lines cover a 512-byte row at any alignment),
+// else that read waits a DRAM round trip. kRows = 16 or 32 (a 32-token chunk, K1 of 256
+// threads).
 template <int kRows, int kThreads, bool kForms>
 __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                           uint16_t (*const x[3])[kRow], uint16_t *beta_bf,
@@ -95,6 +98,13 @@ __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const C
           valid ? base + r * step * (kStep / 8) : reinterpret_cast<const uint4 *>(src[which]),
           valid);
     }
+  }
+  if constexpr (kForms) {
+    static_assert(kThreads == 8 * kRows, "eight threads a row of the fp32 g");
+    const int row = threadIdx.x / 8, line = threadIdx.x % 8;
+    if (p.g_fp32 && line < 5 && row < ch.n)
+      prefetch_l2(reinterpret_cast<const float *>(p.g) +
+                  token_offset(p.g_strides, ch.b, ch.t0 + row, h) + min(32 * line, 127));
   }
   if (threadIdx.x < kRows) {
     const int t = threadIdx.x;
@@ -822,8 +832,11 @@ __device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, 
       held_qd = qd;
     } else {  // the even lane stores row t - 1 of pairs cp, cp + 1; the odd lane row t of cp - 1, cp
       const bool odd = cp % 2 != 0;
-      const uint32_t kd_in = __shfl_xor_sync(0xffffffffu, odd ? held_kd : kd, 1);
-      const uint32_t qd_in = __shfl_xor_sync(0xffffffffu, odd ? held_qd : qd, 1);
+      // the couple's two lanes alone: with the whole warp's mask, the code ptxas adds for a
+      // warp not converged there needed registers the ten-CTA form lacks (design §4.7)
+      const uint32_t couple = 3u << (threadIdx.x & 30u);
+      const uint32_t kd_in = __shfl_xor_sync(couple, odd ? held_kd : kd, 1);
+      const uint32_t qd_in = __shfl_xor_sync(couple, odd ? held_qd : qd, 1);
       // row t sits 16 bytes after row t - 1 (workspace.h plane_words_consistent)
       uint8_t *const at = rec + 16 * (cp % 2) + plane_word_offset(kOrder, false, t - 1, cp & ~1);
       *reinterpret_cast<uint2 *>(at) = odd ? make_uint2(kd_in, kd) : make_uint2(held_kd, kd_in);
@@ -1487,41 +1500,73 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(con
 // they leave: it runs beside no K1 CTA while the other SMs write its records.
 constexpr uint32_t kNoItem = 0xffffffffu;  // above any item count (prepare_items < 2^31)
 
+// Where the overlap kernel runs: beside the pass's CTAs from the start, or leaving the
+// pass's SMs (alone on every SM for the lead, then on the SMs the pass leaves free).
+enum class K1Placement { kBeside, kLeaving };
+
 // CTAs an SM the overlap kernel is bounded to. The unbounded gates' 16-token K1 (design §2.5)
-// holds more per thread: eight (64 registers; bounded to 40 its decays spilled ~110 bytes). The 16-token
-// kBoundedForms K1 keeps twelve (40 registers) but on sm_120 and sm_121, where its residual test
-// spilled 16 bytes at 40: ten there (48).
-template <int kBlocks, K1Variant kVariant>
+// holds more per thread: eight beside the pass (64 registers; bounded to 40 its decays spilled
+// ~110 bytes), ten where it leaves the pass's SMs on sm_90a (48, as the record one per CTA
+// takes: the item loop holds nothing across a record), where it runs alone on every SM for
+// the lead (H200: 1-2% faster calls than eight there, 2-4% slower beside the pass). The
+// 16-token kBoundedForms K1 keeps twelve (40 registers) but on sm_120 and sm_121, where its
+// residual test spilled 16 bytes at 40: ten there (48).
+template <int kBlocks, K1Variant kVariant, K1Placement kPlace = K1Placement::kBeside>
 constexpr int overlap_ctas() {
-  if (kVariant == K1Variant::kUnbounded && kBlocks == 1) return 8;
+  if (kVariant == K1Variant::kUnbounded && kBlocks == 1)
+    return kPlace == K1Placement::kLeaving && FLASH_KDA_CC == 90 ? 10 : 8;
   if (kVariant == K1Variant::kBoundedForms && kBlocks == 1 && FLASH_KDA_CC >= 120) return 10;
   return K1Shape<kBlocks>::kOverlapCtas;
 }
 
+// Whether K1 of kBlocks and kVariant has a leaving form of its own (another CTA count); where
+// it has none, the beside form leaves the pass's SMs too.
+template <int kBlocks, K1Variant kVariant>
+constexpr bool has_leaving_form() {
+  return overlap_ctas<kBlocks, kVariant, K1Placement::kLeaving>() !=
+         overlap_ctas<kBlocks, kVariant, K1Placement::kBeside>();
+}
+
+// Thread 0 takes the next item for the CTA (kNoItem: none) into `next` and, for an item below
+// prepare_items, its head and chunk (`valid`: locate_item's answer) into shared memory, so that
+// the loop carries no register from one record to the next: its K1 fits 48 registers only so.
+__device__ __forceinline__ void take_item(const FwdParams &p, uint32_t &next, int64_t &head,
+                                          ChunkRef &ref, bool &valid) {
+  const bool leaver = sm_id() < static_cast<uint32_t>(p.leave_sms);
+  const uint32_t i =
+      leaver && load_relaxed(&p.sync->next_item) >= static_cast<uint32_t>(p.leave_after) &&
+              load_relaxed(&p.sync->stayers) > 0
+          ? kNoItem
+          : atomicAdd(&p.sync->next_item, 1u);
+  next = i;
+  if (i >= static_cast<uint32_t>(p.prepare_items)) return;
+  int64_t h = 0;
+  ChunkRef ch{};  // set whole on every path: a partly set one stayed in local memory
+  valid = locate_item(p, static_cast<int32_t>(i), h, ch);
+  head = h;
+  ref = ch;
+}
+
 template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments,
-          K1Variant kVariant = K1Variant::kBounded>
-__global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads, overlap_ctas<kBlocks, kVariant>())
+          K1Variant kVariant = K1Variant::kBounded, K1Placement kPlace = K1Placement::kBeside>
+__global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads,
+                                  overlap_ctas<kBlocks, kVariant, kPlace>())
     prepare_overlap_kernel(const FwdParams p) {
   auto &sm = K1Shape<kBlocks>::smem();
   __shared__ uint32_t next;
+  __shared__ int64_t head;
+  __shared__ ChunkRef chunk;
+  __shared__ bool valid;
   allow_dependents();
-  const bool leaver = sm_id() < static_cast<uint32_t>(p.leave_sms);  // CTA-uniform
-  if (threadIdx.x == 0 && p.leave_sms > 0 && !leaver) atomicAdd(&p.sync->stayers, 1u);
+  if (threadIdx.x == 0 && p.leave_sms > 0 && sm_id() >= static_cast<uint32_t>(p.leave_sms))
+    atomicAdd(&p.sync->stayers, 1u);
   for (;;) {
-    if (threadIdx.x == 0)
-      next = leaver && load_relaxed(&p.sync->next_item) >= static_cast<uint32_t>(p.leave_after) &&
-                     load_relaxed(&p.sync->stayers) > 0
-                 ? kNoItem
-                 : atomicAdd(&p.sync->next_item, 1u);
+    if (threadIdx.x == 0) take_item(p, next, head, chunk, valid);
     __syncthreads();
-    const uint32_t i = next;
-    if (i >= static_cast<uint32_t>(p.prepare_items)) return;  // CTA-uniform
-    int64_t h;
-    ChunkRef ch;
-    const bool valid = locate_item(p, static_cast<int32_t>(i), h, ch);
-    if (valid) prepare_record<kVariant, kOrder>(p, h, ch, sm);
-    __syncthreads();  // every record store before the flag; smem and `next` free again
-    if (valid && threadIdx.x == 0) publish_flag(p.ready + h * p.tiles_per_head + ch.tile);
+    if (next >= static_cast<uint32_t>(p.prepare_items)) return;  // CTA-uniform
+    if (valid) prepare_record<kVariant, kOrder>(p, head, chunk, sm);
+    __syncthreads();  // every record store before the flag; smem and the item free again
+    if (valid && threadIdx.x == 0) publish_flag(p.ready + head * p.tiles_per_head + chunk.tile);
   }
 }
 
