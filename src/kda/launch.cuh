@@ -755,6 +755,13 @@ inline LaunchStatus launch_combine(const FwdParams &p, CombineLaunch &c, LaunchS
   return launch_status("combine_kernel launch");
 }
 
+// Whether K1 leaving the pass's SMs runs its kind's leaving form (K1Placement::kLeaving): not
+// with an fp32 g, whose K1 its bytes bound there (H200, T=8192 H=48 and 96, T=32768 H=96:
+// ten CTAs an SM 0.3-2.4% slower than eight, 2026-12-03).
+inline bool leaving_form(const FwdParams &p) {
+  return !p.g_fp32;
+}
+
 // Whether K1 overlaps the first recurrence pass (design §4.7), and if so with how many
 // K1 CTAs per SM in its first grid (`keep`): as many as leave room on every SM for one CTA
 // of the pass (`beside`), so that the pass's CTAs become resident beside K1's at once, and
@@ -776,7 +783,7 @@ inline LaunchStatus plan_overlap(const FwdParams &p, const DeviceFacts &d, PassL
   const LaunchStatus st = k1_fit_beside(first, d, kind, beside);
   if (st.error != cudaSuccess) return st;
   if (p.overlap_max_ctas == 0 && first.ctas < d.sms) {
-    keep = d.k1_leaving[kind];
+    keep = leaving_form(p) ? d.k1_leaving[kind] : d.k1_alone[kind];
     leave_sms = static_cast<int>(first.ctas);
     first.smem = d.smem_optin;
     const cudaError_t err = allow_smem(first.kernel, first.smem);
@@ -814,9 +821,9 @@ inline LaunchStatus configure_k1(const FwdParams &p, PassLaunch &first, K1Config
   k1.params.leave_sms = leave_sms;
   if (!overlap) k1.params.ready = first.params.ready = nullptr;
   const K1Launch shape = k1_launch(kind, first.records);
-  const bool leaving = leave_sms > 0;
-  k1.kernel = leaving ? shape.leaving : overlap ? shape.overlap : shape.kernel;
-  k1.name = leaving ? shape.leaving_name : overlap ? shape.overlap_name : shape.name;
+  const bool leaving = leave_sms > 0, own_form = leaving && leaving_form(p);
+  k1.kernel = own_form ? shape.leaving : overlap ? shape.overlap : shape.kernel;
+  k1.name = own_form ? shape.leaving_name : overlap ? shape.overlap_name : shape.name;
   k1.threads = shape.threads;
   k1.grid = overlap ? dim3(static_cast<unsigned>(k1.keep * d.sms))
                     : dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads));
