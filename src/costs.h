@@ -75,8 +75,10 @@ struct ArchCosts {
   // The unbounded gates' 16-token records (design §2.5; softplus and log decay alike), at
   // the bounded ones' CTA counts: alone 1.085x their time (T=8192 H=96, K1 first: 349
   // against 322 us), which the several-beside and lead rates take too; leaving the pass's
-  // SMs 1.15x more (the overlap kernel holds eight CTAs an SM, not twelve: T=8192 H=96
-  // 0.79 ms against 0.70, H=48 at block_v 64 0.456); a lone CTA beside a pass CTA 1.9x
+  // SMs 1.15x more (fitted when K1 left them at eight CTAs an SM, not twelve: T=8192 H=96
+  // 0.79 ms against 0.70, H=48 at block_v 64 0.456; its leaving form at ten, prepare.cuh
+  // overlap_ctas, runs the same leads 0.3-1.7% faster, leads 5% shorter within 1.2% of them
+  // and 11% shorter 2-4% slower: H200, 2026-12-03); a lone CTA beside a pass CTA 1.9x
   // (T=8192 H=48, one beside each block_v 64 pass CTA and the free SMs: 0.499 against
   // 0.382 ms), so that the plan takes the wider pass with K1 on the SMs it leaves free
   // there (0.41). H200, 2026-12-02. Their 32-token records take k1_32.

@@ -1160,18 +1160,26 @@ static_assert(Record32::kPairs * (kTileBytes / 16) + 32 +
 
 // §3.2 step 9 on 32 rows, warps 0 and 1: the diagonal blocks' Neumann products (kept in fp16 for
 // the cross block) and their INV.
-// With `checked` (the stable inverse), also the block's residual test (design §2.6) into
-// sm.diagonal_sound, beside the other warps' operand stores rather than on warp 0's tail.
-template <bool kChecked>
 __device__ __forceinline__ void neumann_diagonal32(PrepareSmem32 &sm) {
   const int warp = threadIdx.x / 32, pair = block_pair(warp, warp);
   const Tile16 n = neumann_product(load_tile16(sm.lmat[pair]));
   store_tile16(n, sm.nprod[warp]);
   store_bf16_frag(n, false, sm.inv[pair]);
-  if constexpr (kChecked) {
-    const bool sound = neumann_sound(sm.lmat[pair], n);
-    if (threadIdx.x % 32 == 0) sm.diagonal_sound[warp] = sound;
+}
+
+// Warps 0 and 1 of a 32-token record's last stage meet here (cross_inverse32_checked).
+constexpr uint32_t kVerdictBarrier = 2;
+
+// Warp 1 in AUTO mode, beside warp 0's cross_inverse32_checked: both diagonal blocks' residual
+// tests (design §2.6) from their fp16 products in sm.nprod, into sm.diagonal_sound. (Beside
+// the other warps' plane stores, where step 9 ran, they held warps 0 and 1 past those.)
+__device__ __forceinline__ void diagonal_sound32(PrepareSmem32 &sm) {
+#pragma unroll 1
+  for (int b = 0; b < 2; ++b) {
+    const bool sound = neumann_sound(sm.lmat[block_pair(b, b)], load_tile16(sm.nprod[b]));
+    if (threadIdx.x % 32 == 0) sm.diagonal_sound[b] = sound;
   }
+  cta_barrier(kVerdictBarrier, 64);
 }
 
 // The INV plane's three tiles to the record (warp 0).
@@ -1192,13 +1200,12 @@ __device__ __forceinline__ void cross_inverse32(uint4 *rec, PrepareSmem32 &sm) {
 }
 
 // cross_inverse32 in AUTO mode: then the 32-token record's residual test (design §2.6). Sound
-// where both diagonal blocks are (sm.diagonal_sound, neumann_diagonal32) and the cross block's
-// residual, block 10 of (I + L) N = L10 N00 + (I + L11) N10 with N10 = -y, taken as
-// (f(x) - f(y)) - f(MMA16(L11, y)) with the x = MMA16(L10, N00), y = MMA16(N11, x) of INV10, is
-// within tolerance; else the INV plane is stored again from the fp32 forward substitution of
-// the 32 rows, with the blocks' own tiles (no longer read) as scratch. A stage of its own:
-// inside §3.2 step 9, or inlined, its registers made the 80-register K1 spill more on sm_100
-// and later.
+// where both diagonal blocks are (sm.diagonal_sound, from warp 1: diagonal_sound32) and the cross
+// block's residual, block 10 of (I + L) N = L10 N00 + (I + L11) N10 with N10 = -y, taken as (f(x) -
+// f(y)) - f(MMA16(L11, y)) with the x = MMA16(L10, N00), y = MMA16(N11, x) of INV10, is within
+// tolerance; else the INV plane is stored again from the fp32 forward substitution of the 32 rows,
+// with the blocks' own tiles (no longer read) as scratch. A stage of its own: inside §3.2 step 9,
+// or inlined, its registers made the 80-register K1 spill more on sm_100 and later.
 __device__ __noinline__ void cross_inverse32_checked(uint4 *rec, PrepareSmem32 &sm) {
   const Tile16 x = mma16(load_tile16(sm.lmat[block_pair(1, 0)]), load_tile16(sm.nprod[0]));
   const Tile16 y = mma16(load_tile16(sm.nprod[1]), x);
@@ -1207,6 +1214,7 @@ __device__ __noinline__ void cross_inverse32_checked(uint4 *rec, PrepareSmem32 &
   store_inv_plane32(rec, sm);
   const Tile16 e = mma16(load_tile16(sm.lmat[block_pair(1, 1)]), y);
   const bool cross = cross_sound(x, y, e);  // warp-uniform, as are the flags
+  cta_barrier(kVerdictBarrier, 64);         // warp 1's flags
   if (cross && sm.diagonal_sound[0] && sm.diagonal_sound[1]) return;
   fp32_inverse<2>(sm.lmat, reinterpret_cast<float *>(sm.own), sm.inv);
   store_inv_plane32(rec, sm);
@@ -1253,16 +1261,16 @@ __device__ __forceinline__ void prepare_chunk(const FwdParams &p, int64_t h, con
   const bool checked = kForms && p.stable_inverse;  // CTA-uniform
   if (threadIdx.x >= 64)
     store_operands32(rec, sm);
-  else if (checked)
-    neumann_diagonal32<true>(sm);
   else
-    neumann_diagonal32<false>(sm);
+    neumann_diagonal32(sm);
   __syncthreads();
   if (threadIdx.x < 32) {
     if (checked)
       cross_inverse32_checked(rec, sm);
     else
       cross_inverse32(rec, sm);
+  } else if (checked && threadIdx.x < 64) {
+    diagonal_sound32(sm);
   }
 }
 
@@ -1414,16 +1422,16 @@ __device__ __forceinline__ void prepare_chunk_unbounded32(const FwdParams &p, in
   __syncthreads();
   if (threadIdx.x >= 64)
     store_planes32_unbounded(rec, sm);
-  else if (p.stable_inverse)
-    neumann_diagonal32<true>(sm);
   else
-    neumann_diagonal32<false>(sm);
+    neumann_diagonal32(sm);
   __syncthreads();
   if (threadIdx.x < 32) {
     if (p.stable_inverse)
       cross_inverse32_checked(rec, sm);
     else
       cross_inverse32(rec, sm);
+  } else if (p.stable_inverse && threadIdx.x < 64) {
+    diagonal_sound32(sm);
   }
 }
 
@@ -1507,8 +1515,9 @@ enum class K1Placement { kBeside, kLeaving };
 // CTAs an SM the overlap kernel is bounded to. The unbounded gates' 16-token K1 (design §2.5)
 // holds more per thread: eight beside the pass (64 registers; bounded to 40 its decays spilled
 // ~110 bytes), ten where it leaves the pass's SMs on sm_90a (48, as the record one per CTA
-// takes: the item loop holds nothing across a record), where it runs alone on every SM for
-// the lead (H200: 1-2% faster calls than eight there, 2-4% slower beside the pass). The
+// takes: the item loop holds nothing across a record), alone on every SM for the lead (H200:
+// calls 0.3-1.7% faster than at eight there, 2-4% slower with ten beside the pass; the launch
+// leaves an fp32 g at eight, launch.cuh leaving_form). The
 // 16-token kBoundedForms K1 keeps twelve (40 registers) but on sm_120 and sm_121, where its
 // residual test spilled 16 bytes at 40: ten there (48).
 template <int kBlocks, K1Variant kVariant, K1Placement kPlace = K1Placement::kBeside>
