@@ -1517,9 +1517,9 @@ enum class K1Placement { kBeside, kLeaving };
 // ~110 bytes), ten where it leaves the pass's SMs on sm_90a (48, as the record one per CTA
 // takes: the item loop holds nothing across a record), alone on every SM for the lead (H200:
 // calls 0.3-1.7% faster than at eight there, 2-4% slower with ten beside the pass; the launch
-// leaves an fp32 g at eight, launch.cuh leaving_form). The
-// 16-token kBoundedForms K1 keeps twelve (40 registers) but on sm_120 and sm_121, where its
-// residual test spilled 16 bytes at 40: ten there (48).
+// leaves an fp32 g at eight, launch.cuh leaving_form). The 16-token kBoundedForms K1 keeps
+// twelve (40 registers) but on sm_120 and sm_121, where its residual test spilled 16 bytes at
+// 40: ten there (48).
 template <int kBlocks, K1Variant kVariant, K1Placement kPlace = K1Placement::kBeside>
 constexpr int overlap_ctas() {
   if (kVariant == K1Variant::kUnbounded && kBlocks == 1)
