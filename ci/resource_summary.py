@@ -23,15 +23,18 @@ ORDERS = ("Fragments", "Tiles")  # src/kda/workspace.h RecordOrder
 # src/kda/prepare.cuh K1Variant; FlashKDA's (kBounded, the default) is left unnamed, as the
 # launch record (flash_kda.testing.launched) names K1.
 K1_VARIANTS = (None, "K1Variant::kBoundedForms", "K1Variant::kUnbounded")
+K1_PLACEMENTS = (None, "K1Placement::kLeaving")  # prepare.cuh K1Placement; kBeside unnamed
 
 
 def _template_args(mangled):
     """The template arguments of a flash_kda kernel's mangled name, as written in the source."""
     args = []
-    for kind, value in re.findall(r"L(i|NS_8PassCodeE|NS_11RecordOrderE|NS\d*_9K1VariantE|b)(\d+)E", mangled):
-        if "K1Variant" in kind:
-            if K1_VARIANTS[int(value)]:
-                args.append(K1_VARIANTS[int(value)])
+    pattern = r"L(i|NS_8PassCodeE|NS_11RecordOrderE|NS\d*_9K1VariantE|NS\d*_11K1PlacementE|b)(\d+)E"
+    for kind, value in re.findall(pattern, mangled):
+        if "K1Variant" in kind or "K1Placement" in kind:
+            named = (K1_VARIANTS if "K1Variant" in kind else K1_PLACEMENTS)[int(value)]
+            if named:
+                args.append(named)
         elif kind == "i":
             args.append(value)
         elif kind == "b":
