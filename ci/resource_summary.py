@@ -23,15 +23,15 @@ ORDERS = ("Fragments", "Tiles")  # src/kda/workspace.h RecordOrder
 # src/kda/prepare.cuh K1Variant; FlashKDA's (kBounded, the default) is left unnamed, as the
 # launch record (flash_kda.testing.launched) names K1.
 K1_VARIANTS = (None, "K1Variant::kBoundedForms", "K1Variant::kUnbounded")
-K1_PLACEMENTS = (None, "K1Placement::kLeaving")  # prepare.cuh K1Placement; kBeside unnamed
+K1_PLACEMENTS = (None, "K1Place::kLeaving")  # prepare.cuh K1Place; kBeside unnamed
 
 
 def _template_args(mangled):
     """The template arguments of a flash_kda kernel's mangled name, as written in the source."""
     args = []
-    pattern = r"L(i|NS_8PassCodeE|NS_11RecordOrderE|NS\d*_9K1VariantE|NS\d*_11K1PlacementE|b)(\d+)E"
+    pattern = r"L(i|NS_8PassCodeE|NS_11RecordOrderE|NS\d*_9K1VariantE|NS\d*_7K1PlaceE|b)(\d+)E"
     for kind, value in re.findall(pattern, mangled):
-        if "K1Variant" in kind or "K1Placement" in kind:
+        if "K1Variant" in kind or "K1Place" in kind:
             named = (K1_VARIANTS if "K1Variant" in kind else K1_PLACEMENTS)[int(value)]
             if named:
                 args.append(named)

@@ -179,7 +179,7 @@ def test_records_equal_the_reference_k1(form, exact):
 @pytest.mark.parametrize("block_v", (32, 128))
 def test_k1_placements_give_the_reference_bits(form, block_v):
     """K1 first (overlap -1), beside the pass (1) and leaving its SMs (2: on sm_90a the unbounded
-    gates' ten-CTA leaving form, K1Placement::kLeaving, but with an fp32 g) give out and final
+    gates' ten-CTA leaving form, K1Place::kLeaving, but with an fp32 g) give out and final
     state bitwise reference.fwd's, for every form, with 16-token records in fragment order
     (block_v 32) and, on sm_90a, tile order (128)."""
     p = form_problem(form, 52, batch=2, seqlen=333, heads=3, initial=torch.float32, final=torch.float32)
@@ -198,7 +198,7 @@ def test_k1_placements_give_the_reference_bits(form, block_v):
         if overlap == -1:
             assert k1 and all(n.startswith("prepare_kernel<") for n in k1), names
         if overlap == 2:  # (overlap 1 leaves too where no K1 CTA fits beside the pass)
-            assert k1 and all(("K1Placement::kLeaving" in n) == leaving_form for n in k1), names
+            assert k1 and all(("K1Place::kLeaving" in n) == leaving_form for n in k1), names
 
 
 @pytest.mark.parametrize("gate", ["softplus", "log_decay"])

@@ -28,16 +28,16 @@ def log(path, entries):
     return str(path)
 
 
-LEAVING = "_ZN9flash_kda5sm90a22prepare_overlap_kernelILi1ELNS_11RecordOrderE1ELNS0_9K1VariantE2ELNS0_11K1PlacementE1EEEvNS_9FwdParamsE"
+LEAVING = "_ZN9flash_kda5sm90a22prepare_overlap_kernelILi1ELNS_11RecordOrderE1ELNS0_9K1VariantE2ELNS0_7K1PlaceE1EEEvNS_9FwdParamsE"
 
 
 def test_kernel_names():
     assert summary.kernel_name(STATES) == "recurrence_kernel<2, 8, kStates, 1>"
     assert summary.kernel_name(OTHER) == "recurrence_kernel<1, 8, kStates, 1>"
-    leaving = "prepare_overlap_kernel<1, RecordOrder::kTiles, K1Variant::kUnbounded, K1Placement::kLeaving>"
+    leaving = "prepare_overlap_kernel<1, RecordOrder::kTiles, K1Variant::kUnbounded, K1Place::kLeaving>"
     assert summary.kernel_name(LEAVING) == leaving
     beside = "prepare_overlap_kernel<1, RecordOrder::kTiles, K1Variant::kUnbounded>"
-    assert summary.kernel_name(LEAVING.replace("K1PlacementE1E", "K1PlacementE0E")) == beside
+    assert summary.kernel_name(LEAVING.replace("K1PlaceE1E", "K1PlaceE0E")) == beside
 
 
 def test_check_passes_without_spills(tmp_path):

@@ -175,7 +175,7 @@ enum K1Kind {
 struct DeviceFacts {
   int sms, regs_sm, smem_optin, smem_sm, threads_sm;
   int k1_alone[kK1Kinds];    // prepare_overlap_kernel CTAs per SM by itself, by K1Kind
-  int k1_leaving[kK1Kinds];  // its leaving form's (K1Placement::kLeaving), by itself
+  int k1_leaving[kK1Kinds];  // its leaving form's (K1Place::kLeaving), by itself
   int k1_prepare[kK1Kinds];  // prepare_kernel CTAs per SM by itself
   Footprint k1[kK1Kinds];    // what one prepare_overlap_kernel CTA holds
   DeviceLimits real;
@@ -203,9 +203,9 @@ const std::string *k1_names() {
       (kVariant == K1Variant::kBoundedForms ? ", K1Variant::kBoundedForms"
        : kVariant == K1Variant::kUnbounded  ? ", K1Variant::kUnbounded"
                                             : "");
-  static const std::string names[3] = {
-      "prepare_kernel<" + args + ">", "prepare_overlap_kernel<" + args + ">",
-      "prepare_overlap_kernel<" + args + ", K1Placement::kLeaving>"};
+  static const std::string names[3] = {"prepare_kernel<" + args + ">",
+                                       "prepare_overlap_kernel<" + args + ">",
+                                       "prepare_overlap_kernel<" + args + ", K1Place::kLeaving>"};
   return names;
 }
 
@@ -218,7 +218,7 @@ K1Launch k1_kernels() {
   const char *leaving_name = names[1].c_str();
   if constexpr (has_leaving_form<kBlocks, kVariant>()) {
     leaving = reinterpret_cast<const void *>(
-        prepare_overlap_kernel<kBlocks, kOrder, kVariant, K1Placement::kLeaving>);
+        prepare_overlap_kernel<kBlocks, kOrder, kVariant, K1Place::kLeaving>);
     leaving_name = names[2].c_str();
   }
   return {reinterpret_cast<const void *>(prepare_kernel<kBlocks, kOrder, kVariant>),
@@ -755,7 +755,7 @@ inline LaunchStatus launch_combine(const FwdParams &p, CombineLaunch &c, LaunchS
   return launch_status("combine_kernel launch");
 }
 
-// Whether K1 leaving the pass's SMs runs its kind's leaving form (K1Placement::kLeaving): not
+// Whether K1 leaving the pass's SMs runs its kind's leaving form (K1Place::kLeaving): not
 // with an fp32 g, whose K1 its bytes bound there (H200, T=8192 H=48 and 96, T=32768 H=96:
 // ten CTAs an SM 0.3-2.4% slower than eight, 2026-12-03).
 inline bool leaving_form(const FwdParams &p) {

@@ -1510,7 +1510,7 @@ constexpr uint32_t kNoItem = 0xffffffffu;  // above any item count (prepare_item
 
 // Where the overlap kernel runs: beside the pass's CTAs from the start, or leaving the
 // pass's SMs (alone on every SM for the lead, then on the SMs the pass leaves free).
-enum class K1Placement { kBeside, kLeaving };
+enum class K1Place { kBeside, kLeaving };
 
 // CTAs an SM the overlap kernel is bounded to. The unbounded gates' 16-token K1 (design §2.5)
 // holds more per thread: eight beside the pass (64 registers; bounded to 40 its decays spilled
@@ -1520,10 +1520,10 @@ enum class K1Placement { kBeside, kLeaving };
 // leaves an fp32 g at eight, launch.cuh leaving_form). The 16-token kBoundedForms K1 keeps
 // twelve (40 registers) but on sm_120 and sm_121, where its residual test spilled 16 bytes at
 // 40: ten there (48).
-template <int kBlocks, K1Variant kVariant, K1Placement kPlace = K1Placement::kBeside>
+template <int kBlocks, K1Variant kVariant, K1Place kPlace = K1Place::kBeside>
 constexpr int overlap_ctas() {
   if (kVariant == K1Variant::kUnbounded && kBlocks == 1)
-    return kPlace == K1Placement::kLeaving && FLASH_KDA_CC == 90 ? 10 : 8;
+    return kPlace == K1Place::kLeaving && FLASH_KDA_CC == 90 ? 10 : 8;
   if (kVariant == K1Variant::kBoundedForms && kBlocks == 1 && FLASH_KDA_CC >= 120) return 10;
   return K1Shape<kBlocks>::kOverlapCtas;
 }
@@ -1532,8 +1532,8 @@ constexpr int overlap_ctas() {
 // it has none, the beside form leaves the pass's SMs too.
 template <int kBlocks, K1Variant kVariant>
 constexpr bool has_leaving_form() {
-  return overlap_ctas<kBlocks, kVariant, K1Placement::kLeaving>() !=
-         overlap_ctas<kBlocks, kVariant, K1Placement::kBeside>();
+  return overlap_ctas<kBlocks, kVariant, K1Place::kLeaving>() !=
+         overlap_ctas<kBlocks, kVariant, K1Place::kBeside>();
 }
 
 // Thread 0 takes the next item for the CTA (kNoItem: none) into `next` and, for an item below
@@ -1557,7 +1557,7 @@ __device__ __forceinline__ void take_item(const FwdParams &p, uint32_t &next, in
 }
 
 template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments,
-          K1Variant kVariant = K1Variant::kBounded, K1Placement kPlace = K1Placement::kBeside>
+          K1Variant kVariant = K1Variant::kBounded, K1Place kPlace = K1Place::kBeside>
 __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads,
                                   overlap_ctas<kBlocks, kVariant, kPlace>())
     prepare_overlap_kernel(const FwdParams p) {

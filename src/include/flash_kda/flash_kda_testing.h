@@ -30,7 +30,7 @@ extern "C" {
 typedef struct flash_kda_testing_launch {
   char name[96];    /* the instantiation as the source names it: "recurrence_kernel<1, 8,
                      * kGeneral, 1>", "prepare_overlap_kernel<1, RecordOrder::kFragments,
-                     * K1Variant::kBoundedForms>" (the longest, 75 bytes) */
+                     * K1Variant::kUnbounded, K1Place::kLeaving>" (the longest, 92 bytes) */
   int32_t kind;     /* 1 prefix, 2 K1 first, 3 K1 beside or leaving the pass, 4 recurrence
                      * pass (mma.sync), 5 warpgroup pass, 6 combine */
   int32_t code;     /* passes: the PassCode (0 plain, 1 general, 2 states, 3 rerun); K1
