@@ -287,14 +287,16 @@ inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
   }
   for (int kind = 0; kind < kK1Kinds; ++kind) {
     const K1Launch k1 = k1_launch(kind);
-    for (const void *kernel : {k1.kernel, k1.overlap, k1.leaving}) {
-      if (k1.smem == 0) continue;
+    const bool own_leaving = k1.leaving != k1.overlap;  // else the beside form leaves too
+    for (const void *kernel : {k1.kernel, k1.overlap, own_leaving ? k1.leaving : nullptr}) {
+      if (k1.smem == 0 || kernel == nullptr) continue;
       const cudaError_t err = allow_smem(kernel, k1.smem);
       if (err != cudaSuccess) return err;
     }
     cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.k1_alone[kind], k1.overlap,
                                                                     k1.threads, k1.smem);
-    if (err == cudaSuccess)
+    f.k1_leaving[kind] = f.k1_alone[kind];
+    if (err == cudaSuccess && own_leaving)
       err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.k1_leaving[kind], k1.leaving,
                                                           k1.threads, k1.smem);
     if (err == cudaSuccess)
