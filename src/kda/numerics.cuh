@@ -256,11 +256,6 @@ __device__ __forceinline__ void copy16_or_zero(void *smem, const void *gmem, boo
       *static_cast<const cute::uint128_t *>(gmem), *static_cast<cute::uint128_t *>(smem), valid);
 }
 
-// The 128-byte line holding `gmem` into L2 (no registers held, nothing waits for it).
-__device__ __forceinline__ void prefetch_l2(const void *gmem) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(gmem));
-}
-
 // Waits for the thread's own copy16_or_zero copies (a barrier then publishes them).
 __device__ __forceinline__ void wait_copies() {
   cute::cp_async_wait<0>();

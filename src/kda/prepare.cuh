@@ -67,10 +67,8 @@ enum Tile { kQ = 0, kK = 1, kG = 2, kQd = 0, kKd = 1, kKi = 2 };
 // (one row base per tensor, then one multiply-add per row: K1 is issue-bound, ncu H200)
 // straight into shared memory (cp.async: no registers held, no store), and computes beta
 // while the copies fly. An fp32 g (the log-decay gate, kForms) is not copied:
-// gate_values_unbounded reads it after the normalisation, from L2: its lines are prefetched
-// here (thread t: line t % 8 of row t / 8; five lines cover a 512-byte row at any alignment),
-// else that read waits a DRAM round trip. kRows = 16 or 32 (a 32-token chunk, K1 of 256
-// threads).
+// gate_values_unbounded reads it (prefetching its rows into L2 here made the H200's calls
+// 1.4-2.8% slower). kRows = 16 or 32 (a 32-token chunk, K1 of 256 threads).
 template <int kRows, int kThreads, bool kForms>
 __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                           uint16_t (*const x[3])[kRow], uint16_t *beta_bf,
@@ -98,13 +96,6 @@ __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const C
           valid ? base + r * step * (kStep / 8) : reinterpret_cast<const uint4 *>(src[which]),
           valid);
     }
-  }
-  if constexpr (kForms) {
-    static_assert(kThreads == 8 * kRows, "eight threads a row of the fp32 g");
-    const int row = threadIdx.x / 8, line = threadIdx.x % 8;
-    if (p.g_fp32 && line < 5 && row < ch.n)
-      prefetch_l2(reinterpret_cast<const float *>(p.g) +
-                  token_offset(p.g_strides, ch.b, ch.t0 + row, h) + min(32 * line, 127));
   }
   if (threadIdx.x < kRows) {
     const int t = threadIdx.x;
