@@ -64,7 +64,10 @@ def test_fla_path_calls_the_undispatched_implementation(fake_fla):
 
 
 def test_fla_path_unavailable_is_reported(monkeypatch):
-    monkeypatch.setitem(sys.modules, "fla", None)  # import fla -> ImportError
+    # import fla -> ImportError; its submodules too, which an earlier test of this process may
+    # have imported (a submodule found in sys.modules is not imported through its package)
+    for name in ["fla"] + [m for m in sys.modules if m.startswith("fla.")]:
+        monkeypatch.setitem(sys.modules, name, None)
     fallback.fla_chunk_kda.cache_clear()
     try:
         assert not fallback.fla_available()
