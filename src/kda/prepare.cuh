@@ -67,8 +67,8 @@ enum Tile { kQ = 0, kK = 1, kG = 2, kQd = 0, kKd = 1, kKi = 2 };
 // (one row base per tensor, then one multiply-add per row: K1 is issue-bound, ncu H200)
 // straight into shared memory (cp.async: no registers held, no store), and computes beta
 // while the copies fly. An fp32 g (the log-decay gate, kForms) is not copied:
-// gate_values_unbounded reads it (prefetching its rows into L2 here made the H200's calls
-// 1.4-2.8% slower). kRows = 16 or 32 (a 32-token chunk, K1 of 256 threads).
+// gate_values_unbounded reads it (prefetching its rows into L2 here made its calls 1-3.5%
+// slower on the H200). kRows = 16 or 32 (a 32-token chunk, K1 of 256 threads).
 template <int kRows, int kThreads, bool kForms>
 __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                           uint16_t (*const x[3])[kRow], uint16_t *beta_bf,
