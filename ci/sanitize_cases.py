@@ -21,8 +21,9 @@ with 32-token chunks; last the unbounded gate forms (softplus; log decay in fp32
 probability betas in fp32; design section 2.5) on both cases at every block_v with K1 before,
 beside and leaving the pass and with segments, strided fp32 log decays, and degenerate keys
 whose chunks take the stable inverse's fp32 path (design section 2.6), 16- and 32-token
-(those kernels through the test entry point's unvalidated_forms and stable_inverse); the calls
-without tokens (the state copy) close the base cases.
+(those kernels through the test entry point's unvalidated_forms and stable_inverse), and K1's
+lead as a grid of its own (4 x 2048 tokens at 24 heads, K1 leaving block_v 128's SMs; every
+gate); the calls without tokens (the state copy) close the base cases.
 """
 
 import sys
@@ -206,10 +207,28 @@ def gate_cases():
             testing.run_native(call, chunk_tokens=32, **UNVALIDATED)
     torch.cuda.synchronize()
     print("strided log decay, degenerate keys (stable inverse): done")
+    lead_grid_cases()
 
 
-if __name__ == "__main__":  # "base", "gates" or both (the default)
+def lead_grid_cases():
+    """K1 leaving the pass's SMs after a lead of more than four K1 waves (on 132 SMs): the lead
+    as a grid of its own before the overlap kernel (design section 4.7, launch.cuh
+    kLeadGridWaves), for the bounded gate in exact mode and each unbounded form in AUTO mode."""
+    for gate, logit, g_dtype, beta_dtype in [("lower_bound", True, torch.bfloat16, torch.bfloat16)] + GATE_FORMS[1:]:
+        p = make_problem(4, 2048, 24, initial=torch.float32, final=torch.float32, device="cuda", seed=14)
+        if gate != "lower_bound":
+            p = with_forms(p, gate, beta_is_logit=logit, beta_dtype=beta_dtype)
+            p["g"] = p["g"].to(g_dtype) if gate == "log_decay" else p["g"]
+        call = testing.validated(*[p[n] for n in FWD_ARGS], exact=gate == "lower_bound", **forms(p))
+        testing.run_native(call, block_v=128, overlap=2, chunk_tokens=16, **UNVALIDATED)
+        torch.cuda.synchronize()
+        print(f"lead grid {gate} g {g_dtype}: done")
+
+
+if __name__ == "__main__":  # "base", "gates" (with the lead grid's), "lead" or both (the default)
     which = sys.argv[1:] or ["base", "gates"]
+    if which == ["lead"]:
+        lead_grid_cases()
     if "base" in which:
         base_cases()
     if "gates" in which:

@@ -32,6 +32,7 @@ CASES = [
     ("exact-varlen", 1, 0, 3, [200, 0, 77, 1, 140], dict(exact=True), {}),
     ("exact-k1-beside", 1, 900, 2, None, dict(exact=True), dict(block_v=32, overlap=1)),
     ("exact-k1-leaving", 1, 900, 2, None, dict(exact=True), dict(block_v=64, overlap=2)),
+    ("exact-k1-lead-grid", 4, 2048, 24, None, dict(exact=True), dict(block_v=128, overlap=2)),
     ("auto-seg-bv64", 1, 1000, 2, None, dict(exact=False), dict(block_v=64, segment_chunks=8)),
     ("auto-seg-bv128", 1, 1000, 2, None, dict(exact=False), dict(block_v=128, segment_chunks=6)),
     ("auto-seg-varlen", 1, 0, 2, [300, 0, 95, 500], dict(exact=False), dict(block_v=64, segment_chunks=4)),

@@ -277,6 +277,32 @@ def test_k1_leaving_the_pass_sms_gives_the_serial_bits(batch, seqlen, heads, blo
     _check_overlap_bits(p, block_v, k1_grids=1, overlap=2)
 
 
+def test_a_long_lead_runs_as_a_grid_of_its_own():
+    """K1 leaving the pass's SMs after a lead of at least four waves of K1 on every SM
+    (design section 4.7, launch.cuh kLeadGridWaves): the lead runs first as
+    prepare_lead_kernel, one CTA a lead item, then the overlap kernel takes the items after
+    it, and out and final state are bitwise those of K1 then the pass, and of the reference
+    (4 x 2048 tokens, 24 heads, block_v 128: a lead of 8,369 records on 132 SMs)."""
+    p = make_problem(4, 2048, 24, initial=torch.float32, final=torch.float32, device=DEV, seed=25)
+    call = testing.validated(*[p[name] for name in FWD_ARGS], exact=True)
+    plan = testing.plan_of(call, block_v=128, overlap=2)
+    facts = testing.device_facts()
+    sms = min(facts["sms"], torch.cuda.get_device_properties(DEV).multi_processor_count)
+    waves = 4 * facts["k1_alone"][0] * sms
+    if plan.overlap_max_ctas != 0 or plan.overlap_lead < waves:
+        pytest.skip(f"this GPU's plan leads by {plan.overlap_lead} records, under four K1 waves ({waves})")
+    serial = clone_outputs(p)
+    run_native(serial, 128, overlap=-1)
+    k1 = [k for k in testing.launched(call, block_v=128, overlap=2) if k["name"].startswith("prepare_")]
+    assert [k["name"].split("<")[0] for k in k1] == ["prepare_lead_kernel", "prepare_overlap_kernel"], k1
+    assert k1[0]["ctas"] == plan.overlap_lead, k1
+    assert_bitwise(p["out"], serial["out"], "out")
+    assert_bitwise(p["final_state"], serial["final_state"], "final_state")
+    ref_out, ref_final = reference_outputs(p)
+    assert_bitwise(p["out"], ref_out, "out vs reference")
+    assert_bitwise(p["final_state"], ref_final, "final_state vs reference")
+
+
 def test_overlapped_k1_beside_a_pass_of_several_waves():
     """K1 beside a whole-sequence pass of more CTAs than SMs (design section 4.7), forced
     on: its items come wave by wave (the sequences one wave of the pass starts together,
@@ -340,17 +366,19 @@ def test_the_warpgroup_pass_takes_two_ctas_an_sm_where_waves_or_k1_need_it(
     assert_bitwise(p["final_state"], ref_final, "final_state")
 
 
-@pytest.mark.parametrize("overlap", [1, 2], ids=["beside", "leaving"])
-def test_overlapped_graph_replays_follow_new_inputs(overlap):
+@pytest.mark.parametrize("overlap,batch,heads", [(1, 1, 6), (2, 1, 6), (2, 4, 24)],
+                         ids=["beside", "leaving", "leaving-lead-grid"])  # fmt: skip
+def test_overlapped_graph_replays_follow_new_inputs(overlap, batch, heads):
     """A captured overlapped forward (memset of the ready flags and K1's counters, K1, the
     pass) replayed twice, with new inputs copied in between: each replay equals an eager
     serial call on the same inputs (stale flags from the first replay would let the pass
     read records before the second replay's K1 wrote them; a stale stayer count would let
-    K1 leave the pass's SMs before a stayer exists)."""
-    a = make_problem(1, 2048, 6, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=31)
-    b = make_problem(1, 2048, 6, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=32)
+    K1 leave the pass's SMs before a stayer exists; 4 x 2048 tokens at 24 heads lead by more
+    than four K1 waves on an H200, a lead grid whose counter start the memset must not undo)."""
+    a = make_problem(batch, 2048, heads, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=31)
+    b = make_problem(batch, 2048, heads, initial=torch.bfloat16, final=torch.bfloat16, device=DEV, seed=32)
     graphed = clone_outputs(a)
-    workspace = torch.empty(flash_kda.get_workspace_size(2048, 6, 1), dtype=torch.uint8, device=DEV)
+    workspace = torch.empty(flash_kda.get_workspace_size(batch * 2048, heads, batch), dtype=torch.uint8, device=DEV)
     run_native(graphed, workspace=workspace, overlap=overlap)  # warm-up outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -72,9 +72,10 @@ def test_the_warpgroup_pass_and_its_tile_order_k1_exist_on_sm90a_only():
     """wgmma is sm_90a's alone (design section 4.9): its table has the warpgroup pass in its
     three forms (block_v 64 one and two CTAs an SM, block_v 128 with a producer warpgroup),
     each for the whole pass, the segment pass and the rerun, and the K1 kernels that write
-    tile-order records (K1 first and beside the pass, in each of its three variants: FlashKDA's
-    contract, the bounded gate's other forms and the unbounded gates, prepare.cuh K1Variant;
-    and the unbounded gates' leaving form, K1Place); no other arch has any of them."""
+    tile-order records (K1 first, beside the pass and as the lead grid of K1 leaving its SMs,
+    in each of its three variants: FlashKDA's contract, the bounded gate's other forms and the
+    unbounded gates, prepare.cuh K1Variant; and the unbounded gates' leaving form, K1Place); no
+    other arch has any of them."""
     for arch, entries in _kernel_entries().items():
         passes = [e for e in entries if "warpgroup_recurrence_kernel" in e]
         tile_k1 = [e for e in entries if "RecordOrderE1" in e]
@@ -85,7 +86,8 @@ def test_the_warpgroup_pass_and_its_tile_order_k1_exist_on_sm90a_only():
         forms = sorted(re.search(pattern, e).groups() for e in passes)
         # <kGroups, kResident, kCode>: kCode 0 the whole pass, 2 the segment pass, 3 the rerun
         assert forms == [(g, r, c) for g, r in (("1", "1"), ("1", "2"), ("2", "1")) for c in "023"], passes
-        assert len(tile_k1) == 7 and sum("K1PlaceE1" in e for e in tile_k1) == 1, tile_k1
+        assert len(tile_k1) == 10 and sum("K1PlaceE1" in e for e in tile_k1) == 1, tile_k1
+        assert sum("prepare_lead_kernel" in e for e in tile_k1) == 3, tile_k1
 
 
 def test_every_stage_release_follows_a_proxy_fence():

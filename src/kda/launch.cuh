@@ -184,12 +184,12 @@ struct DeviceFacts {
 };
 
 // K1 of a kind: its kernels (one record per CTA; beside the pass; leaving the pass's SMs, the
-// beside form where the kind has no leaving form of its own), threads and dynamic shared
-// memory.
+// beside form where the kind has no leaving form of its own; the lead of K1 leaving them),
+// threads and dynamic shared memory.
 struct K1Launch {
-  const void *kernel, *overlap, *leaving;
+  const void *kernel, *overlap, *leaving, *lead;
   int threads, smem;
-  const char *name, *overlap_name, *leaving_name;
+  const char *name, *overlap_name, *leaving_name, *lead_name;
 };
 
 // The names of K1's kernels as the source writes the instantiation ("prepare_kernel<1,
@@ -203,9 +203,10 @@ const std::string *k1_names() {
       (kVariant == K1Variant::kBoundedForms ? ", K1Variant::kBoundedForms"
        : kVariant == K1Variant::kUnbounded  ? ", K1Variant::kUnbounded"
                                             : "");
-  static const std::string names[3] = {"prepare_kernel<" + args + ">",
+  static const std::string names[4] = {"prepare_kernel<" + args + ">",
                                        "prepare_overlap_kernel<" + args + ">",
-                                       "prepare_overlap_kernel<" + args + ", K1Place::kLeaving>"};
+                                       "prepare_overlap_kernel<" + args + ", K1Place::kLeaving>",
+                                       "prepare_lead_kernel<" + args + ">"};
   return names;
 }
 
@@ -224,11 +225,13 @@ K1Launch k1_kernels() {
   return {reinterpret_cast<const void *>(prepare_kernel<kBlocks, kOrder, kVariant>),
           overlap,
           leaving,
+          reinterpret_cast<const void *>(prepare_lead_kernel<kBlocks, kOrder, kVariant>),
           K1Shape<kBlocks>::kThreads,
           K1Shape<kBlocks>::kDynamicSmem,
           names[0].c_str(),
           names[1].c_str(),
-          leaving_name};
+          leaving_name,
+          names[3].c_str()};
 }
 
 // The 16-token K1 of a variant in `order`.
@@ -288,7 +291,8 @@ inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
   for (int kind = 0; kind < kK1Kinds; ++kind) {
     const K1Launch k1 = k1_launch(kind);
     const bool own_leaving = k1.leaving != k1.overlap;  // else the beside form leaves too
-    for (const void *kernel : {k1.kernel, k1.overlap, own_leaving ? k1.leaving : nullptr}) {
+    for (const void *kernel :
+         {k1.kernel, k1.overlap, own_leaving ? k1.leaving : nullptr, k1.lead}) {
       if (k1.smem == 0 || kernel == nullptr) continue;
       const cudaError_t err = allow_smem(kernel, k1.smem);
       if (err != cudaSuccess) return err;
@@ -764,6 +768,15 @@ inline bool leaving_form(const FwdParams &p) {
   return !p.g_fp32;
 }
 
+// Where K1 leaves the pass's SMs after a lead of at least this many waves of K1 on every SM,
+// the lead is a grid of its own (prepare_lead_kernel, one item a CTA) before the overlap
+// kernel, whose CTAs then take the items after it (design §4.7). H200 (2026-12-03, three
+// machines), T=8192 H=96: softplus 0.5-2.9% faster, the fp32 log decay 0-3.5%, the bounded
+// gate -0.6% to +0.2%; T=32768 H=96 within 1.8% either way for every gate. Leads of 4,185
+// records (T=1024 at H=96, and 4 x 1024 at H=24) ran 1-1.4% slower as a grid (the kernel
+// boundary in a 0.1 ms call), so shorter leads keep the overlap kernel's own.
+constexpr int kLeadGridWaves = 4;
+
 // Whether K1 overlaps the first recurrence pass (design §4.7), and if so with how many
 // K1 CTAs per SM in its first grid (`keep`): as many as leave room on every SM for one CTA
 // of the pass (`beside`), so that the pass's CTAs become resident beside K1's at once, and
@@ -807,6 +820,9 @@ struct K1Config {
   int threads, smem, keep;
   int64_t extra;
   int extra_smem, extra_resident;
+  const void *lead;  // prepare_lead_kernel where params.lead_items > 0
+  const char *lead_name;
+  int lead_smem;
   FwdParams params;
 };
 
@@ -827,6 +843,13 @@ inline LaunchStatus configure_k1(const FwdParams &p, PassLaunch &first, K1Config
   k1.kernel = own_form ? shape.leaving : overlap ? shape.overlap : shape.kernel;
   k1.name = own_form ? shape.leaving_name : overlap ? shape.overlap_name : shape.name;
   k1.threads = shape.threads;
+  const int64_t lead = leaving ? std::min(p.leave_after, p.prepare_items) : 0;
+  const int lead_waves = d.k1_prepare[kind] * d.sms * kLeadGridWaves;
+  k1.params.lead_items = lead >= lead_waves ? static_cast<int32_t>(lead) : 0;
+  k1.lead = shape.lead;
+  k1.lead_name = shape.lead_name;
+  k1.lead_smem =
+      k1.params.lead_items > 0 ? padded_smem(d, shape.lead, shape.threads, shape.smem) : 0;
   k1.grid = overlap ? dim3(static_cast<unsigned>(k1.keep * d.sms))
                     : dim3(static_cast<unsigned>(p.prepare_tiles), static_cast<unsigned>(p.heads));
   k1.smem = padded_smem(d, k1.kernel, shape.threads, shape.smem);
@@ -837,7 +860,8 @@ inline LaunchStatus configure_k1(const FwdParams &p, PassLaunch &first, K1Config
                  : 0;
   k1.extra_smem = k1.smem;
   k1.extra_resident = alone;
-  if (k1.smem < 0) return {cudaErrorInvalidConfiguration, "prepare_kernel simulated residency"};
+  if (k1.smem < 0 || k1.lead_smem < 0)
+    return {cudaErrorInvalidConfiguration, "prepare_kernel simulated residency"};
   return {cudaSuccess, nullptr};
 }
 
@@ -853,6 +877,24 @@ inline LaunchStatus launch_first(K1Config &k1, PassLaunch &first, LaunchSink &si
     if (err != cudaSuccess) return {err, "ready flags (memset)"};
   }
   void *args[] = {&k1.params};
+  if (overlap && p.lead_items > 0) {  // the lead first: items [0, lead_items), one a CTA
+    const cudaError_t err = sink.kernel(k1.lead, dim3(static_cast<unsigned>(p.lead_items)),
+                                        dim3(k1.threads), k1.lead_smem, args, false);
+    if (err != cudaSuccess) return {err, "prepare_lead_kernel launch"};
+    record_launch(p, k1.lead_name,
+                  {{},
+                   kLaunchedPrepare,
+                   1,
+                   chunk_blocks(p),
+                   0,
+                   0,
+                   0,
+                   k1.lead_smem,
+                   static_cast<int32_t>(first.records),
+                   p.lead_items});
+    const LaunchStatus st = launch_status("prepare_lead_kernel launch");
+    if (st.error != cudaSuccess) return st;
+  }
   cudaError_t err = sink.kernel(k1.kernel, k1.grid, dim3(k1.threads), k1.smem, args, false);
   if (err != cudaSuccess) return {err, "prepare_kernel launch"};
   record_launch(p, k1.name,

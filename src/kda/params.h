@@ -133,6 +133,8 @@ struct FwdParams {
   // memory, finds those SMs empty.
   int32_t leave_sms;
   int32_t leave_after;         // K1 items claimed before those CTAs may leave (the plan's lead)
+  int32_t lead_items;          // items [0, lead_items) written first, one a CTA, by
+                               // prepare_lead_kernel (a long lead; 0: the overlap kernel's own)
   OverlapSync *sync;           // K1's work counter, after the flags (workspace.h)
   int32_t *tile_prefix;        // [num_seqs + 1], varlen only
   int32_t *segment_prefix;     // [num_seqs + 1], varlen and segmented only

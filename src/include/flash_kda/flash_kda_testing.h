@@ -34,7 +34,8 @@ typedef struct flash_kda_testing_launch {
   int32_t kind;     /* 1 prefix, 2 K1 first, 3 K1 beside or leaving the pass, 4 recurrence
                      * pass (mma.sync), 5 warpgroup pass, 6 combine */
   int32_t code;     /* passes: the PassCode (0 plain, 1 general, 2 states, 3 rerun); K1
-                     * beside: 1 for the grid on the SMs the pass leaves free */
+                     * beside: 1 for the grid on the SMs the pass leaves free; K1 first: 1
+                     * for the lead grid of K1 leaving the pass's SMs */
   int32_t blocks;   /* 16-token blocks a chunk: 1 or 2 */
   int32_t width;    /* passes: block_v; the combine: rows per CTA */
   int32_t stages;   /* ring depth (passes, the combine) */
