@@ -197,7 +197,7 @@ struct K1Launch {
 // unnamed), built once.
 template <int kBlocks, RecordOrder kOrder, K1Variant kVariant>
 const std::string *k1_names() {
-  static const std::string args =
+  static const std::string args =  // "1, " or "2, " first: prepare_lead_kernel's names drop it
       std::to_string(kBlocks) +
       (kOrder == RecordOrder::kTiles ? ", RecordOrder::kTiles" : ", RecordOrder::kFragments") +
       (kVariant == K1Variant::kBoundedForms ? ", K1Variant::kBoundedForms"
@@ -206,7 +206,7 @@ const std::string *k1_names() {
   static const std::string names[4] = {"prepare_kernel<" + args + ">",
                                        "prepare_overlap_kernel<" + args + ">",
                                        "prepare_overlap_kernel<" + args + ", K1Place::kLeaving>",
-                                       "prepare_lead_kernel<" + args + ">"};
+                                       "prepare_lead_kernel<" + args.substr(3) + ">"};
   return names;
 }
 
@@ -217,6 +217,9 @@ K1Launch k1_kernels() {
       reinterpret_cast<const void *>(prepare_overlap_kernel<kBlocks, kOrder, kVariant>);
   const void *leaving = overlap;
   const char *leaving_name = names[1].c_str();
+  const void *lead = nullptr;  // 16-token records only (prepare.cuh prepare_lead_kernel)
+  if constexpr (kBlocks == 1)
+    lead = reinterpret_cast<const void *>(prepare_lead_kernel<kOrder, kVariant>);
   if constexpr (has_leaving_form<kBlocks, kVariant>()) {
     leaving = reinterpret_cast<const void *>(
         prepare_overlap_kernel<kBlocks, kOrder, kVariant, K1Place::kLeaving>);
@@ -225,7 +228,7 @@ K1Launch k1_kernels() {
   return {reinterpret_cast<const void *>(prepare_kernel<kBlocks, kOrder, kVariant>),
           overlap,
           leaving,
-          reinterpret_cast<const void *>(prepare_lead_kernel<kBlocks, kOrder, kVariant>),
+          lead,
           K1Shape<kBlocks>::kThreads,
           K1Shape<kBlocks>::kDynamicSmem,
           names[0].c_str(),
@@ -843,7 +846,8 @@ inline LaunchStatus configure_k1(const FwdParams &p, PassLaunch &first, K1Config
   k1.kernel = own_form ? shape.leaving : overlap ? shape.overlap : shape.kernel;
   k1.name = own_form ? shape.leaving_name : overlap ? shape.overlap_name : shape.name;
   k1.threads = shape.threads;
-  const int64_t lead = leaving ? std::min(p.leave_after, p.prepare_items) : 0;
+  const int64_t lead =
+      leaving && shape.lead != nullptr ? std::min(p.leave_after, p.prepare_items) : 0;
   const int lead_waves = d.k1_prepare[kind] * d.sms * kLeadGridWaves;
   k1.params.lead_items = lead >= lead_waves ? static_cast<int32_t>(lead) : 0;
   k1.lead = shape.lead;

@@ -1571,17 +1571,15 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads,
 }
 
 // The lead of K1 leaving the pass's SMs as a grid of its own (p.lead_items > 0, launch.cuh
-// kLeadGridWaves): item blockIdx.x, one a CTA, before the overlap kernel, which the stream
-// starts after this grid's end. So a slot's next record starts as soon as its last one is
-// written, with no counter round trip and no flag release in between, and the plain flag
-// stores and the counter's start (the next item, lead_items) are visible to the overlap
-// kernel and the pass by the kernel boundary. The overlap kernel's CTAs on the pass's SMs
-// then find the lead taken and leave once a stayer exists (take_item).
-template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments,
-          K1Variant kVariant = K1Variant::kBounded>
-__global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads)
-    prepare_lead_kernel(const FwdParams p) {
-  auto &sm = K1Shape<kBlocks>::smem();
+// kLeadGridWaves; 16-token records, where it was measured): item blockIdx.x, one a CTA, before
+// the overlap kernel, which the stream starts after this grid's end. So a slot's next record
+// starts as soon as its last one is written, with no counter round trip and no flag release
+// in between, and the plain flag stores and the counter's start (the next item, lead_items)
+// are visible to the overlap kernel and the pass by the kernel boundary. The overlap kernel's
+// CTAs on the pass's SMs then find the lead taken and leave once a stayer exists (take_item).
+template <RecordOrder kOrder = RecordOrder::kFragments, K1Variant kVariant = K1Variant::kBounded>
+__global__ void __launch_bounds__(kPrepareThreads) prepare_lead_kernel(const FwdParams p) {
+  auto &sm = K1Shape<1>::smem();
   if (blockIdx.x == 0 && threadIdx.x == 0) p.sync->next_item = static_cast<uint32_t>(p.lead_items);
   int64_t h = 0;
   ChunkRef ch{};
