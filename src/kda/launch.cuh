@@ -197,16 +197,17 @@ struct K1Launch {
 // unnamed), built once.
 template <int kBlocks, RecordOrder kOrder, K1Variant kVariant>
 const std::string *k1_names() {
-  static const std::string args =  // "1, " or "2, " first: prepare_lead_kernel's names drop it
-      std::to_string(kBlocks) +
-      (kOrder == RecordOrder::kTiles ? ", RecordOrder::kTiles" : ", RecordOrder::kFragments") +
-      (kVariant == K1Variant::kBoundedForms ? ", K1Variant::kBoundedForms"
-       : kVariant == K1Variant::kUnbounded  ? ", K1Variant::kUnbounded"
-                                            : "");
+  // the order and variant (prepare_lead_kernel's arguments: it has no block count)
+  static const std::string form =
+      (kOrder == RecordOrder::kTiles ? "RecordOrder::kTiles" : "RecordOrder::kFragments") +
+      std::string(kVariant == K1Variant::kBoundedForms ? ", K1Variant::kBoundedForms"
+                  : kVariant == K1Variant::kUnbounded  ? ", K1Variant::kUnbounded"
+                                                       : "");
+  static const std::string args = std::to_string(kBlocks) + ", " + form;
   static const std::string names[4] = {"prepare_kernel<" + args + ">",
                                        "prepare_overlap_kernel<" + args + ">",
                                        "prepare_overlap_kernel<" + args + ", K1Place::kLeaving>",
-                                       "prepare_lead_kernel<" + args.substr(3) + ">"};
+                                       "prepare_lead_kernel<" + form + ">"};
   return names;
 }
 
