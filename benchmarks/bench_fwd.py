@@ -113,7 +113,8 @@ GATES = ("lower_bound", "softplus", "log_decay")
 def with_gate(p, gate, seed=0):
     """Problem p with its gate in form `gate` (design sections 2.2, 2.5): 'lower_bound' keeps
     make_inputs' gate; 'softplus' takes Kimi-Linear-like inputs, A_log = log U(1, 16), dt_bias ~
-    N(0, 1); 'log_decay' their softplus gate computed in fp32 and passed as g."""
+    N(0, 1); 'log_decay' their softplus gate computed in fp32 and passed as g, 'log_decay_bf16'
+    the same g rounded to bf16 (the bounded gate's bytes)."""
     if gate == "lower_bound":
         return p
     heads, device = p["q"].shape[2], p["q"].device
@@ -121,9 +122,11 @@ def with_gate(p, gate, seed=0):
     A_log = torch.log(1 + 15 * torch.rand(heads, generator=gen, device=device))
     dt_bias = torch.randn(heads, 128, generator=gen, device=device)
     q = dict(p, gate=gate, A_log=A_log, dt_bias=dt_bias)
-    if gate == "log_decay":
+    if gate in ("log_decay", "log_decay_bf16"):
         x = p["g"].float() + dt_bias
-        q.update(g=-torch.exp(A_log)[:, None] * torch.nn.functional.softplus(x), A_log=None, dt_bias=None)
+        g = -torch.exp(A_log)[:, None] * torch.nn.functional.softplus(x)
+        g = g.to(torch.bfloat16) if gate == "log_decay_bf16" else g
+        q.update(gate="log_decay", g=g, A_log=None, dt_bias=None)
     return q
 
 

@@ -1577,16 +1577,40 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads,
 // in between, and the plain flag stores and the counter's start (the next item, lead_items)
 // are visible to the overlap kernel and the pass by the kernel boundary. The overlap kernel's
 // CTAs on the pass's SMs then find the lead taken and leave once a stayer exists (take_item).
+// It runs alone on every SM, so it is bounded as the leaving form is: the item's head and
+// chunk wait in shared memory, as in the item loop, which is what fits the unbounded K1 in 48
+// registers (ten CTAs an SM on sm_90a, not eight) and the tile-order kBoundedForms K1 in 40
+// (twelve, not ten). FlashKDA's kBounded K1 keeps them in registers: it takes 40 so, and
+// spilled 8 bytes at 40 with them in shared memory.
 template <RecordOrder kOrder = RecordOrder::kFragments, K1Variant kVariant = K1Variant::kBounded>
-__global__ void __launch_bounds__(kPrepareThreads) prepare_lead_kernel(const FwdParams p) {
+__global__ void __launch_bounds__(kPrepareThreads, overlap_ctas<1, kVariant, K1Place::kLeaving>())
+    prepare_lead_kernel(const FwdParams p) {
   auto &sm = K1Shape<1>::smem();
   if (blockIdx.x == 0 && threadIdx.x == 0) p.sync->next_item = static_cast<uint32_t>(p.lead_items);
-  int64_t h = 0;
-  ChunkRef ch{};
-  if (!locate_item(p, static_cast<int32_t>(blockIdx.x), h, ch)) return;
-  prepare_record<kVariant, kOrder>(p, h, ch, sm);
-  __syncthreads();  // every record store before the flag
-  if (threadIdx.x == 0) p.ready[h * p.tiles_per_head + ch.tile] = 1u;
+  if constexpr (kVariant == K1Variant::kBounded) {
+    int64_t h = 0;
+    ChunkRef ch{};
+    if (!locate_item(p, static_cast<int32_t>(blockIdx.x), h, ch)) return;
+    prepare_record<kVariant, kOrder>(p, h, ch, sm);
+    __syncthreads();  // every record store before the flag
+    if (threadIdx.x == 0) p.ready[h * p.tiles_per_head + ch.tile] = 1u;
+  } else {
+    __shared__ int64_t head;
+    __shared__ ChunkRef chunk;
+    __shared__ bool valid;
+    if (threadIdx.x == 0) {
+      int64_t h = 0;
+      ChunkRef ch{};  // set whole on every path (take_item)
+      valid = locate_item(p, static_cast<int32_t>(blockIdx.x), h, ch);
+      head = h;
+      chunk = ch;
+    }
+    __syncthreads();
+    if (!valid) return;  // CTA-uniform
+    prepare_record<kVariant, kOrder>(p, head, chunk, sm);
+    __syncthreads();  // every record store before the flag
+    if (threadIdx.x == 0) p.ready[head * p.tiles_per_head + chunk.tile] = 1u;
+  }
 }
 
 }  // namespace flash_kda::FLASH_KDA_ARCH
