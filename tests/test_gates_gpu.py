@@ -202,6 +202,28 @@ def test_k1_placements_give_the_reference_bits(form, block_v):
             assert grid and all(("K1Place::kLeaving" in n) == leaving_form for n in grid), names
 
 
+@pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
+def test_a_long_lead_grid_gives_the_reference_bits(form):
+    """K1 leaving the pass's SMs after a lead of at least four K1 waves (design section 4.7):
+    the lead runs first as prepare_lead_kernel, one CTA a lead item (the unbounded and the
+    tile-order bounded K1 with the item in shared memory), and out and final state are
+    bitwise reference.fwd's for every form (4 x 2048 tokens, 24 heads, block_v 128, 16-token
+    records)."""
+    p = form_problem(form, 53, batch=4, seqlen=2048, heads=24, initial=torch.float32, final=torch.float32)
+    plan = dict(block_v=128, chunk_tokens=16, overlap=2)
+    facts = testing.device_facts()
+    sms = min(facts["sms"], torch.cuda.get_device_properties(DEV).multi_processor_count)
+    lead = testing.plan_of(validated(p, False), **UNVALIDATED, **plan).overlap_lead
+    if lead < 4 * facts["k1_alone"][0] * sms:
+        pytest.skip(f"this GPU's plan leads by {lead} records, under four K1 waves")
+    ref = reference_outputs(p, exact=False)
+    names = [k["name"] for k in testing.launched(validated(p, False), **UNVALIDATED, **plan)]
+    k1 = [n.split("<")[0] for n in names if n.startswith("prepare_")]
+    assert k1 == ["prepare_lead_kernel", "prepare_overlap_kernel"], names
+    assert_bitwise(p["out"], ref["out"], "out")
+    assert_bitwise(p["final_state"], ref["final_state"], "final_state")
+
+
 @pytest.mark.parametrize("gate", ["softplus", "log_decay"])
 def test_extreme_decays(gate):
     """Decays of -200 and -inf (log_decay), gate inputs of +-inf and 1000 (softplus), positive
