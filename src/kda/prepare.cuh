@@ -1577,24 +1577,25 @@ __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads,
 // in between, and the plain flag stores and the counter's start (the next item, lead_items)
 // are visible to the overlap kernel and the pass by the kernel boundary. The overlap kernel's
 // CTAs on the pass's SMs then find the lead taken and leave once a stayer exists (take_item).
-// It runs alone on every SM, so on sm_90a it is bounded as the leaving form is (lead_ctas):
-// the item's head and chunk wait in shared memory, as in the item loop, which is what fits
-// the unbounded K1 in 48 registers (ten CTAs an SM, not eight) and the tile-order
-// kBoundedForms K1 in 40 (twelve, not ten). FlashKDA's kBounded K1 keeps them in registers:
-// it takes 40 so, and spilled 8 bytes at 40 with them in shared memory.
-template <K1Variant kVariant>
-constexpr int lead_ctas() {
-  // Other arches leave the count to the compiler: the lead grid was measured on sm_90a only,
-  // and at the overlap kernel's counts the bounded K1s spilled 12-20 bytes on sm_120a/121a.
-  return FLASH_KDA_CC == 90 ? overlap_ctas<1, kVariant, K1Place::kLeaving>() : 1;
-}
-
+// It runs alone on every SM, so on sm_90a it is bounded as the leaving form is: the item's
+// head and chunk wait in shared memory, as in the item loop, which is what fits the unbounded
+// K1 in 48 registers (ten CTAs an SM, not eight) and the tile-order kBoundedForms K1 in 40
+// (twelve, not ten). FlashKDA's kBounded K1 keeps them in registers: it takes 40 so, and
+// spilled 8 bytes at 40 with them in shared memory. Other arches keep the kernel as it was
+// (the item in registers, the register count the compiler's): the lead grid was measured on
+// sm_90a only, and at the overlap kernel's CTA counts the bounded K1s spilled 12-20 bytes on
+// sm_120a and sm_121a.
+#if FLASH_KDA_CC == 90
+#define FLASH_KDA_LEAD_BOUNDS \
+  __launch_bounds__(kPrepareThreads, overlap_ctas<1, kVariant, K1Place::kLeaving>())
+#else
+#define FLASH_KDA_LEAD_BOUNDS __launch_bounds__(kPrepareThreads)
+#endif
 template <RecordOrder kOrder = RecordOrder::kFragments, K1Variant kVariant = K1Variant::kBounded>
-__global__ void __launch_bounds__(kPrepareThreads, lead_ctas<kVariant>())
-    prepare_lead_kernel(const FwdParams p) {
+__global__ void FLASH_KDA_LEAD_BOUNDS prepare_lead_kernel(const FwdParams p) {
   auto &sm = K1Shape<1>::smem();
   if (blockIdx.x == 0 && threadIdx.x == 0) p.sync->next_item = static_cast<uint32_t>(p.lead_items);
-  if constexpr (kVariant == K1Variant::kBounded) {
+  if constexpr (kVariant == K1Variant::kBounded || FLASH_KDA_CC != 90) {
     int64_t h = 0;
     ChunkRef ch{};
     if (!locate_item(p, static_cast<int32_t>(blockIdx.x), h, ch)) return;
@@ -1619,5 +1620,6 @@ __global__ void __launch_bounds__(kPrepareThreads, lead_ctas<kVariant>())
     if (threadIdx.x == 0) p.ready[head * p.tiles_per_head + chunk.tile] = 1u;
   }
 }
+#undef FLASH_KDA_LEAD_BOUNDS
 
 }  // namespace flash_kda::FLASH_KDA_ARCH
