@@ -8,9 +8,12 @@ not a table:
     python benchmarks/profile_kernels.py --segments 64 --block-v 64,128 T32768-N1-H6   (and widths)
     python benchmarks/profile_kernels.py --serial T8192-N1-H96   (K1 before the pass, never beside it)
     python benchmarks/profile_kernels.py --gate lower_bound,softplus T8192-N1-H96   (gate forms in turn)
+    python benchmarks/profile_kernels.py --timeline T8192-N1-H96   (each kernel's start and end)
     ncu --clock-control none -k regex:recurrence python benchmarks/profile_kernels.py --once T8192-N1-H6
 
-``--once`` runs each shape's forward once without the profiler (for ncu).
+``--once`` runs each shape's forward once without the profiler (for ncu). ``--timeline``
+prints, for each of three forwards, every kernel's start and end in microseconds after the
+forward's first kernel began, so where one kernel waits for another shows.
 
 Every kernel after K1 is launched programmatically (design section 4.1): its CTAs start while
 the kernel before drains and wait for its end, so a kernel's span here includes that wait and
@@ -34,8 +37,17 @@ def kernel_name(key):
     return re.sub(r"\(PassCode\)(\d)", lambda m: PASS_CODES.get(m.group(1), m.group(1)), name)
 
 
+def timeline(prof):
+    """'name start-end' of every kernel of a profiled forward, in us after its first began."""
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)  # fmt: skip
+    t0 = events[0].time_range.start
+    spans = (f"{kernel_name(e.name)} {e.time_range.start - t0:.1f}-{e.time_range.end - t0:.1f}" for e in events)
+    return " | ".join(spans)
+
+
 def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0, block_v=0, overlap=0, chunk=0,
-            gate="lower_bound"):  # fmt: skip
+            gate="lower_bound", timelines=0):  # fmt: skip
     lens, heads = SHAPES[shape_id]
     hook = dict(segment_chunks=segment_chunks, block_v=block_v, overlap=overlap, chunk_tokens=chunk)
     hook = {k: v for k, v in hook.items() if v}
@@ -43,6 +55,13 @@ def profile(shape_id, exact, repeats=10, once=False, segment_chunks=0, block_v=0
     run()
     torch.cuda.synchronize()
     if once:
+        return
+    for i in range(timelines):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
+        print(f"{shape_id} gate={gate} forward {i}: {timeline(prof)}")
+    if timelines:
         return
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(repeats):
@@ -70,6 +89,7 @@ def main():
     parser.add_argument("--serial", action="store_true", help="K1 before the pass, never beside it")
     parser.add_argument("--chunk", default="0", help="forced chunk lengths (16, 32; 0: the plan's), comma-separated")
     parser.add_argument("--gate", default="lower_bound", help="gate forms (bench_fwd.with_gate), comma-separated")
+    parser.add_argument("--timeline", action="store_true", help="each kernel's start and end, three forwards")
     args = parser.parse_args()
     overlap = -1 if args.serial else 0
     for shape in args.shapes:
@@ -78,7 +98,7 @@ def main():
                 for chunk in [int(x) for x in args.chunk.split(",")]:
                     for gate in args.gate.split(","):
                         profile(shape, args.exact, once=args.once, segment_chunks=L, block_v=bv, overlap=overlap,
-                                chunk=chunk, gate=gate)  # fmt: skip
+                                chunk=chunk, gate=gate, timelines=3 if args.timeline else 0)  # fmt: skip
 
 
 if __name__ == "__main__":
