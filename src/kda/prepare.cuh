@@ -1595,13 +1595,15 @@ template <RecordOrder kOrder = RecordOrder::kFragments, K1Variant kVariant = K1V
 __global__ void FLASH_KDA_LEAD_BOUNDS prepare_lead_kernel(const FwdParams p) {
   auto &sm = K1Shape<1>::smem();
   if (blockIdx.x == 0 && threadIdx.x == 0) p.sync->next_item = static_cast<uint32_t>(p.lead_items);
-  if constexpr (kVariant == K1Variant::kBounded || FLASH_KDA_CC != 90) {
-    int64_t h = 0;
-    ChunkRef ch{};
-    if (!locate_item(p, static_cast<int32_t>(blockIdx.x), h, ch)) return;
+  auto record = [&](const int64_t &h, const ChunkRef &ch) {  // the item's record, then its flag
     prepare_record<kVariant, kOrder>(p, h, ch, sm);
     __syncthreads();  // every record store before the flag
     if (threadIdx.x == 0) p.ready[h * p.tiles_per_head + ch.tile] = 1u;
+  };
+  if constexpr (kVariant == K1Variant::kBounded || FLASH_KDA_CC != 90) {
+    int64_t h = 0;
+    ChunkRef ch{};
+    if (locate_item(p, static_cast<int32_t>(blockIdx.x), h, ch)) record(h, ch);
   } else {
     __shared__ int64_t head;
     __shared__ ChunkRef chunk;
@@ -1614,10 +1616,7 @@ __global__ void FLASH_KDA_LEAD_BOUNDS prepare_lead_kernel(const FwdParams p) {
       chunk = ch;
     }
     __syncthreads();
-    if (!valid) return;  // CTA-uniform
-    prepare_record<kVariant, kOrder>(p, head, chunk, sm);
-    __syncthreads();  // every record store before the flag
-    if (threadIdx.x == 0) p.ready[head * p.tiles_per_head + chunk.tile] = 1u;
+    if (valid) record(head, chunk);  // CTA-uniform
   }
 }
 #undef FLASH_KDA_LEAD_BOUNDS
