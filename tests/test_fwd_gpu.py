@@ -277,6 +277,15 @@ def test_k1_leaving_the_pass_sms_gives_the_serial_bits(batch, seqlen, heads, blo
     _check_overlap_bits(p, block_v, k1_grids=1, overlap=2)
 
 
+def four_k1_waves():
+    """Four waves of FlashKDA's 16-token K1 on every SM of this GPU (launch.cuh kLeadGridWaves,
+    counted at FlashKDA's K1, whose CTAs an SM are the most): a lead this long runs as a grid of
+    its own for every gate form."""
+    facts = testing.device_facts()
+    sms = min(facts["sms"], torch.cuda.get_device_properties(DEV).multi_processor_count)
+    return 4 * facts["k1_alone"][0] * sms
+
+
 def test_a_long_lead_runs_as_a_grid_of_its_own():
     """K1 leaving the pass's SMs after a lead of at least four waves of K1 on every SM
     (design section 4.7, launch.cuh kLeadGridWaves): the lead runs first as
@@ -286,9 +295,7 @@ def test_a_long_lead_runs_as_a_grid_of_its_own():
     p = make_problem(4, 2048, 24, initial=torch.float32, final=torch.float32, device=DEV, seed=25)
     call = testing.validated(*[p[name] for name in FWD_ARGS], exact=True)
     plan = testing.plan_of(call, block_v=128, overlap=2)
-    facts = testing.device_facts()
-    sms = min(facts["sms"], torch.cuda.get_device_properties(DEV).multi_processor_count)
-    waves = 4 * facts["k1_alone"][0] * sms
+    waves = four_k1_waves()
     if plan.overlap_max_ctas != 0 or plan.overlap_lead < waves:
         pytest.skip(f"this GPU's plan leads by {plan.overlap_lead} records, under four K1 waves ({waves})")
     serial = clone_outputs(p)

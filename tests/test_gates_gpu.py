@@ -30,7 +30,7 @@ from conftest import (
 )
 from flash_kda import fallback, reference, testing
 from flash_kda._numerics import Ops
-from test_fwd_gpu import decode_records
+from test_fwd_gpu import decode_records, four_k1_waves
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("native_gpu", "unvalidated_kernels")]
 DEV = "cuda"
@@ -211,10 +211,8 @@ def test_a_long_lead_grid_gives_the_reference_bits(form):
     records)."""
     p = form_problem(form, 53, batch=4, seqlen=2048, heads=24, initial=torch.float32, final=torch.float32)
     plan = dict(block_v=128, chunk_tokens=16, overlap=2)
-    facts = testing.device_facts()
-    sms = min(facts["sms"], torch.cuda.get_device_properties(DEV).multi_processor_count)
     lead = testing.plan_of(validated(p, False), **UNVALIDATED, **plan).overlap_lead
-    if lead < 4 * facts["k1_alone"][0] * sms:
+    if lead < four_k1_waves():
         pytest.skip(f"this GPU's plan leads by {lead} records, under four K1 waves")
     ref = reference_outputs(p, exact=False)
     names = [k["name"] for k in testing.launched(validated(p, False), **UNVALIDATED, **plan)]
