@@ -11,7 +11,10 @@ flash_kda.fwd's max_seqlen hint (the longest sequence) on varlen shapes, so that
 ``--libs new.so new.so:hint`` compares the plan without and with it. flash_kda loads one library a process
 ($FLASH_KDA_LIBRARY), so each library's round runs in a process of its own; rounds alternate
 between the libraries. LIB:gate=softplus runs that gate form (bench_fwd.with_gate; several joined
-by + take turns on each shape in one process, a column each: LIB:gate=lower_bound+softplus), and
+by + take turns on each shape in one process, a column each: LIB:gate=lower_bound+softplus;
+round r starts with the (r mod n)-th of n gates, so that over n rounds each takes each place:
+a shape's later gates run on a hotter GPU, H200: T=32768 H=96's bounded gate 2.806 / 2.835 /
+2.858 / 2.898 ms first to fourth, so run a multiple of n rounds), and
 LIB:py=DIR imports flash_kda from DIR (another tree's package, for a library of another C ABI);
 LIB:stable runs AUTO mode's stable inverse (design section 2.6) and LIB:nostable FlashKDA's
 inverse, whatever the arch table's default (flash_kda.testing's overrides stable_inverse and
@@ -44,7 +47,7 @@ def parse_shape(shape):
 
 def measure(shapes, exact, hint, gates):
     """One JSON line per shape and gate for the library this process loaded: its plan and graph
-    ms; the gates take turns on each shape's inputs."""
+    ms; the gates take turns on each shape's inputs, in the given order."""
     from bench_fwd import graphed, make_inputs, plan_of, runner, time_ms, with_gate
     from report import describe_plan
     from triton.testing import do_bench
@@ -74,14 +77,16 @@ def gates_of(lib):
     return ["lower_bound"]
 
 
-def run_round(lib, shapes, exact):
+def run_round(lib, shapes, exact, turn):
     """{(shape, gate): (plan, ms)} of one round of `lib` (LIB[:hint][:gate=G[+G]][:py=DIR]),
-    measured in a child process."""
+    measured in a child process: its gates in turn from the one numbered `turn` on."""
     path, *opts = lib.split(":")
     env = dict(os.environ, FLASH_KDA_LIBRARY=os.path.abspath(path))
     options = (["--exact"] if exact else []) + (["--hint"] if "hint" in opts else [])
     options += ["--stable", "1"] if "stable" in opts else ["--stable", "-1"] if "nostable" in opts else []
-    options += ["--gate", "+".join(gates_of(lib))]
+    gates = gates_of(lib)
+    turn %= len(gates)
+    options += ["--gate", "+".join(gates[turn:] + gates[:turn])]
     for opt in opts:
         if opt.startswith("py="):
             env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(opt[3:]), env.get("PYTHONPATH", "")])
@@ -112,9 +117,9 @@ def main():
     if not args.libs:
         parser.error("--libs is required")
     results = {lib: [] for lib in args.libs}
-    for _ in range(args.rounds):
+    for turn in range(args.rounds):
         for lib in args.libs:
-            results[lib].append(run_round(lib, args.shapes, args.exact))
+            results[lib].append(run_round(lib, args.shapes, args.exact, turn))
     columns = [(lib, gate) for lib in args.libs for gate in gates_of(lib)]
     inverse = {"stable": " stable", "nostable": " nostable"}
     names = [os.path.basename(lib.split(":")[0]) + "".join(inverse.get(o, "") for o in lib.split(":")[1:])
