@@ -107,7 +107,7 @@ def make_inputs(lens, heads, seed=0, device="cuda"):
     return p
 
 
-GATES = ("lower_bound", "softplus", "log_decay")
+GATES = ("lower_bound", "softplus", "log_decay", "log_decay_bf16")  # the forms with_gate makes
 
 
 def with_gate(p, gate, seed=0):
