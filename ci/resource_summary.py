@@ -24,15 +24,18 @@ ORDERS = ("Fragments", "Tiles")  # src/kda/workspace.h RecordOrder
 # launch record (flash_kda.testing.launched) names K1.
 K1_VARIANTS = (None, "K1Variant::kBoundedForms", "K1Variant::kUnbounded")
 K1_PLACEMENTS = (None, "K1Place::kLeaving")  # prepare.cuh K1Place; kBeside unnamed
+GATE_LOADS = (None, "GateLoad::kBeforeWait")  # prepare.cuh GateLoad; kWithDecays unnamed
+NAMED = {"K1Variant": K1_VARIANTS, "K1Place": K1_PLACEMENTS, "GateLoad": GATE_LOADS}
 
 
 def _template_args(mangled):
     """The template arguments of a flash_kda kernel's mangled name, as written in the source."""
     args = []
-    pattern = r"L(i|NS_8PassCodeE|NS_11RecordOrderE|NS\d*_9K1VariantE|NS\d*_7K1PlaceE|b)(\d+)E"
+    pattern = r"L(i|NS_8PassCodeE|NS_11RecordOrderE|NS\d*_9K1VariantE|NS\d*_7K1PlaceE|NS\d*_8GateLoadE|b)(\d+)E"
     for kind, value in re.findall(pattern, mangled):
-        if "K1Variant" in kind or "K1Place" in kind:
-            named = (K1_VARIANTS if "K1Variant" in kind else K1_PLACEMENTS)[int(value)]
+        enum = next((e for e in NAMED if e in kind), None)
+        if enum:
+            named = NAMED[enum][int(value)]
             if named:
                 args.append(named)
         elif kind == "i":

@@ -178,14 +178,16 @@ def test_records_equal_the_reference_k1(form, exact):
 @pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
 @pytest.mark.parametrize("block_v", (32, 128))
 def test_k1_placements_give_the_reference_bits(form, block_v):
-    """K1 first (overlap -1), beside the pass (1) and leaving its SMs (2: on sm_90a the unbounded
-    gates' ten-CTA leaving form, K1Place::kLeaving, but with an fp32 g) give out and final
-    state bitwise reference.fwd's, for every form, with 16-token records in fragment order
-    (block_v 32) and, on sm_90a, tile order (128)."""
+    """K1 first (overlap -1: on sm_90a an fp32 g's own kernel, GateLoad::kBeforeWait), beside
+    the pass (1) and leaving its SMs (2: on sm_90a the unbounded gates' ten-CTA leaving form,
+    K1Place::kLeaving, but with an fp32 g) give out and final state bitwise reference.fwd's,
+    for every form, with 16-token records in fragment order (block_v 32) and, on sm_90a, tile
+    order (128)."""
     p = form_problem(form, 52, batch=2, seqlen=333, heads=3, initial=torch.float32, final=torch.float32)
     ref = reference_outputs(p, exact=False)
     sm90 = torch.cuda.get_device_capability(DEV) == (9, 0)
     leaving_form = sm90 and form[0] != "lower_bound" and form[2] != torch.float32
+    fp32_g_form = sm90 and form[0] == "log_decay" and form[2] == torch.float32
     for overlap in (-1, 1, 2):
         q = clone_outputs(p)
         plan = dict(block_v=block_v, chunk_tokens=16, overlap=overlap)
@@ -197,6 +199,7 @@ def test_k1_placements_give_the_reference_bits(form, block_v):
         k1 = [n for n in names if n.startswith("prepare_")]
         if overlap == -1:
             assert k1 and all(n.startswith("prepare_kernel<") for n in k1), names
+            assert all(("GateLoad::kBeforeWait" in n) == fp32_g_form for n in k1), names
         if overlap == 2:  # (overlap 1 leaves too where no K1 CTA fits beside the pass)
             grid = [n for n in k1 if n.startswith("prepare_overlap_kernel<")]  # (a long lead: a grid first)
             assert grid and all(("K1Place::kLeaving" in n) == leaving_form for n in grid), names

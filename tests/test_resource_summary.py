@@ -38,6 +38,10 @@ def test_kernel_names():
     assert summary.kernel_name(LEAVING) == leaving
     beside = "prepare_overlap_kernel<1, RecordOrder::kTiles, K1Variant::kUnbounded>"
     assert summary.kernel_name(LEAVING.replace("K1PlaceE1E", "K1PlaceE0E")) == beside
+    first = LEAVING.replace("22prepare_overlap_kernel", "14prepare_kernel").replace("7K1PlaceE1E", "8GateLoadE{}E")
+    assert summary.kernel_name(first.format(0)) == "prepare_kernel<1, RecordOrder::kTiles, K1Variant::kUnbounded>"
+    fp32_g = "prepare_kernel<1, RecordOrder::kTiles, K1Variant::kUnbounded, GateLoad::kBeforeWait>"
+    assert summary.kernel_name(first.format(1)) == fp32_g
 
 
 def test_check_passes_without_spills(tmp_path):

@@ -74,8 +74,8 @@ def test_the_warpgroup_pass_and_its_tile_order_k1_exist_on_sm90a_only():
     each for the whole pass, the segment pass and the rerun, and the K1 kernels that write
     tile-order records (K1 first, beside the pass and as the lead grid of K1 leaving its SMs,
     in each of its three variants: FlashKDA's contract, the bounded gate's other forms and the
-    unbounded gates, prepare.cuh K1Variant; and the unbounded gates' leaving form, K1Place); no
-    other arch has any of them."""
+    unbounded gates, prepare.cuh K1Variant; the unbounded gates' leaving form, K1Place, and
+    their K1 first for an fp32 g, GateLoad); no other arch has any of them."""
     for arch, entries in _kernel_entries().items():
         passes = [e for e in entries if "warpgroup_recurrence_kernel" in e]
         tile_k1 = [e for e in entries if "RecordOrderE1" in e]
@@ -86,7 +86,8 @@ def test_the_warpgroup_pass_and_its_tile_order_k1_exist_on_sm90a_only():
         forms = sorted(re.search(pattern, e).groups() for e in passes)
         # <kGroups, kResident, kCode>: kCode 0 the whole pass, 2 the segment pass, 3 the rerun
         assert forms == [(g, r, c) for g, r in (("1", "1"), ("1", "2"), ("2", "1")) for c in "023"], passes
-        assert len(tile_k1) == 10 and sum("K1PlaceE1" in e for e in tile_k1) == 1, tile_k1
+        assert len(tile_k1) == 11 and sum("K1PlaceE1" in e for e in tile_k1) == 1, tile_k1
+        assert sum("GateLoadE1" in e for e in tile_k1) == 1, tile_k1
         assert sum("prepare_lead_kernel" in e for e in tile_k1) == 3, tile_k1
 
 

@@ -184,12 +184,13 @@ struct DeviceFacts {
 };
 
 // K1 of a kind: its kernels (one record per CTA; beside the pass; leaving the pass's SMs, the
-// beside form where the kind has no leaving form of its own; the lead of K1 leaving them),
-// threads and dynamic shared memory.
+// beside form where the kind has no leaving form of its own; the lead of K1 leaving them; one
+// record per CTA for an fp32 g, where the kind has one: prepare.cuh GateLoad), threads and
+// dynamic shared memory.
 struct K1Launch {
-  const void *kernel, *overlap, *leaving, *lead;
+  const void *kernel, *overlap, *leaving, *lead, *fp32_g;
   int threads, smem;
-  const char *name, *overlap_name, *leaving_name, *lead_name;
+  const char *name, *overlap_name, *leaving_name, *lead_name, *fp32_g_name;
 };
 
 // The names of K1's kernels as the source writes the instantiation ("prepare_kernel<1,
@@ -204,11 +205,18 @@ const std::string *k1_names() {
                   : kVariant == K1Variant::kUnbounded  ? ", K1Variant::kUnbounded"
                                                        : "");
   static const std::string args = std::to_string(kBlocks) + ", " + form;
-  static const std::string names[4] = {"prepare_kernel<" + args + ">",
-                                       "prepare_overlap_kernel<" + args + ">",
-                                       "prepare_overlap_kernel<" + args + ", K1Place::kLeaving>",
-                                       "prepare_lead_kernel<" + form + ">"};
+  static const std::string names[5] = {
+      "prepare_kernel<" + args + ">", "prepare_overlap_kernel<" + args + ">",
+      "prepare_overlap_kernel<" + args + ", K1Place::kLeaving>",
+      "prepare_lead_kernel<" + form + ">", "prepare_kernel<" + args + ", GateLoad::kBeforeWait>"};
   return names;
+}
+
+// Whether K1 of kBlocks and kVariant has a kernel of its own for an fp32 g (one record per
+// CTA, GateLoad::kBeforeWait): the 16-token unbounded K1 on sm_90a, where it was measured.
+template <int kBlocks, K1Variant kVariant>
+constexpr bool has_fp32_g_form() {
+  return kVariant == K1Variant::kUnbounded && kBlocks == 1 && FLASH_KDA_CC == 90;
 }
 
 template <int kBlocks, RecordOrder kOrder, K1Variant kVariant>
@@ -221,6 +229,10 @@ K1Launch k1_kernels() {
   const void *lead = nullptr;  // 16-token records only (prepare.cuh prepare_lead_kernel)
   if constexpr (kBlocks == 1)
     lead = reinterpret_cast<const void *>(prepare_lead_kernel<kOrder, kVariant>);
+  const void *fp32_g = nullptr;
+  if constexpr (has_fp32_g_form<kBlocks, kVariant>())
+    fp32_g = reinterpret_cast<const void *>(
+        prepare_kernel<kBlocks, kOrder, kVariant, GateLoad::kBeforeWait>);
   if constexpr (has_leaving_form<kBlocks, kVariant>()) {
     leaving = reinterpret_cast<const void *>(
         prepare_overlap_kernel<kBlocks, kOrder, kVariant, K1Place::kLeaving>);
@@ -230,12 +242,14 @@ K1Launch k1_kernels() {
           overlap,
           leaving,
           lead,
+          fp32_g,
           K1Shape<kBlocks>::kThreads,
           K1Shape<kBlocks>::kDynamicSmem,
           names[0].c_str(),
           names[1].c_str(),
           leaving_name,
-          names[3].c_str()};
+          names[3].c_str(),
+          names[4].c_str()};
 }
 
 // The 16-token K1 of a variant in `order`.
@@ -296,7 +310,7 @@ inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
     const K1Launch k1 = k1_launch(kind);
     const bool own_leaving = k1.leaving != k1.overlap;  // else the beside form leaves too
     for (const void *kernel :
-         {k1.kernel, k1.overlap, own_leaving ? k1.leaving : nullptr, k1.lead}) {
+         {k1.kernel, k1.overlap, own_leaving ? k1.leaving : nullptr, k1.lead, k1.fp32_g}) {
       if (k1.smem == 0 || kernel == nullptr) continue;
       const cudaError_t err = allow_smem(kernel, k1.smem);
       if (err != cudaSuccess) return err;
@@ -844,8 +858,15 @@ inline LaunchStatus configure_k1(const FwdParams &p, PassLaunch &first, K1Config
   if (!overlap) k1.params.ready = first.params.ready = nullptr;
   const K1Launch shape = k1_launch(kind, first.records);
   const bool leaving = leave_sms > 0, own_form = leaving && leaving_form(p);
-  k1.kernel = own_form ? shape.leaving : overlap ? shape.overlap : shape.kernel;
-  k1.name = own_form ? shape.leaving_name : overlap ? shape.overlap_name : shape.name;
+  const bool fp32_g = !overlap && p.g_fp32 && shape.fp32_g != nullptr;
+  k1.kernel = own_form  ? shape.leaving
+              : overlap ? shape.overlap
+              : fp32_g  ? shape.fp32_g
+                        : shape.kernel;
+  k1.name = own_form  ? shape.leaving_name
+            : overlap ? shape.overlap_name
+            : fp32_g  ? shape.fp32_g_name
+                      : shape.name;
   k1.threads = shape.threads;
   const int64_t lead =
       leaving && shape.lead != nullptr ? std::min(p.leave_after, p.prepare_items) : 0;

@@ -66,9 +66,9 @@ enum Tile { kQ = 0, kK = 1, kG = 2, kQd = 0, kKd = 1, kKi = 2 };
 // copies 16-byte vector t % 16 of rows t / 16 + kStep r (kStep = threads / 16) of each tile
 // (one row base per tensor, then one multiply-add per row: K1 is issue-bound, ncu H200)
 // straight into shared memory (cp.async: no registers held, no store), and computes beta
-// while the copies fly. An fp32 g (the log-decay gate, kForms) is not copied:
-// gate_values_unbounded reads it (prefetching its rows into L2 here made its calls 1-3.5%
-// slower on the H200). kRows = 16 or 32 (a 32-token chunk, K1 of 256 threads).
+// while the copies fly. An fp32 g (the log-decay gate, kForms) is not copied: the unbounded
+// K1 reads its rows into registers (GateLoad; prefetching them into L2 here made its calls
+// 1-3.5% slower on the H200). kRows = 16 or 32 (a 32-token chunk, K1 of 256 threads).
 template <int kRows, int kThreads, bool kForms>
 __device__ __forceinline__ void load_rows(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                           uint16_t (*const x[3])[kRow], uint16_t *beta_bf,
@@ -726,11 +726,36 @@ __device__ __forceinline__ float log_decay_gamma(float g) {
   return min_num(mul_ftz(g, kLog2eF), 0.f);
 }
 
+// The first of an fp32 g's rows 8 th .. 8 th + 7 at channel pair cp (the log-decay gate).
+__device__ __forceinline__ const float *gate_rows_fp32(const FwdParams &p, int64_t h,
+                                                       const ChunkRef &ch, int cp, int th) {
+  return reinterpret_cast<const float *>(p.g) + token_offset(p.g_strides, ch.b, ch.t0 + 8 * th, h) +
+         2 * cp;
+}
+
+// Row 8 th + j of those, zeros for rows t >= n.
+__device__ __forceinline__ float2 gate_pair_fp32(const FwdParams &p, const float *rows,
+                                                 const ChunkRef &ch, int th, int j) {
+  float2 x = make_float2(0.f, 0.f);
+  if (8 * th + j < ch.n) x = __ldg(reinterpret_cast<const float2 *>(rows + j * p.g_strides.token));
+  return x;
+}
+
+// Where the unbounded K1 reads an fp32 g's rows: with the decays (gate_values_unbounded, after
+// the load and l2_normalize: a second round trip of memory, but no register held across them),
+// or before the load's copies are waited for (prepare_chunk_unbounded), so that q, k and g come
+// in one round trip. The second holds 16 registers more across the load: the tile-order
+// prepare_kernel of the 16-token unbounded K1 then takes 53 (nine CTAs an SM, not ten), so the
+// launch runs it for an fp32 g alone (H200, 2026-12-04: an fp32 g's K1 2.6% shorter on varlen6
+// at H=96, as fast in bytes as the bounded K1; the other gates' calls 1-3% slower with it).
+enum class GateLoad { kWithDecays, kBeforeWait };
+
 // §3.2 step U1 for the thread's channel pair cp and rows 8 th .. 8 th + 7: gamma of both channels,
-// 0 for rows t >= n (selected). An fp32 g is read here from global memory (valid rows only).
+// 0 for rows t >= n (selected). An fp32 g is read here (kWithDecays) or was read into `first`.
+template <GateLoad kLoad>
 __device__ __forceinline__ void gate_values_unbounded(const FwdParams &p, int64_t h,
-                                                      const ChunkRef &ch,
-                                                      const uint16_t (*g)[kRow], int cp, int th,
+                                                      const ChunkRef &ch, const uint16_t (*g)[kRow],
+                                                      int cp, int th, const float2 *first,
                                                       float2 (&gamma)[8]) {
   if (p.gate == Gate::kSoftplus) {
     const float neg_a = -ex2_approx(mul_ftz(__ldg(p.A_log + h), kLog2eF));
@@ -741,14 +766,15 @@ __device__ __forceinline__ void gate_values_unbounded(const FwdParams &p, int64_
       gamma[j] = make_float2(softplus_gamma(bf16_to_f32(lo16(w)), dt.x, neg_a),
                              softplus_gamma(bf16_to_f32(hi16(w)), dt.y, neg_a));
     }
-  } else if (p.g_fp32) {
-    const float *row = reinterpret_cast<const float *>(p.g) +
-                       token_offset(p.g_strides, ch.b, ch.t0 + 8 * th, h) + 2 * cp;
+  } else if (p.g_fp32 && kLoad == GateLoad::kBeforeWait) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      gamma[j] = make_float2(log_decay_gamma(first[j].x), log_decay_gamma(first[j].y));
+  } else if (p.g_fp32) {  // each row converted as it arrives
+    const float *rows = gate_rows_fp32(p, h, ch, cp, th);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      float2 x = make_float2(0.f, 0.f);
-      if (8 * th + j < ch.n)
-        x = __ldg(reinterpret_cast<const float2 *>(row + j * p.g_strides.token));
+      const float2 x = gate_pair_fp32(p, rows, ch, th, j);
       gamma[j] = make_float2(log_decay_gamma(x.x), log_decay_gamma(x.y));
     }
   } else {
@@ -789,14 +815,14 @@ __device__ __forceinline__ void rebased_operands(uint16_t (*q)[kRow], uint16_t (
 // into kr[j]. H0 sums forward (G), hands G_7 over and takes T, then sums backward (B, B~);
 // H1 sums backward (D, ending at T), hands T over and takes G_7, then sums forward (F, F~).
 // Each sum is a sequential fp32 chain (FTZ) over the rows in the order stated; required.
-template <RecordOrder kOrder>
+template <RecordOrder kOrder, GateLoad kLoad>
 __device__ __forceinline__ void unbounded_decays(const FwdParams &p, int64_t h, const ChunkRef &ch,
-                                                 uint8_t *rec, PrepareSmem &sm,
+                                                 uint8_t *rec, PrepareSmem &sm, const float2 *first,
                                                  uint32_t (&kr)[kChunk / 2]) {
   const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
   const uint32_t sb = p.scale_bf16 | (p.scale_bf16 << 16);
   float2 gamma[kChunk / 2];
-  gate_values_unbounded(p, h, ch, sm.x[kG], cp, th, gamma);
+  gate_values_unbounded<kLoad>(p, h, ch, sm.x[kG], cp, th, first, gamma);
   float2 *const head = reinterpret_cast<float2 *>(sm.decay) + cp;  // G_7, then e
   float2 *const tail = reinterpret_cast<float2 *>(sm.lmat) + cp;   // T (lmat is free until L)
   auto hats = [&](int t) {  // q^, k^ of row t
@@ -903,17 +929,24 @@ __device__ __forceinline__ void store_unbounded_planes(uint8_t *rec, const Prepa
 }
 
 // One record of an unbounded gate: the load and §3.2 steps 2, U1-U3, 7-9 of chunk `ch` of head
-// h, in kOrder.
-template <RecordOrder kOrder>
+// h, in kOrder, an fp32 g's rows read as kLoad says.
+template <RecordOrder kOrder, GateLoad kLoad>
 __device__ __forceinline__ void prepare_chunk_unbounded(const FwdParams &p, int64_t h,
                                                         const ChunkRef &ch, PrepareSmem &sm) {
   uint8_t *rec = p.records + (h * p.tiles_per_head + ch.tile) * kRecordBytes;
+  float2 first[kChunk / 2];
+  if constexpr (kLoad == GateLoad::kBeforeWait) {
+    const int th = threadIdx.x / kPairs;
+    const float *rows = gate_rows_fp32(p, h, ch, threadIdx.x % kPairs, th);
+#pragma unroll
+    for (int j = 0; j < kChunk / 2; ++j) first[j] = gate_pair_fp32(p, rows, ch, th, j);
+  }
   load_chunk<true>(p, h, ch, sm);
   __syncthreads();
   l2_normalize(sm);
   __syncthreads();
   uint32_t kr[kChunk / 2];
-  unbounded_decays<kOrder>(p, h, ch, rec, sm, kr);
+  unbounded_decays<kOrder, kLoad>(p, h, ch, rec, sm, first, kr);
   __syncthreads();
   chunk_scores(sm);  // L from (A, B), Mqk from (A_q, B): the tiles of Kd, Qd, Ki
   __syncthreads();
@@ -1300,7 +1333,7 @@ __device__ __forceinline__ void unbounded_decays32(const FwdParams &p, int64_t h
   const int cp = threadIdx.x % kPairs, th = threadIdx.x / kPairs;
   const uint32_t sb = p.scale_bf16 | (p.scale_bf16 << 16);
   float2 gamma[8];
-  gate_values_unbounded(p, h, ch, sm.x[kG], cp, th, gamma);
+  gate_values_unbounded<GateLoad::kWithDecays>(p, h, ch, sm.x[kG], cp, th, nullptr, gamma);
   const float2 zero = make_float2(0.f, 0.f);
   float2 *const nprod = reinterpret_cast<float2 *>(sm.nprod);
   auto sf = [&](int q) { return reinterpret_cast<float2 *>(sm.handoff[q]) + cp; };  // q = 0..2
@@ -1458,28 +1491,33 @@ struct K1Shape<2> {
   }
 };
 
-// One record of variant kVariant.
-template <K1Variant kVariant, RecordOrder kOrder, class Smem>
+// One record of variant kVariant (an unbounded gate's with an fp32 g's rows read as kLoad says).
+template <K1Variant kVariant, RecordOrder kOrder, GateLoad kLoad = GateLoad::kWithDecays,
+          class Smem>
 __device__ __forceinline__ void prepare_record(const FwdParams &p, int64_t h, const ChunkRef &ch,
                                                Smem &sm) {
   if constexpr (kVariant == K1Variant::kUnbounded && std::is_same_v<Smem, PrepareSmem32>)
     prepare_chunk_unbounded32(p, h, ch, sm);
   else if constexpr (kVariant == K1Variant::kUnbounded)
-    prepare_chunk_unbounded<kOrder>(p, h, ch, sm);
+    prepare_chunk_unbounded<kOrder, kLoad>(p, h, ch, sm);
   else
     prepare_chunk<kOrder, kVariant>(p, h, ch, sm);
 }
 
 // K1 before the recurrence: grid (records, heads), one record per CTA, in kOrder (tile
-// order where the first pass is the warpgroup pass).
+// order where the first pass is the warpgroup pass). GateLoad::kBeforeWait: the 16-token
+// unbounded K1 for an fp32 g only (GateLoad).
 template <int kBlocks, RecordOrder kOrder = RecordOrder::kFragments,
-          K1Variant kVariant = K1Variant::kBounded>
+          K1Variant kVariant = K1Variant::kBounded, GateLoad kLoad = GateLoad::kWithDecays>
 __global__ void __launch_bounds__(K1Shape<kBlocks>::kThreads) prepare_kernel(const FwdParams p) {
+  static_assert(
+      kLoad == GateLoad::kWithDecays || (kVariant == K1Variant::kUnbounded && kBlocks == 1),
+      "an fp32 g's rows before the wait: the 16-token unbounded K1 only");
   auto &sm = K1Shape<kBlocks>::smem();
   allow_dependents();  // the first pass launches early and waits for K1's end (design §4.1)
   ChunkRef ch;
   if (!locate_chunk(p, blockIdx.x, ch)) return;  // excess CTA of varlen's upper-bound grid
-  prepare_record<kVariant, kOrder>(p, blockIdx.y, ch, sm);
+  prepare_record<kVariant, kOrder, kLoad>(p, blockIdx.y, ch, sm);
 }
 
 // K1 beside the first recurrence pass (design §4.7): a grid that the GPU holds at once
