@@ -183,14 +183,14 @@ struct DeviceFacts {
   int plan_sms;  // the plan's SM count: sms, or a simulated count above the device's
 };
 
-// K1 of a kind: its kernels (one record per CTA; beside the pass; leaving the pass's SMs, the
-// beside form where the kind has no leaving form of its own; the lead of K1 leaving them; one
-// record per CTA for an fp32 g, where the kind has one: prepare.cuh GateLoad), threads and
-// dynamic shared memory.
+// K1 of a kind: its kernels (one record per CTA, an fp32 g's own where the kind has one and
+// the call asks for it: prepare.cuh GateLoad; beside the pass; leaving the pass's SMs, the
+// beside form where the kind has no leaving form of its own; the lead of K1 leaving them),
+// threads and dynamic shared memory.
 struct K1Launch {
-  const void *kernel, *overlap, *leaving, *lead, *fp32_g;
+  const void *kernel, *overlap, *leaving, *lead;
   int threads, smem;
-  const char *name, *overlap_name, *leaving_name, *lead_name, *fp32_g_name;
+  const char *name, *overlap_name, *leaving_name, *lead_name;
 };
 
 // The names of K1's kernels as the source writes the instantiation ("prepare_kernel<1,
@@ -220,8 +220,17 @@ constexpr bool has_fp32_g_form() {
 }
 
 template <int kBlocks, RecordOrder kOrder, K1Variant kVariant>
-K1Launch k1_kernels() {
+K1Launch k1_kernels(bool fp32_g = false) {
   const std::string *names = k1_names<kBlocks, kOrder, kVariant>();
+  const void *kernel = reinterpret_cast<const void *>(prepare_kernel<kBlocks, kOrder, kVariant>);
+  const char *name = names[0].c_str();
+  if constexpr (has_fp32_g_form<kBlocks, kVariant>()) {
+    if (fp32_g) {
+      kernel = reinterpret_cast<const void *>(
+          prepare_kernel<kBlocks, kOrder, kVariant, GateLoad::kBeforeWait>);
+      name = names[4].c_str();
+    }
+  }
   const void *const overlap =
       reinterpret_cast<const void *>(prepare_overlap_kernel<kBlocks, kOrder, kVariant>);
   const void *leaving = overlap;
@@ -229,39 +238,36 @@ K1Launch k1_kernels() {
   const void *lead = nullptr;  // 16-token records only (prepare.cuh prepare_lead_kernel)
   if constexpr (kBlocks == 1)
     lead = reinterpret_cast<const void *>(prepare_lead_kernel<kOrder, kVariant>);
-  const void *fp32_g = nullptr;
-  if constexpr (has_fp32_g_form<kBlocks, kVariant>())
-    fp32_g = reinterpret_cast<const void *>(
-        prepare_kernel<kBlocks, kOrder, kVariant, GateLoad::kBeforeWait>);
   if constexpr (has_leaving_form<kBlocks, kVariant>()) {
     leaving = reinterpret_cast<const void *>(
         prepare_overlap_kernel<kBlocks, kOrder, kVariant, K1Place::kLeaving>);
     leaving_name = names[2].c_str();
   }
-  return {reinterpret_cast<const void *>(prepare_kernel<kBlocks, kOrder, kVariant>),
+  return {kernel,
           overlap,
           leaving,
           lead,
-          fp32_g,
           K1Shape<kBlocks>::kThreads,
           K1Shape<kBlocks>::kDynamicSmem,
-          names[0].c_str(),
+          name,
           names[1].c_str(),
           leaving_name,
-          names[3].c_str(),
-          names[4].c_str()};
+          names[3].c_str()};
 }
 
-// The 16-token K1 of a variant in `order`.
+// The 16-token K1 of a variant in `order` (fp32_g: K1 first for an fp32 g, k1_kernels).
 template <K1Variant kVariant>
-K1Launch k1_kernels16(RecordOrder order) {
+K1Launch k1_kernels16(RecordOrder order, bool fp32_g = false) {
 #if FLASH_KDA_CC == 90
-  if (order == RecordOrder::kTiles) return k1_kernels<1, RecordOrder::kTiles, kVariant>();
+  if (order == RecordOrder::kTiles) return k1_kernels<1, RecordOrder::kTiles, kVariant>(fp32_g);
 #endif
-  return k1_kernels<1, RecordOrder::kFragments, kVariant>();
+  return k1_kernels<1, RecordOrder::kFragments, kVariant>(fp32_g);
 }
 
-inline K1Launch k1_launch(int kind, RecordOrder order = RecordOrder::kFragments) {
+// K1 of a kind in `order`; fp32_g: a call with an fp32 g (the kind's own K1-first kernel for
+// it, where it has one).
+inline K1Launch k1_launch(int kind, RecordOrder order = RecordOrder::kFragments,
+                          bool fp32_g = false) {
   constexpr RecordOrder kFrags = RecordOrder::kFragments;
   switch (kind) {
     case kK1Bounded32:
@@ -271,7 +277,7 @@ inline K1Launch k1_launch(int kind, RecordOrder order = RecordOrder::kFragments)
     case kK1Forms16:
       return k1_kernels16<K1Variant::kBoundedForms>(order);
     case kK1Unbounded16:
-      return k1_kernels16<K1Variant::kUnbounded>(order);
+      return k1_kernels16<K1Variant::kUnbounded>(order, fp32_g);
     case kK1Unbounded32:
       return k1_kernels<2, kFrags, K1Variant::kUnbounded>();
     default:
@@ -310,7 +316,7 @@ inline cudaError_t query_device_facts(int device, DeviceFacts &f) {
     const K1Launch k1 = k1_launch(kind);
     const bool own_leaving = k1.leaving != k1.overlap;  // else the beside form leaves too
     for (const void *kernel :
-         {k1.kernel, k1.overlap, own_leaving ? k1.leaving : nullptr, k1.lead, k1.fp32_g}) {
+         {k1.kernel, k1.overlap, own_leaving ? k1.leaving : nullptr, k1.lead}) {
       if (k1.smem == 0 || kernel == nullptr) continue;
       const cudaError_t err = allow_smem(kernel, k1.smem);
       if (err != cudaSuccess) return err;
@@ -856,17 +862,10 @@ inline LaunchStatus configure_k1(const FwdParams &p, PassLaunch &first, K1Config
   k1.params = p;
   k1.params.leave_sms = leave_sms;
   if (!overlap) k1.params.ready = first.params.ready = nullptr;
-  const K1Launch shape = k1_launch(kind, first.records);
+  const K1Launch shape = k1_launch(kind, first.records, p.g_fp32);
   const bool leaving = leave_sms > 0, own_form = leaving && leaving_form(p);
-  const bool fp32_g = !overlap && p.g_fp32 && shape.fp32_g != nullptr;
-  k1.kernel = own_form  ? shape.leaving
-              : overlap ? shape.overlap
-              : fp32_g  ? shape.fp32_g
-                        : shape.kernel;
-  k1.name = own_form  ? shape.leaving_name
-            : overlap ? shape.overlap_name
-            : fp32_g  ? shape.fp32_g_name
-                      : shape.name;
+  k1.kernel = own_form ? shape.leaving : overlap ? shape.overlap : shape.kernel;
+  k1.name = own_form ? shape.leaving_name : overlap ? shape.overlap_name : shape.name;
   k1.threads = shape.threads;
   const int64_t lead =
       leaving && shape.lead != nullptr ? std::min(p.leave_after, p.prepare_items) : 0;
