@@ -48,12 +48,13 @@ def plan_of(lib, num_seqs, seqlen, heads, sms, exact, device="h200", gate="lower
         return None
 
 
-def honoured(plan, facts):
+def honoured(plan, facts, gate="lower_bound"):
     """Whether the launch can run the plan's K1 as planned on a device with these facts: K1
-    beside the pass needs that many K1 CTAs to fit beside one pass CTA."""
+    beside the pass needs that many of the gate's K1 CTAs to fit beside one pass CTA."""
     if plan["overlap_min_ctas"] == 0 or plan["overlap_max_ctas"] == 0:
         return True  # K1 first, or leaving the pass's SMs: any device
-    fits = facts["k1_beside"][plan["chunk_tokens"] // 16 - 1][WIDTHS.index(plan["block_v"])]
+    beside = facts["k1_beside" if gate == "lower_bound" else "k1_beside_unbounded"]
+    fits = beside[plan["chunk_tokens"] // 16 - 1][WIDTHS.index(plan["block_v"])]
     return plan["overlap_min_ctas"] <= fits
 
 
@@ -71,7 +72,7 @@ def what_moved(old, new):
     return parts
 
 
-def summary(lib, devices, sms_list, exact, shapes):
+def summary(lib, devices, sms_list, exact, shapes, gate):
     print("| device | SMs | plans | refused | not honourable | moved against the H200's facts | chunk | width | "
           "segments | K1 |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -80,12 +81,12 @@ def summary(lib, devices, sms_list, exact, shapes):
         for sms in sms_list:
             refused, unhonoured, moved, parts = 0, 0, 0, collections.Counter()
             for n, t, h in shapes:
-                new = plan_of(lib, n, t, h, sms, exact, device)
+                new = plan_of(lib, n, t, h, sms, exact, device, gate)
                 if new is None:
                     refused += 1
                     continue
-                unhonoured += not honoured(new, facts)
-                old = plan_of(lib, n, t, h, sms, exact, "h200")
+                unhonoured += not honoured(new, facts, gate)
+                old = plan_of(lib, n, t, h, sms, exact, "h200", gate)
                 if old is not None and describe_plan(old) != describe_plan(new):
                     moved += 1
                     parts.update(what_moved(old, new))
@@ -117,7 +118,7 @@ def main():
     sms_list = [int(s) for s in args.sms.split(",")]
     shapes = [(n, t, h) for t in TOKENS for h in HEADS for n in SEQUENCES if n * t <= 1 << 20]
     if args.summary:
-        summary(lib, devices, sms_list, args.exact, shapes)
+        summary(lib, devices, sms_list, args.exact, shapes, args.gate)
         return
     other = testing.load_library(os.path.abspath(args.against)) if args.against else None
     compared = other is not None or args.against_gate is not None

@@ -134,6 +134,11 @@ struct ArchCosts {
   // predicted 0.291 against 0.345 ms, measured 0.307 against 0.343); T = 2048 H = 30
   // (predicted 0.871) measured 2.4% slower, the one loss this margin keeps.
   double wider_margin = 0.875;
+  // The same against the narrowest width with K1 first, whose prediction ran within 1-4%
+  // (the wider pass's 4-6% low): the unbounded gates at N H = 64, K1 first at block_v 64 (no
+  // 3 of their K1 CTAs fit beside it) against block_v 128 with K1 leaving, predicted 0.880-0.887
+  // of it and measured 0.927-0.940 (H200, T = 8192 and 32768 H = 64, 8 x 32768 at H = 8).
+  double wider_over_first_margin = 0.95;
   int64_t min_segments = 3;          // two segments cost as much as one chain (§6.4)
   int64_t min_segment_chunks = 8;    // the shortest segment considered
   int64_t fine_segment_counts = 64;  // every segment count up to this one is a candidate
@@ -240,7 +245,9 @@ struct ReferenceDevice {
 // 4 of 32-token ones (64 registers, ~56 KB), 3 of its 32-token overlap kernel (80 registers).
 // Beside one pass CTA: <1, 4> (187 registers, 2 warps on its fullest sub-partition) leaves
 // room for 3 (1 of 32-token records); the warpgroup block_v 64 pass 4 in its 168-register
-// form; the block_v 128 one none (twelve warps hold the register file).
+// form; the block_v 128 one none (twelve warps hold the register file). The unbounded gates'
+// 16-token overlap kernel (64 registers against 40) fits 2 beside each of the first two; its
+// 32-token one takes the bounded one's 80.
 constexpr PlanDevice kH200 = {.cc = 90,
                               .generic = false,
                               .sms = 132,
@@ -251,15 +258,17 @@ constexpr PlanDevice kH200 = {.cc = 90,
                               .k1_alone = {12, 4},
                               .k1_overlap = {12, 3},
                               .k1_beside = {{3, 4, 0}, {1, 0, 0}},
+                              .k1_beside_unbounded = {{2, 2, 0}, {1, 0, 0}},
                               .combine_wide = true};
 
 // The H200 running the other arches' passes, with sm_100's SM count (its limits are the
 // H200's): recurrence_kernel<1, 8> (91 registers, 3 warps on one sub-partition) leaves room
-// for 5 K1 CTAs, <2, 8> (119) for 3.
+// for 5 K1 CTAs (3 of the unbounded gates'), <2, 8> (119) for 3 (2).
 constexpr PlanDevice kSm100 = [] {
   PlanDevice d = kH200;
   d.cc = 100, d.generic = true, d.sms = 148;
   d.k1_beside[0][1] = 5, d.k1_beside[0][2] = 3;
+  d.k1_beside_unbounded[0][1] = 3, d.k1_beside_unbounded[0][2] = 2;
   return d;
 }();
 
@@ -269,7 +278,9 @@ constexpr PlanDevice kSm120 = [] {
   PlanDevice d = kSm100;
   d.cc = 120, d.sms = 170, d.smem_optin = 101376, d.smem_sm = 102400, d.threads_sm = 1536;
   d.k1_alone[0] = d.k1_overlap[0] = 6, d.k1_alone[1] = d.k1_overlap[1] = 1;
-  d.k1_beside[0][0] = d.k1_beside[0][1] = d.k1_beside[0][2] = d.k1_beside[1][0] = 0;
+  for (auto *fits : {&d.k1_beside, &d.k1_beside_unbounded})
+    for (auto &row : *fits)
+      for (int32_t &fit : row) fit = 0;
   return d;
 }();
 

@@ -55,9 +55,11 @@ struct Model {
   double link_scale(int32_t block_v) const {
     return tokens == 32 ? width(block_v).chunk32_link_scale : 1.0;
   }
-  // K1 CTAs beside one CTA of the whole-sequence pass at width block_v (0: none fits).
+  // This gate's K1 CTAs beside one CTA of the whole-sequence pass at width block_v (0: none
+  // fits): the unbounded gates' K1 holds more registers, so fewer of it fit there.
   int k1_beside(int32_t block_v) const {
-    return device.k1_beside[record_index()][shape_index(block_v)];
+    const auto &fits = unbounded ? device.k1_beside_unbounded : device.k1_beside;
+    return fits[record_index()][shape_index(block_v)];
   }
 };
 
@@ -249,6 +251,7 @@ Chains chains_of(const ProblemSizes &z, const PlanRequest &r, int32_t tokens) {
 // must be predicted leave_margin faster than the better of the other two.
 struct WholeForward {
   double us;     // predicted time
+  bool first;    // K1 first is the fastest
   bool leaves;   // K1 leaving the pass's SMs is the fastest
   int64_t lead;  // its lead, in records
 };
@@ -256,14 +259,17 @@ struct WholeForward {
 WholeForward whole_forward(const Model &m, const ProblemSizes &z, const PlanRequest &r,
                            const Chains &chains, int32_t block_v) {
   const int64_t pairs = chains.seqs * z.heads, chunks = chains.chunks;
-  WholeForward best = {k1_and_pass_us(m, pairs, chunks, block_v, 0), false, 0};
+  WholeForward best = {k1_and_pass_us(m, pairs, chunks, block_v, 0), true, false, 0};
   if (!can_overlap(m, z, 0, r)) return best;
   // As many K1 CTAs beside the pass as the launch keeps there (make_plan).
   const int beside = std::min(m.k1_beside(block_v), overlap_max_ctas(m, pairs, block_v));
-  if (beside > 0) best.us = std::min(best.us, k1_and_pass_us(m, pairs, chunks, block_v, beside));
+  if (beside > 0) {
+    const double t = k1_and_pass_us(m, pairs, chunks, block_v, beside);
+    if (t < best.us) best = {t, false, false, 0};
+  }
   int64_t lead = 0;
   const double leave = k1_leaves_us(m, pairs, chunks, block_v, lead);
-  if (leave >= 0 && leave < m.costs.leave_margin * best.us) best = {leave, true, lead};
+  if (leave >= 0 && leave < m.costs.leave_margin * best.us) best = {leave, false, true, lead};
   return best;
 }
 
@@ -375,14 +381,17 @@ double plan_chunks(const Model &m, const ProblemSizes &z, const PlanRequest &r, 
     // K1 runs alone before the segment passes; beside the whole-sequence pass or leaving
     // its SMs where that can run and pays (whole_forward).
     const double k1 = prepare_us(m, pairs * chunks);
-    double whole = whole_forward(m, z, r, chains, plan.block_v).us;
-    // A wider whole pass where predicted faster (wider_margin); not with checkpoints, which
-    // keep recurrence_kernel, whose block_v 64 link is slower than the warpgroup pass's.
+    const WholeForward narrowest = whole_forward(m, z, r, chains, plan.block_v);
+    double whole = narrowest.us;
+    // A wider whole pass where predicted faster (wider_margin, or wider_over_first_margin
+    // against K1 first); not with checkpoints, which keep recurrence_kernel, whose block_v 64
+    // link is slower than the warpgroup pass's.
+    const double margin = narrowest.first ? m.costs.wider_over_first_margin : m.costs.wider_margin;
     if (r.block_v == 0 && z.checkpoint_every == 0)
       for (const RecurrenceShape &s : kRecurrenceShapes) {
         if (s.block_v <= plan.block_v || (m.tokens == 32 && !chunk32_built(s.block_v))) continue;
         const double t = whole_forward(m, z, r, chains, s.block_v).us;
-        if (t < m.costs.wider_margin * whole) {
+        if (t < margin * whole) {
           whole = t;
           plan.block_v = s.block_v;
         }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "kda/config.h"
@@ -74,34 +75,25 @@ struct PlanDevice {
   int32_t k1_overlap[2];        // prepare_overlap_kernel CTAs an SM by itself
   // prepare_overlap_kernel CTAs that fit on an SM beside one CTA of each width's
   // whole-sequence pass (the most of the forms the launch may pick; 0: none, or no
-  // 32-token pass of that width)
+  // 32-token pass of that width): FlashKDA's K1 (the bounded gate's forms hold as much), and
+  // the unbounded gates' (design §2.5), which holds more registers
   int32_t k1_beside[2][kNumRecurrenceShapes];
+  int32_t k1_beside_unbounded[2][kNumRecurrenceShapes];
   bool combine_wide;  // two stages of 16-row combine CTAs fit a block's shared memory
 };
 
 // PlanDevice field by field as int32 words, in order (flash_kda_testing_device's layout after
 // its struct_size; the plan cache's key).
-constexpr int kPlanDeviceWords = 18;
+constexpr int kPlanDeviceWords = 24;
 inline void plan_device_words(const PlanDevice &d, int32_t (&w)[kPlanDeviceWords]) {
-  const int32_t words[kPlanDeviceWords] = {d.cc,
-                                           d.generic ? 1 : 0,
-                                           d.sms,
-                                           d.smem_optin,
-                                           d.smem_sm,
-                                           d.threads_sm,
-                                           d.regs_sm,
-                                           d.k1_alone[0],
-                                           d.k1_alone[1],
-                                           d.k1_overlap[0],
-                                           d.k1_overlap[1],
-                                           d.k1_beside[0][0],
-                                           d.k1_beside[0][1],
-                                           d.k1_beside[0][2],
-                                           d.k1_beside[1][0],
-                                           d.k1_beside[1][1],
-                                           d.k1_beside[1][2],
-                                           d.combine_wide ? 1 : 0};
-  for (int i = 0; i < kPlanDeviceWords; ++i) w[i] = words[i];
+  int i = 0;
+  for (int32_t x : {d.cc, d.generic ? 1 : 0, d.sms, d.smem_optin, d.smem_sm, d.threads_sm,
+                    d.regs_sm, d.k1_alone[0], d.k1_alone[1], d.k1_overlap[0], d.k1_overlap[1]})
+    w[i++] = x;
+  for (const auto *fits : {&d.k1_beside, &d.k1_beside_unbounded})
+    for (const auto &row : *fits)
+      for (int32_t x : row) w[i++] = x;
+  w[i++] = d.combine_wide ? 1 : 0;
 }
 
 // "" when the sizes are within the limits, else what is wrong ("batch * seqlen must be

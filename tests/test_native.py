@@ -573,6 +573,41 @@ def test_32_token_k1_runs_beside_only_the_pass_it_fits_beside(lib):
     assert beside > 0 and leaving > 0
 
 
+@pytest.mark.parametrize("device", testing.REFERENCE_DEVICES)
+def test_every_gates_plan_keeps_beside_the_pass_only_the_k1_ctas_that_fit(lib, device):
+    """K1 beside the whole-sequence pass (design section 4.7) needs overlap_min_ctas of the
+    call's K1 CTAs to fit beside each pass CTA, or the launch runs K1 first: so every gate's
+    plan that keeps K1 beside the pass asks for at most the CTAs of its K1 that fit there,
+    the device's k1_beside for the bounded gate and k1_beside_unbounded for softplus and the
+    log decay (their 16-token overlap kernel holds 64 registers against 40: two beside the
+    H200's block_v 32 and 64 passes, not three and four). At T=8192 H=64 the bounded gate
+    keeps K1 beside the block_v 64 pass and the unbounded gates take block_v 128 with K1
+    leaving the pass's SMs (H200, 2026-12-04: 1.063-1.076x the bounded gate, against
+    1.13-1.16x with K1 first at block_v 64)."""
+    facts = testing.reference_device(device)
+    beside = 0
+    for gate, code in _native.GATE_CODES.items():
+        fits = facts["k1_beside" if gate == "lower_bound" else "k1_beside_unbounded"]
+        pointers = dict(A_log=None, dt_bias=None) if gate == "log_decay" else {}
+        for batch, seqlen in ((1, 2048), (1, 8192), (4, 8192)):
+            for heads in (8, 14, 16, 24, 28, 32, 48, 56, 64, 96):
+                sizes = dict(batch=batch, num_seqs=batch, seqlen=seqlen, heads=heads)
+                plan = plan_for(lib, valid_args(mode=1, gate=code, **sizes, **pointers), device)
+                if plan.overlap_min_ctas == 0 or plan.overlap_max_ctas == 0:
+                    continue  # K1 first, or leaving the pass's SMs
+                beside += 1
+                fit = fits[plan.chunk_tokens // 16 - 1][(32, 64, 128).index(plan.block_v)]
+                assert plan.overlap_min_ctas <= fit, (gate, sizes, plan.block_v, plan.overlap_min_ctas, fit)
+    assert beside > 0 or device == "sm120"  # no K1 CTA fits beside a pass under sm_120's limits
+    if device == "h200":
+        h64 = {gate: plan_for(lib, valid_args(mode=1, gate=code, batch=1, num_seqs=1, seqlen=8192, heads=64,
+                                              **(dict(A_log=None, dt_bias=None) if gate == "log_decay" else {})))
+               for gate, code in _native.GATE_CODES.items()}  # fmt: skip
+        assert (h64["lower_bound"].block_v, h64["lower_bound"].overlap_max_ctas) == (64, 12), h64
+        for gate in ("softplus", "log_decay"):
+            assert (h64[gate].block_v, h64[gate].overlap_min_ctas, h64[gate].overlap_max_ctas) == (128, 1, 0), gate
+
+
 def test_chunk_length_rules(lib):
     """Chunks are 16 tokens in exact mode and with segments; AUTO mode may pick 32 (design
     section 4.8) only where checkpoint_every is a multiple of 32, and only for the widths

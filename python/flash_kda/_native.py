@@ -14,7 +14,7 @@ import threading
 from typing import NamedTuple, Optional
 
 ABI_VERSION = 8
-TESTING_VERSION = 5  # flash_kda_testing.h
+TESTING_VERSION = 6  # flash_kda_testing.h
 LIBRARY_NAME = "libflash_kda.so"
 LIBRARY_ENV = "FLASH_KDA_LIBRARY"  # optional override of the library path, read at load
 SWITCH_ENV = "FLA_FLASH_KDA"  # "0" turns the native path off (as it turns off fla's FlashKDA backend)
@@ -215,7 +215,7 @@ class TestingDevice(ctypes.Structure):
     _fields_ = [("struct_size", _u32), ("compute_capability", _i32), ("generic_passes", _i32), ("sms", _i32),
                 ("smem_optin", _i32), ("smem_sm", _i32), ("threads_sm", _i32), ("regs_sm", _i32),
                 ("k1_alone", _i32 * 2), ("k1_overlap", _i32 * 2), ("k1_beside", (_i32 * 3) * 2),
-                ("combine_wide", _i32)]  # fmt: skip
+                ("k1_beside_unbounded", (_i32 * 3) * 2), ("combine_wide", _i32)]  # fmt: skip
 
 
 # The overrides of flash_kda_testing.h, in order (append-only): name, ctype. The plan's four;

@@ -109,7 +109,8 @@ def _facts(facts: _native.TestingDevice) -> dict:
 def reference_device(name: str) -> dict:
     """The facts the plan takes of a reference device (``flash_kda_testing_device``: compute
     capability, generic passes, SMs, shared memory, threads and registers per SM, K1's CTAs per
-    SM alone and beside each width's pass, the 16-row combine), without a GPU."""
+    SM alone and beside each width's pass, FlashKDA's K1 and the unbounded gates', the 16-row
+    combine), without a GPU."""
     if name not in REFERENCE_DEVICES:
         raise ValueError(f"flash_kda.testing: device must be one of {', '.join(REFERENCE_DEVICES)}, got {name!r}")
     return _facts(_native.load().device_facts(0, make_overrides(device=_native.DEVICE_IDS[name])))

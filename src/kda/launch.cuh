@@ -1022,9 +1022,10 @@ inline LaunchStatus launch_fwd(const FwdParams &p, LaunchSink &sink) {
 // K1 CTAs that fit beside one CTA of the whole-sequence pass of width block_v for chunks of
 // `blocks` 16-token blocks, as the launch would configure it for a call of one head (one
 // wave), the most of the forms it may pick (sm_90a's block_v 64 warpgroup pass: two); 0
-// where no such pass is built.
+// where no such pass is built. K1 is FlashKDA's (the bounded gate's forms hold as much) or
+// the unbounded gates' (design §2.5).
 inline LaunchStatus k1_beside_whole(const TestSwitches &t, const DeviceFacts &d, int block_v,
-                                    int blocks, int &fit) {
+                                    int blocks, bool unbounded, int &fit) {
   fit = 0;
   if (!instantiated(*recurrence_shape(block_v), PassCode::kPlain, blocks))
     return {cudaSuccess, nullptr};
@@ -1033,7 +1034,8 @@ inline LaunchStatus k1_beside_whole(const TestSwitches &t, const DeviceFacts &d,
   p.chunk_shift = blocks == 2 ? 5 : 4;
   p.num_seqs = p.heads = 1;
   p.chain_block_v = block_v;
-  const int kind = k1_kind(p);  // FlashKDA's K1 (the plan's facts are its)
+  p.gate = unbounded ? Gate::kSoftplus : Gate::kLowerBound;
+  const int kind = k1_kind(p);
   PassLaunch pass;
   LaunchStatus st = configure_pass(p, ChainPass::kWhole, block_v, pass);
   if (st.error == cudaSuccess) st = k1_fit_beside(pass, d, kind, fit);
@@ -1066,8 +1068,10 @@ inline LaunchStatus query_plan_device(const TestSwitches &t, PlanDevice &out) {
     out.k1_alone[b] = d.k1_prepare[kind];
     out.k1_overlap[b] = d.k1_alone[kind];
     for (int i = 0; i < kNumRecurrenceShapes; ++i) {
-      const LaunchStatus st =
-          k1_beside_whole(t, d, kRecurrenceShapes[i].block_v, b + 1, out.k1_beside[b][i]);
+      const int block_v = kRecurrenceShapes[i].block_v;
+      LaunchStatus st = k1_beside_whole(t, d, block_v, b + 1, false, out.k1_beside[b][i]);
+      if (st.error == cudaSuccess)
+        st = k1_beside_whole(t, d, block_v, b + 1, true, out.k1_beside_unbounded[b][i]);
       if (st.error != cudaSuccess) return st;
     }
   }

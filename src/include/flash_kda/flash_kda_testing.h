@@ -17,9 +17,9 @@
 
 #include <flash_kda/flash_kda.h>
 
-#define FLASH_KDA_TESTING_VERSION 5 /* 2: unvalidated_forms, stable_inverse; 3: every arch's
+#define FLASH_KDA_TESTING_VERSION 6 /* 2: unvalidated_forms, stable_inverse; 3: every arch's
                                      * code path on the GPU at hand; 4: launch names of 96 bytes;
-                                     * 5: graph replays */
+                                     * 5: graph replays; 6: the unbounded gates' K1 fits */
 
 #ifdef __cplusplus
 extern "C" {
@@ -75,7 +75,8 @@ typedef struct flash_kda_testing_device {
   int32_t k1_alone[2];     /* prepare_kernel CTAs an SM by itself */
   int32_t k1_overlap[2];   /* prepare_overlap_kernel CTAs an SM by itself */
   int32_t k1_beside[2][3]; /* prepare_overlap_kernel CTAs beside one whole-pass CTA */
-  int32_t combine_wide;    /* 16-row combine CTAs fit (two stages) */
+  int32_t k1_beside_unbounded[2][3]; /* the same for the unbounded gates' K1 */
+  int32_t combine_wide;              /* 16-row combine CTAs fit (two stages) */
 } flash_kda_testing_device;
 
 /* Forced parts of the plan, kernels not yet enabled by default, and test switches; 0
