@@ -137,7 +137,7 @@ struct ArchCosts {
   // The same against the narrowest width with K1 first, whose prediction ran within 1-4%
   // (the wider pass's 4-6% low): the unbounded gates at N H = 64, K1 first at block_v 64 (no
   // 3 of their K1 CTAs fit beside it) against block_v 128 with K1 leaving, predicted 0.880-0.887
-  // of it and measured 0.927-0.940 (H200, T = 8192 and 32768 H = 64, 8 x 32768 at H = 8).
+  // of it and measured 0.927-0.941 (H200, T = 8192 and 32768 H = 64, 8 x 32768 at H = 8).
   double wider_over_first_margin = 0.95;
   int64_t min_segments = 3;          // two segments cost as much as one chain (§6.4)
   int64_t min_segment_chunks = 8;    // the shortest segment considered
