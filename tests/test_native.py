@@ -585,14 +585,15 @@ def test_every_gates_plan_keeps_beside_the_pass_only_the_k1_ctas_that_fit(lib, d
     leaving the pass's SMs (H200, 2026-12-04: 1.063-1.076x the bounded gate, against
     1.13-1.16x with K1 first at block_v 64)."""
     facts = testing.reference_device(device)
+    forms = {gate: dict(gate=code, **(dict(A_log=None, dt_bias=None) if gate == "log_decay" else {}))
+             for gate, code in _native.GATE_CODES.items()}  # fmt: skip
     beside = 0
-    for gate, code in _native.GATE_CODES.items():
+    for gate, form in forms.items():
         fits = facts["k1_beside" if gate == "lower_bound" else "k1_beside_unbounded"]
-        pointers = dict(A_log=None, dt_bias=None) if gate == "log_decay" else {}
         for batch, seqlen in ((1, 2048), (1, 8192), (4, 8192)):
             for heads in (8, 14, 16, 24, 28, 32, 48, 56, 64, 96):
                 sizes = dict(batch=batch, num_seqs=batch, seqlen=seqlen, heads=heads)
-                plan = plan_for(lib, valid_args(mode=1, gate=code, **sizes, **pointers), device)
+                plan = plan_for(lib, valid_args(mode=1, **sizes, **form), device)
                 if plan.overlap_min_ctas == 0 or plan.overlap_max_ctas == 0:
                     continue  # K1 first, or leaving the pass's SMs
                 beside += 1
@@ -600,9 +601,8 @@ def test_every_gates_plan_keeps_beside_the_pass_only_the_k1_ctas_that_fit(lib, d
                 assert plan.overlap_min_ctas <= fit, (gate, sizes, plan.block_v, plan.overlap_min_ctas, fit)
     assert beside > 0 or device == "sm120"  # no K1 CTA fits beside a pass under sm_120's limits
     if device == "h200":
-        h64 = {gate: plan_for(lib, valid_args(mode=1, gate=code, batch=1, num_seqs=1, seqlen=8192, heads=64,
-                                              **(dict(A_log=None, dt_bias=None) if gate == "log_decay" else {})))
-               for gate, code in _native.GATE_CODES.items()}  # fmt: skip
+        h64 = {gate: plan_for(lib, valid_args(mode=1, batch=1, num_seqs=1, seqlen=8192, heads=64, **form))
+               for gate, form in forms.items()}  # fmt: skip
         assert (h64["lower_bound"].block_v, h64["lower_bound"].overlap_max_ctas) == (64, 12), h64
         for gate in ("softplus", "log_decay"):
             assert (h64[gate].block_v, h64[gate].overlap_min_ctas, h64[gate].overlap_max_ctas) == (128, 1, 0), gate
