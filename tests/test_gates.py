@@ -276,6 +276,29 @@ def test_the_split_stays_within_its_error_bound():
     assert clamped.any() and (L.double() - exact).abs().max() > 0
 
 
+def test_the_decay_factors_are_two_to_the_true_sums():
+    """Step U2's factors of Kd, Qd and Kr are 2^G_t and 2^(G_15 - G_t) of the fp64 sums to one
+    bf16 rounding, never above 1, and 0 where a sum is -inf or below 2^-126, on decays from -0.05
+    to -inf with clamped and unclamped halves (the score operands' clamp never reaches them)."""
+    gen = torch.Generator().manual_seed(17)
+    chunks, H = 48, 2
+    magnitude = torch.tensor([0.05, 2.0, 20.0, 90.0]).repeat(4).reshape(1, 1, 16, 1)  # per row, log2
+    gamma = -torch.rand(chunks, H, 16, 128, generator=gen) * magnitude
+    gamma[:16] = gamma[:16].clamp(min=-reference.CLAMP_LOG2)  # no clamp in either half
+    gamma[16::3, :, 3, ::2] = -math.inf
+    gamma[17::3, :, 12] = -500.0
+    ones = torch.ones(chunks, H, 16, 128, dtype=torch.bfloat16)
+    e, Qd, Kd, Kr, *_ = reference.unbounded_decays(CPU, ones, ones, gamma, 1.0)
+    G = torch.cumsum(torch.clamp(gamma.double(), min=-2000.0), dim=-2)
+    for got, want in ((Kd, torch.exp2(G)), (Qd, torch.exp2(G)), (Kr, torch.exp2(G[:, :, -1:] - G))):
+        got = got.double()
+        assert (got <= 1).all()
+        tiny = want < 2.0**-126
+        assert ((got - want).abs() <= 2.0**-8 * want + torch.where(tiny, 2.0**-126, 0.0)).all()
+        assert (got[want == 0] == 0).all()
+    assert (gamma < -reference.CLAMP_LOG2).any() and not (gamma[:16] < -reference.CLAMP_LOG2).any()
+
+
 def test_tame_decays_score_as_the_bounded_gate():
     """On decays the bounded gate can express, the unbounded split's L and Mqk equal the
     bounded path's to their rounding (the same entries, rebased on token 7 instead of the
