@@ -18,7 +18,9 @@ a shape's later gates run on a hotter GPU, H200: T=32768 H=96's bounded gate 2.8
 LIB:py=DIR imports flash_kda from DIR (another tree's package, for a library of another C ABI);
 LIB:stable runs AUTO mode's stable inverse (design section 2.6) and LIB:nostable FlashKDA's
 inverse, whatever the arch table's default (flash_kda.testing's overrides stable_inverse and
-unvalidated_forms); options combine
+unvalidated_forms); LIB:plan=chunk_tokens=32,block_v=64 forces those plan fields (the test
+entry point's overrides, bench_fwd.runner), so that one library's plan and a forced one run
+side by side; options combine
 (LIB:hint:gate=softplus). --json PATH also writes the rounds' numbers. Prints a
 markdown table: each library's plan (report.describe_plan) and its milliseconds a round (the lowest of three medians of
 triton.testing.do_bench over graph replays, bf16 state in and out, the automatic path unless
@@ -45,9 +47,9 @@ def parse_shape(shape):
     return [int(seqlen)] * int(num_seqs), int(heads)
 
 
-def measure(shapes, exact, hint, gates):
-    """One JSON line per shape and gate for the library this process loaded: its plan and graph
-    ms; the gates take turns on each shape's inputs, in the given order."""
+def measure(shapes, exact, hint, gates, forced):
+    """One JSON line per shape and gate for the library this process loaded: its plan (or the
+    `forced` fields) and graph ms; the gates take turns on each shape's inputs, in the given order."""
     from bench_fwd import graphed, make_inputs, plan_of, runner, time_ms, with_gate
     from report import describe_plan
     from triton.testing import do_bench
@@ -60,13 +62,29 @@ def measure(shapes, exact, hint, gates):
         for gate in gates:
             p = with_gate(base, gate)
             max_seqlen = max(lens) if hint and p["cu_seqlens"] is not None else None
-            replay = graphed(runner(p, exact, max_seqlen=max_seqlen))
+            replay = graphed(runner(p, exact, max_seqlen=max_seqlen, **forced))
             ms = min(time_ms(do_bench, replay) for _ in range(3))
-            plan = describe_plan(plan_of(p, exact, max_seqlen=max_seqlen))
+            if forced:
+                plan = "forced " + " ".join(f"{k}={v}" for k, v in forced.items())
+            else:
+                plan = describe_plan(plan_of(p, exact, max_seqlen=max_seqlen))
             print(json.dumps(dict(shape=shape, gate=gate, plan=plan, ms=ms)), flush=True)
             del p, replay
         del base
         torch.cuda.empty_cache()
+
+
+def forced_of(text):
+    """The plan fields of a plan= option ("chunk_tokens=32,block_v=64") as {name: int}."""
+    pairs = [item.partition("=") for item in text.split(",") if item]
+    return {name: int(value) for name, _, value in pairs}
+
+
+def column_tag(option):
+    """What a LIB option adds to its columns' names (the inverse's and a forced plan's)."""
+    if option in ("stable", "nostable") or option.startswith("plan="):
+        return " " + option
+    return ""
 
 
 def gates_of(lib):
@@ -87,6 +105,7 @@ def run_round(lib, shapes, exact, turn):
     gates = gates_of(lib)
     turn %= len(gates)
     options += ["--gate", "+".join(gates[turn:] + gates[:turn])]
+    options += [f"--plan={opt[5:]}" for opt in opts if opt.startswith("plan=")]
     for opt in opts:
         if opt.startswith("py="):
             env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(opt[3:]), env.get("PYTHONPATH", "")])
@@ -106,6 +125,7 @@ def main():
     parser.add_argument("--hint", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--stable", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--gate", default="lower_bound", help=argparse.SUPPRESS)
+    parser.add_argument("--plan", default="", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write {lib: {gate: {shape: [ms of each round]}}} here")
     args = parser.parse_args()
     if args.worker:
@@ -113,7 +133,7 @@ def main():
             from flash_kda import testing
 
             testing.set_overrides(stable_inverse=args.stable, unvalidated_forms=1)
-        return measure(args.shapes, args.exact, args.hint, args.gate.split("+"))
+        return measure(args.shapes, args.exact, args.hint, args.gate.split("+"), forced_of(args.plan))
     if not args.libs:
         parser.error("--libs is required")
     results = {lib: [] for lib in args.libs}
@@ -121,8 +141,7 @@ def main():
         for lib in args.libs:
             results[lib].append(run_round(lib, args.shapes, args.exact, turn))
     columns = [(lib, gate) for lib in args.libs for gate in gates_of(lib)]
-    inverse = {"stable": " stable", "nostable": " nostable"}
-    names = [os.path.basename(lib.split(":")[0]) + "".join(inverse.get(o, "") for o in lib.split(":")[1:])
+    names = [os.path.basename(lib.split(":")[0]) + "".join(column_tag(o) for o in lib.split(":")[1:])
              + (f" {g}" if len(gates_of(lib)) > 1 else "") for lib, g in columns]  # fmt: skip
     print("| shape | " + " | ".join(f"{n} plan | {n} ms" for n in names) + " |")
     print("|---|" + "---|---|" * len(names))
