@@ -51,11 +51,17 @@ def pytest_report_header(config):
     return f"flash_kda test mode: {TEST_MODE} {testing.get_overrides() or ''}"
 
 
+def k1_fit(facts: dict, block_v: int, blocks: int = 1, unbounded: bool = False) -> int:
+    """K1 CTAs of `blocks` 16-token blocks that fit beside one CTA of the whole pass at block_v
+    on the device of `facts` (testing.device_facts or reference_device): FlashKDA's K1, or the
+    unbounded gates'."""
+    return facts["k1_beside_unbounded" if unbounded else "k1_beside"][blocks - 1][(32, 64, 128).index(block_v)]
+
+
 def k1_fits_beside(block_v: int, blocks: int = 1) -> bool:
     """Whether a K1 CTA fits beside one CTA of the whole pass at block_v on this GPU (in the
     test mode): where none does, forced overlap has K1 leave the pass's SMs, or run first."""
-    facts = testing.device_facts(**testing.get_overrides())
-    return facts["k1_beside"][blocks - 1][(32, 64, 128).index(block_v)] > 0
+    return k1_fit(testing.device_facts(**testing.get_overrides()), block_v, blocks) > 0
 
 
 def warpgroup_passes_run() -> bool:

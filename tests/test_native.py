@@ -8,6 +8,7 @@ import re
 import flash_kda
 import pytest
 import torch
+from conftest import k1_fit
 from flash_kda import _native, _sizes, dispatch, testing
 
 KNOWN = {"sm_90a": 90, "sm_100a": 100, "sm_103a": 103, "sm_110a": 110, "sm_120a": 120, "sm_121a": 121}
@@ -589,7 +590,6 @@ def test_every_gates_plan_keeps_beside_the_pass_only_the_k1_ctas_that_fit(lib, d
              for gate, code in _native.GATE_CODES.items()}  # fmt: skip
     beside = 0
     for gate, form in forms.items():
-        fits = facts["k1_beside" if gate == "lower_bound" else "k1_beside_unbounded"]
         for batch, seqlen in ((1, 2048), (1, 8192), (4, 8192)):
             for heads in (8, 14, 16, 24, 28, 32, 48, 56, 64, 96):
                 sizes = dict(batch=batch, num_seqs=batch, seqlen=seqlen, heads=heads)
@@ -597,7 +597,7 @@ def test_every_gates_plan_keeps_beside_the_pass_only_the_k1_ctas_that_fit(lib, d
                 if plan.overlap_min_ctas == 0 or plan.overlap_max_ctas == 0:
                     continue  # K1 first, or leaving the pass's SMs
                 beside += 1
-                fit = fits[plan.chunk_tokens // 16 - 1][(32, 64, 128).index(plan.block_v)]
+                fit = k1_fit(facts, plan.block_v, plan.chunk_tokens // 16, unbounded=gate != "lower_bound")
                 assert plan.overlap_min_ctas <= fit, (gate, sizes, plan.block_v, plan.overlap_min_ctas, fit)
     assert beside > 0 or device == "sm120"  # no K1 CTA fits beside a pass under sm_120's limits
     if device == "h200":
